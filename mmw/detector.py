@@ -1,0 +1,98 @@
+"""Detector: token ids (or text) -> score, p-value per prefix, watermark size.
+
+The detector composes the three design blocks: a randomness source re-derives the seeds, the sampler supplies
+the per-token statistic and the exact null of its sum, and the score (sum / align / edit) is computed by a backend:
+numba on the CPU or CUDA (``mmw.kernels``) or the numpy reference (``mmw.scores``). ``device='auto'`` picks CUDA when
+a GPU is visible, else the numba CPU twin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmw import nulls
+from mmw.randomness import RandomnessSource
+from mmw.samplers import build_sampler
+from mmw.scheme import SchemeSpec
+from mmw.scores import ReferenceBackend
+
+DEVICES = ("auto", "cpu", "cuda", "reference")
+
+
+@dataclass
+class DetectionResult:
+    """One text's verdict. ``pvalues[n-1]`` is the p-value of the first n tokens; ``size`` is the shortest
+    prefix with p <= alpha (None when no prefix is detected). ``detected`` uses the whole text only: taking the
+    best prefix would be a sequential test whose false-positive rate exceeds alpha."""
+
+    n_tokens: int
+    n_scored: int
+    score: float
+    pvalue: float
+    pvalues: np.ndarray
+    size: int | None
+    detected: bool
+
+
+class Detector:
+    def __init__(self, spec: SchemeSpec, key: int, vocab_size: int, device: str = "auto"):
+        if device not in DEVICES:
+            from mmw.errors import SpecError
+
+            raise SpecError("detect.device", f"unknown device {device!r}", DEVICES)
+        self.spec = spec
+        self.vocab_size = vocab_size
+        self.sampler = build_sampler(spec, key, vocab_size)
+        self.source = RandomnessSource.from_spec(spec)
+        self.reference = ReferenceBackend(spec, self.sampler, self.source, key)
+        self.backend = self.reference if device == "reference" else _kernel_backend(self, key, device)
+
+    def detect(self, texts: Sequence[np.ndarray]) -> list[DetectionResult]:
+        """texts: token-id arrays (int64, any lengths, empty allowed)."""
+        arrays = [np.asarray(t, dtype=np.int64) for t in texts]
+        for t in arrays:
+            if t.size and (t.min() < 0 or t.max() >= self.vocab_size):
+                raise ValueError(f"token ids must lie in [0, {self.vocab_size}); got {t.min()}..{t.max()}")
+        if self.spec.exact_null:
+            outs = self.backend.sum_prefix_batch(arrays)
+            results = []
+            for t, (total, count) in zip(arrays, outs):
+                p = self.sampler.pvalue_sum(total, count)
+                results.append(self._result(t, p, total, count))
+            return results
+        outs = self.backend.empirical_prefix_batch(arrays)
+        results = []
+        for t, (observed, n_le) in zip(arrays, outs):
+            p = nulls.empirical(n_le, self.spec.trials)
+            results.append(self._result(t, p, observed, None))
+        return results
+
+    def detect_text(self, tokenizer, texts: Sequence[str]) -> list[DetectionResult]:
+        """Tokenize without special tokens (the detector sees only the text) and detect."""
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        return self.detect([np.array(i, dtype=np.int64) for i in ids])
+
+    def _result(self, tokens: np.ndarray, p: np.ndarray, score: np.ndarray, count: np.ndarray | None):
+        n = len(tokens)
+        if count is not None:
+            n_scored = int(count[-1]) if n else 0
+        else:
+            n_scored = max(n - (self.source.context if self.spec.randomness != "fixed" else 0), 0)
+        hit = np.flatnonzero(p <= self.spec.alpha)
+        pvalue = float(p[-1]) if n else 1.0
+        return DetectionResult(
+            n_tokens=n, n_scored=n_scored, score=float(score[-1]) if n else 0.0, pvalue=pvalue,
+            pvalues=p, size=int(hit[0]) + 1 if hit.size else None, detected=pvalue <= self.spec.alpha,
+        )
+
+
+def _kernel_backend(detector: Detector, key: int, device: str):
+    """The numba backend for this device; falls back to the reference only where kernels are not built yet."""
+    try:
+        from mmw.kernels.backend import NumbaBackend
+    except ImportError:
+        return detector.reference
+    return NumbaBackend(detector.spec, detector.sampler, detector.source, key, device=device)

@@ -1,0 +1,114 @@
+"""Randomness sources R (docs/PRF.md): the seed r_n behind each token.
+
+- R1 ``window``: keyed hash of the H previous tokens.
+- R2 ``minhash``: minimum over the H previous tokens of their keyed hashes.
+- R3 ``fixed``: a key sequence of length L, read at ``(n + shift) mod L`` with a per-generation shift.
+
+Each source has a numpy twin (detector reference) and a torch twin (generation); both give the same uint64 bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mmw import prf
+from mmw.scheme import SchemeSpec
+
+
+@dataclass(frozen=True)
+class RandomnessSource:
+    """Base: ``kind`` in {window, minhash, fixed}; ``window`` = H or ``key_length`` = L."""
+
+    kind: str
+    window: int = 0
+    key_length: int = 1
+
+    @classmethod
+    def from_spec(cls, spec: SchemeSpec) -> "RandomnessSource":
+        if spec.randomness == "fixed":
+            return FixedKey(kind="fixed", key_length=spec.key_length)
+        if spec.randomness == "minhash" and spec.window > 1:
+            return MinHash(kind="minhash", window=spec.window)
+        return SlidingWindow(kind="window", window=spec.window)  # min-hash over one token == window of one
+
+    @property
+    def context(self) -> int:
+        """Tokens of context a seed needs (the detector cannot score the first ``context`` tokens)."""
+        return 0
+
+    def seeds_np(self, tokens: np.ndarray, key: int) -> np.ndarray:
+        """Seeds for positions ``context .. N-1`` of ``tokens`` (int64 [N]) -> uint64 [N - context]."""
+        raise NotImplementedError
+
+    def seeds_t(self, context_ids: torch.Tensor, key: int, step: int, shifts: torch.Tensor) -> torch.Tensor:
+        """Seeds for the next token of each row. context_ids: int64 [B, S] (prompt + generated so far);
+        step: index of the token being generated; shifts: int64 [B] (fixed key only) -> int64 [B]."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SlidingWindow(RandomnessSource):
+    @property
+    def context(self) -> int:
+        return self.window
+
+    def seeds_np(self, tokens: np.ndarray, key: int) -> np.ndarray:
+        n = len(tokens) - self.window
+        acc = np.full(max(n, 0), prf.prf_int(key, prf.WINDOW), dtype=np.uint64)
+        for j in range(1, self.window + 1):  # T[n-1] first, then T[n-2], ...
+            acc = prf.prf_np(acc, tokens[self.window - j: self.window - j + n])
+        return acc
+
+    def seeds_t(self, context_ids, key, step, shifts):
+        b = context_ids.shape[0]
+        acc = torch.full((b,), prf.to_signed(prf.prf_int(key, prf.WINDOW)), dtype=torch.int64,
+                         device=context_ids.device)
+        for j in range(1, self.window + 1):
+            acc = prf.prf_t(acc, context_ids[:, -j])
+        return acc
+
+
+@dataclass(frozen=True)
+class MinHash(RandomnessSource):
+    @property
+    def context(self) -> int:
+        return self.window
+
+    def seeds_np(self, tokens: np.ndarray, key: int) -> np.ndarray:
+        n = len(tokens) - self.window
+        if n <= 0:
+            return np.zeros(0, dtype=np.uint64)
+        hashes = prf.prf_np(np.uint64(prf.prf_int(key, prf.MINHASH)), tokens)
+        windows = np.lib.stride_tricks.sliding_window_view(hashes, self.window)[:n]
+        return windows.min(axis=1)
+
+    def seeds_t(self, context_ids, key, step, shifts):
+        base = prf.prf_int(key, prf.MINHASH)
+        return prf.unsigned_min_t(prf.prf_t(base, context_ids[:, -self.window:]), dim=1)
+
+
+@dataclass(frozen=True)
+class FixedKey(RandomnessSource):
+    def key_sequence(self, key: int) -> np.ndarray:
+        """uint64 [L]: the expanded key sequence r_0 .. r_{L-1}."""
+        return prf.prf_np(np.uint64(prf.prf_int(key, prf.FIXED)), np.arange(self.key_length, dtype=np.uint64))
+
+    def seeds_np(self, tokens: np.ndarray, key: int, shift: int = 0) -> np.ndarray:
+        seq = self.key_sequence(key)
+        return seq[(np.arange(len(tokens)) + shift) % self.key_length]
+
+    def seeds_t(self, context_ids, key, step, shifts):
+        seq = torch.from_numpy(self.key_sequence(key).view(np.int64)).to(context_ids.device)
+        return seq[(shifts + step) % self.key_length]
+
+    def shifts_for_rows(self, row_seeds: list[int]) -> np.ndarray:
+        """Per-generation random offset into the key sequence (diversity across generations)."""
+        return np.array([prf.prf_int(s, prf.SHIFT) % self.key_length for s in row_seeds], dtype=np.int64)
+
+
+def trial_keys(key: int, trials: int) -> list[int]:
+    """Independent keys for the permutation-test trials (docs/PRF.md, empirical null)."""
+    return [prf.prf_int(key, prf.TRIAL + t) for t in range(trials)]

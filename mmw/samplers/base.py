@@ -1,0 +1,80 @@
+"""Sampler base: next-token selection from logits + a seed (torch), and its per-token statistic (numpy).
+
+A new sampler is one small class: ``choose`` (generation), ``statistic`` (detection), and, when its null
+differs, ``units`` (what counts as one independent random draw) and ``pvalue_sum`` (the exact null of the sum).
+Convention (docs/PRF.md): lower statistic = more watermark evidence.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+import torch
+from mmw import nulls, prf
+from mmw.scheme import SchemeSpec
+
+
+def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float64 softmax of logits / temperature. logits: [B, V]; temperature > 0."""
+    return torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Sample one index per row by inverse transform. probs: float64 [B, V], u: float64 [B] in (0, 1) -> int64 [B].
+
+    The target is scaled by the row total so rounding never lands on a zero-probability tail token."""
+    cdf = torch.cumsum(probs, dim=-1)
+    target = (u * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+class Sampler(ABC):
+    """One sampling strategy C of the design space."""
+
+    name: ClassVar[str]
+    distortion_free: ClassVar[bool] = True
+
+    def __init__(self, spec: SchemeSpec, key: int, vocab_size: int):
+        self.spec = spec
+        self.key = key
+        self.vocab_size = vocab_size
+
+    # ---------------------------------------------------------------- generation (torch)
+    @abstractmethod
+    def choose(self, logits: torch.Tensor, seeds: torch.Tensor, temperature: float,
+               plain_u: torch.Tensor) -> torch.Tensor:
+        """Pick the next token. logits: float [B, V]; seeds: int64 [B] (uint64 bits); plain_u: float64 [B]
+        uniforms for any ordinary sampling the scheme needs -> int64 [B]."""
+
+    # ---------------------------------------------------------------- detection (numpy reference)
+    @abstractmethod
+    def statistic(self, tokens: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+        """Per-token statistic s(T, r), broadcast over int64 tokens and uint64 seeds -> float64."""
+
+    def units(self, tokens: np.ndarray, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The independent random draws behind aligned (token, seed) pairs, for the sum score's deduplication.
+
+        tokens int64 [N], seeds uint64 [N] -> (position int64 [M], unit id uint64 [M], value float64 [M]).
+        Default: one draw per distinct (seed, token) pair."""
+        ids = prf.prf_np(seeds, tokens)
+        return np.arange(len(tokens)), ids, self.statistic(tokens, seeds)
+
+    def pvalue_sum(self, total: np.ndarray, n_units: np.ndarray) -> np.ndarray:
+        """p-value of a sum score; default: each unit's statistic is -Exp(1) under H0."""
+        return nulls.erlang_upper(total, n_units)
+
+
+class Plain(Sampler):
+    """Ordinary sampling (the unwatermarked baseline, and skipped tokens). No statistic."""
+
+    name = "none"
+
+    def choose(self, logits, seeds, temperature, plain_u):
+        if temperature == 0:
+            return logits.argmax(dim=-1)
+        return inverse_cdf(probabilities(logits, temperature), plain_u)
+
+    def statistic(self, tokens, seeds):
+        raise TypeError("the plain sampler has no watermark statistic")

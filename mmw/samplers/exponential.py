@@ -1,0 +1,34 @@
+"""C1 exponential (Aaronson): Gumbel-max with keyed per-token uniforms; distortion-free."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mmw import prf
+from mmw.samplers.base import Sampler, probabilities
+
+
+class Exponential(Sampler):
+    name = "exponential"
+
+    def __init__(self, spec, key, vocab_size):
+        super().__init__(spec, key, vocab_size)
+        self._vocab: torch.Tensor | None = None
+
+    def uniforms_t(self, seeds: torch.Tensor) -> torch.Tensor:
+        """u_i = unit(prf(r, i)) for every token id. seeds int64 [B] -> float64 [B, V]."""
+        if self._vocab is None or self._vocab.device != seeds.device:
+            self._vocab = torch.arange(self.vocab_size, dtype=torch.int64, device=seeds.device)
+        return prf.unit_t(prf.prf_t(seeds.unsqueeze(-1), self._vocab.unsqueeze(0)))
+
+    def choose(self, logits, seeds, temperature, plain_u):
+        if temperature == 0:
+            return logits.argmax(dim=-1)
+        probs = probabilities(logits, temperature)
+        # argmax log(u_i) / p_i  ==  argmax u_i^(1/p_i); p_i = 0 gives -inf (log u < 0).
+        return (torch.log(self.uniforms_t(seeds)) / probs).argmax(dim=-1)
+
+    def statistic(self, tokens, seeds):
+        u = prf.unit_np(prf.prf_np(seeds, tokens))
+        return np.log(1.0 - u)

@@ -1,0 +1,111 @@
+"""Scores S (docs/PRF.md) — the numpy reference backend.
+
+A backend turns one text's tokens into per-prefix quantities; the p-values are computed from them by the
+sampler (exact nulls) or by ``mmw.nulls`` (empirical null). The numba backends in ``mmw.kernels`` compute the
+same quantities for packed batches and are tested against this file.
+
+- ``sum_prefix``: for each prefix length n = 1..N, the sum of the deduplicated unit statistics and their count.
+- ``empirical_prefix``: for each prefix, the observed align/edit score and how many of the T trial scores are
+  <= it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mmw.randomness import FixedKey, RandomnessSource, trial_keys
+from mmw.samplers import Sampler
+from mmw.scheme import SchemeSpec
+
+
+def _per_prefix(positions: np.ndarray, values: np.ndarray, n_tokens: int) -> np.ndarray:
+    """Cumulative sum of values by token position -> float64 [N] (entry n-1 covers positions < n)."""
+    return np.cumsum(np.bincount(positions, weights=values, minlength=n_tokens)[:n_tokens])
+
+
+def edit_diagonal(cost: np.ndarray, psi: float) -> np.ndarray:
+    """Edit score D(n, n) for n = 1..N. cost: float64 [N, N] (token i vs randomness j) -> float64 [N].
+
+    D(i, j) = min(D(i-1, j-1) + cost[i-1, j-1], D(i-1, j) + psi, D(i, j-1) + psi), D(i, 0) = i psi, D(0, j) = j psi.
+    Row by row, the in-row recurrence D(i, j) = min(c_j, D(i, j-1) + psi) is a running minimum of
+    c_j - j psi, which numpy does without a Python loop over j.
+    """
+    n = cost.shape[0]
+    steps = psi * np.arange(n + 1)
+    prev = steps.copy()
+    diag = np.empty(n)
+    for i in range(1, n + 1):
+        c = np.empty(n + 1)
+        c[0] = i * psi
+        c[1:] = np.minimum(prev[:-1] + cost[i - 1], prev[1:] + psi)
+        row = np.minimum.accumulate(c - steps) + steps
+        diag[i - 1] = row[i]
+        prev = row
+    return diag
+
+
+class ReferenceBackend:
+    """Per-text numpy implementation of every score (slow for align/edit; the ground truth for kernels)."""
+
+    def __init__(self, spec: SchemeSpec, sampler: Sampler, source: RandomnessSource, key: int):
+        self.spec, self.sampler, self.source, self.key = spec, sampler, source, key
+        self.trial_keys = trial_keys(key, spec.trials) if spec.trials else []
+
+    # ------------------------------------------------------------------ S1 sum
+    def sum_prefix(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """tokens int64 [N] -> (total float64 [N], n_units int64 [N]) per prefix, first occurrences only."""
+        n = len(tokens)
+        ctx = self.source.context
+        if n <= ctx:
+            return np.zeros(n), np.zeros(n, dtype=np.int64)
+        seeds = self.source.seeds_np(tokens, self.key)
+        pos, ids, vals = self.sampler.units(tokens[ctx:], seeds)
+        _, first = np.unique(ids, return_index=True)  # repeated draws would count one random value twice
+        keep = np.zeros(len(ids), dtype=bool)
+        keep[first] = True
+        pos = pos[keep] + ctx
+        total = _per_prefix(pos, vals[keep], n)
+        count = _per_prefix(pos, np.ones(len(pos)), n).astype(np.int64)
+        return total, count
+
+    # ------------------------------------------------------------------ S2 align / S3 edit
+    def _observed(self, tokens: np.ndarray, key: int) -> np.ndarray:
+        """Score per prefix (float64 [N]) under one key; prefixes with nothing to score get 0."""
+        n = len(tokens)
+        out = np.zeros(n)
+        if isinstance(self.source, FixedKey):
+            seq = self.source.key_sequence(key)
+            length = len(seq)
+            if n == 0:
+                return out
+            cost = self.sampler.statistic(tokens[:, None], seq[None, :])  # [N, L]
+            rows = np.arange(n)[:, None]
+            if self.spec.score == "align":
+                shifted = cost[rows, (rows + np.arange(length)[None, :]) % length]  # [N, shifts]
+                return np.cumsum(shifted, axis=0).min(axis=1)
+            best = np.full(n, np.inf)
+            for shift in range(length):
+                pair = cost[:, (shift + np.arange(n)) % length]  # token i vs randomness position j
+                best = np.minimum(best, edit_diagonal(pair, self.spec.psi))
+            return best
+        # Edit with text-dependent randomness (H = 1): token i >= 1 against the seeds of positions j >= 1.
+        if n < 2:
+            return out
+        seeds = self.source.seeds_np(tokens, key)  # seeds for positions 1..N-1
+        cost = self.sampler.statistic(tokens[1:, None], seeds[None, :])
+        out[1:] = edit_diagonal(cost, self.spec.psi)
+        return out
+
+    def sum_prefix_batch(self, texts: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [self.sum_prefix(t) for t in texts]
+
+    def empirical_prefix_batch(self, texts: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [self.empirical_prefix(t) for t in texts]
+
+    def empirical_prefix(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """tokens int64 [N] -> (observed score float64 [N], #trials with score <= observed int64 [N])."""
+        observed = self._observed(tokens, self.key)
+        n_le = np.zeros(len(tokens), dtype=np.int64)
+        for k in self.trial_keys:
+            n_le += self._observed(tokens, k) <= observed
+        return observed, n_le
