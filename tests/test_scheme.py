@@ -1,0 +1,76 @@
+"""SchemeSpec validation: every meaningless combination fails with the key named and the allowed values."""
+
+import pytest
+
+from mmw.errors import SpecError
+from mmw.scheme import SchemeSpec
+
+OK = [
+    dict(sampler="distribution_shift", randomness="window", window=1, delta=2.5, score="sum"),
+    dict(sampler="distribution_shift", randomness="minhash", window=3, delta=2.0, gamma=0.25, score="sum"),
+    dict(sampler="exponential", randomness="window", window=0, score="sum"),
+    dict(sampler="exponential", randomness="window", window=3, skip_prob=0.05, score="sum"),
+    dict(sampler="inverse_transform", randomness="fixed", key_length=4, score="align"),
+    dict(sampler="binary", randomness="fixed", key_length=256, score="edit", psi=0.5, binary_code="fixed"),
+    dict(sampler="exponential", randomness="window", window=1, score="edit", psi=0.0, trials=200),
+    dict(sampler="distribution_shift", randomness="window", window=1, delta=2.0, score="sum", psi=None, trials=None),
+]
+
+BAD = [
+    (dict(sampler="exp", randomness="window", window=1, score="sum"), "scheme.sampler", "distribution_shift"),
+    (dict(sampler="exponential", randomness="windw", window=1, score="sum"), "scheme.randomness", "minhash"),
+    (dict(sampler="exponential", randomness="window", window=1, score="sums"), "scheme.score", "align"),
+    (dict(sampler="exponential", randomness="fixed", key_length=4, score="sum"), "scheme.score", "align"),
+    (dict(sampler="exponential", randomness="window", window=1, score="align"), "scheme.score", "sum"),
+    (dict(sampler="exponential", randomness="minhash", window=2, score="edit", psi=1), "scheme.score", "window=1"),
+    (dict(sampler="exponential", randomness="fixed", key_length=1, score="align"), "scheme.score", "sum"),
+    (dict(sampler="exponential", randomness="window", window=1, delta=2.0, score="sum"), "scheme.delta", None),
+    (dict(sampler="binary", randomness="window", window=1, gamma=0.5, score="sum"), "scheme.gamma", None),
+    (dict(sampler="distribution_shift", randomness="window", window=1, score="sum"), "scheme.delta", "> 0"),
+    (dict(sampler="distribution_shift", randomness="window", window=1, delta=-1, score="sum"), "scheme.delta", "> 0"),
+    (dict(sampler="distribution_shift", randomness="window", window=1, delta=2, gamma=1.0, score="sum"),
+     "scheme.gamma", "(0, 1)"),
+    (dict(sampler="distribution_shift", randomness="window", window=1, delta=2, skip_prob=0.1, score="sum"),
+     "scheme.skip_prob", None),
+    (dict(sampler="exponential", randomness="window", window=1, skip_prob=1.0, score="sum"), "scheme.skip_prob", "[0, 1)"),
+    (dict(sampler="exponential", randomness="window", window=1, score="sum", psi=0.5), "scheme.psi", None),
+    (dict(sampler="exponential", randomness="fixed", key_length=4, score="edit"), "scheme.psi", ">= 0"),
+    (dict(sampler="exponential", randomness="window", window=1, score="sum", trials=100), "scheme.trials", None),
+    (dict(sampler="exponential", randomness="fixed", key_length=4, score="align", trials=10), "scheme.trials", ">= 49"),
+    (dict(sampler="exponential", randomness="window", window=1, score="sum", alpha=0.0), "scheme.alpha", "(0, 1)"),
+    (dict(sampler="exponential", randomness="window", window=-1, score="sum"), "scheme.window", ">= 0"),
+    (dict(sampler="exponential", randomness="window", window=1.5, score="sum"), "scheme.window", "integer"),
+    (dict(sampler="exponential", randomness="window", score="sum"), "scheme.window", None),
+    (dict(sampler="exponential", randomness="fixed", window=2, key_length=4, score="align"), "scheme.window", None),
+    (dict(sampler="exponential", randomness="minhash", window=0, score="sum"), "scheme.window", ">= 1"),
+    (dict(sampler="exponential", randomness="window", window=1, score="sum", binary_code="huffman"),
+     "scheme.binary_code", None),
+    (dict(sampler="binary", randomness="window", window=1, score="sum", binary_code="gray"), "scheme.binary_code", "huffman"),
+    (dict(sampler="exponential", randomness="window", window=1, score="sum", colour="red"), "scheme.colour", "sampler"),
+    (dict(sampler="exponential", randomness="window", window="1", score="sum"), "scheme.window", None),
+]
+
+
+@pytest.mark.parametrize("params", OK)
+def test_valid_specs_build(params):
+    spec = SchemeSpec.from_params(params)
+    assert spec.sampler == params["sampler"]
+    assert "key" not in spec.to_dict()
+
+
+@pytest.mark.parametrize("params,key,allowed", BAD)
+def test_invalid_specs_name_the_key(params, key, allowed):
+    with pytest.raises(SpecError) as err:
+        SchemeSpec.from_params(params)
+    message = str(err.value)
+    assert message.startswith(key + ":"), message
+    assert "\n" not in message
+    if allowed is not None:
+        assert "allowed:" in message and allowed in message.split("allowed:")[1], message
+
+
+def test_defaults():
+    spec = SchemeSpec.from_params(dict(sampler="distribution_shift", randomness="window", window=1, delta=2, score="sum"))
+    assert (spec.gamma, spec.alpha, spec.trials, spec.psi) == (0.5, 0.02, None, None)
+    spec = SchemeSpec.from_params(dict(sampler="binary", randomness="fixed", key_length=8, score="align"))
+    assert spec.binary_code == "huffman" and spec.trials == 100
