@@ -24,11 +24,11 @@ class Binary(Sampler):
 
     def _tensors(self, device: torch.device) -> dict[str, torch.Tensor]:
         if self._t is None or self._t["children"].device != device:
-            self._t = {
-                "children": torch.from_numpy(self.code.children).to(device),
-                "nodes": torch.from_numpy(self.code.path_nodes.T.copy()).to(device),  # [D, V]
-                "bits": torch.from_numpy(self.code.path_bits.T.astype(np.int64)).to(device),  # [D, V]
-            }
+            n_internal = len(self.code.children)
+            ancestors = self.code.path_nodes.T.copy()  # [D, V]
+            ancestors[ancestors < 0] = n_internal  # past a leaf's depth: a dummy slot that is never read
+            self._t = {"children": torch.from_numpy(self.code.children).to(device),
+                       "ancestors": torch.from_numpy(ancestors).to(device)}
         return self._t
 
     def choose(self, logits, seeds, temperature, plain_u):
@@ -36,23 +36,31 @@ class Binary(Sampler):
             return logits.argmax(dim=-1)
         probs = probabilities(logits, temperature)
         t = self._tensors(logits.device)
-        b = logits.shape[0]
+        b, n_internal = logits.shape[0], len(self.code.children)
+        # Mass under every internal node: each token adds its probability to its ancestor at each depth.
+        mass = torch.zeros(b, n_internal + 1, dtype=probs.dtype, device=probs.device)
+        for anc in t["ancestors"]:
+            mass.scatter_add_(1, anc.expand(b, -1), probs)
+
+        def child_mass(child: torch.Tensor) -> torch.Tensor:
+            inner = mass.gather(1, child.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            leaf = probs.gather(1, (-child - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            return torch.where(child >= 0, inner, leaf)
+
+        rows = torch.arange(b, device=logits.device)
         node = torch.zeros(b, dtype=torch.int64, device=logits.device)
         token = torch.zeros(b, dtype=torch.int64, device=logits.device)
         done = torch.zeros(b, dtype=torch.bool, device=logits.device)
-        for d in range(self.code.max_depth):
-            under = t["nodes"][d].unsqueeze(0) == node.unsqueeze(-1)  # [B, V] tokens below the current node
-            p_node = (probs * under).sum(-1)
-            p_left = (probs * (under & (t["bits"][d] == 0).unsqueeze(0))).sum(-1)
+        for _ in range(self.code.max_depth):  # fixed trip count: no host sync inside the walk
+            kids = t["children"][node]  # [B, 2]
+            p_left, p_node = child_mass(kids[:, 0]), mass[rows, node]
             ratio = torch.where(p_node > 0, p_left / p_node, torch.full_like(p_node, 0.5))
             w = prf.unit_t(prf.prf_t(seeds, node + prf.NODE))
-            nxt = t["children"][node, (w >= ratio).long()]
+            nxt = kids.gather(1, (w >= ratio).long().unsqueeze(-1)).squeeze(-1)
             leaf = (nxt < 0) & ~done
             token = torch.where(leaf, -nxt - 1, token)
             done |= leaf
-            node = torch.where(done, torch.zeros_like(node), nxt)
-            if bool(done.all()):
-                break
+            node = torch.where(done, node, nxt)
         return token
 
     def _node_stats(self, tokens: np.ndarray, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
