@@ -7,7 +7,15 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-pip_q() { python -m pip install -q "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true; }
+# Quiet pip that still fails loudly (this machine's pip config adds one harmless warning per package).
+pip_q() {
+  local log rc=0
+  log=$(mktemp)
+  python -m pip install -q "$@" >"$log" 2>&1 || rc=$?
+  grep -v "is ignored: it is neither a file nor a directory" "$log" || true
+  rm -f "$log"
+  return $rc
+}
 stamp=.venv/.mmw-setup-$(sha1sum pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing into .venv (CPU torch 2.13.0, the package and its tools)"

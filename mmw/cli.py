@@ -1,0 +1,86 @@
+"""The ``mmw`` command line: one command per pipeline stage (see dvc.yaml), implemented in ``mmw.stages``.
+
+Heavy imports (torch, transformers, the attacks) happen inside the commands, so ``mmw --help`` stays fast.
+A ``SpecError`` (bad parameter) ends the command with its one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from mmw.errors import SpecError
+
+app = typer.Typer(help="MarkMyWords watermark benchmark: pipeline stages (run them through `dvc repro`).",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+ParamsOption = Annotated[Path, typer.Option("--params", "-p", help="params file to read")]
+
+
+class Which(StrEnum):
+    """Which generations a stage works on."""
+
+    baseline = "baseline"
+    watermarked = "watermarked"
+
+
+def _stage(module: str, *args: Any) -> None:
+    """Run ``mmw.stages.<module>.run(*args)``, turning a SpecError into a one-line error and exit code 2."""
+    try:
+        importlib.import_module(f"mmw.stages.{module}").run(*args)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def prompts(params: ParamsOption = Path("params.yaml")) -> None:
+    """Build data/prompts.parquet from the task data and the generator's chat template."""
+    _stage("prompts", params)
+
+
+@app.command()
+def generate(which: Which, params: ParamsOption = Path("params.yaml")) -> None:
+    """Generate the baseline (no watermark) or the watermarked texts: data/generations/<which>.parquet."""
+    _stage("generate", which.value, params)
+
+
+@app.command()
+def perturb(params: ParamsOption = Path("params.yaml")) -> None:
+    """Attack the first part of each task's watermarked texts: data/perturbed.parquet."""
+    _stage("perturb", params)
+
+
+@app.command()
+def detect(which: Which, params: ParamsOption = Path("params.yaml")) -> None:
+    """Detect the watermark in the baseline, or in the watermarked and attacked texts."""
+    _stage("detect", which.value, params)
+
+
+@app.command()
+def rate(which: Which, params: ParamsOption = Path("params.yaml")) -> None:
+    """Judge ratings of the baseline (plus the judge's discrimination check), or of watermarked + attacked texts."""
+    _stage("rate", which.value, params)
+
+
+@app.command()
+def aggregate(params: ParamsOption = Path("params.yaml")) -> None:
+    """Compute the metrics and write reports/ (metrics.json, summary.md, plots)."""
+    _stage("aggregate", params)
+
+
+@app.command("install-argos")
+def install_argos(path: Annotated[Path, typer.Argument(help="an .argosmodel file")]) -> None:
+    """Install an Argos Translate language package from a local file (no network needed)."""
+    from mmw.attacks.translation import install_argos_package
+
+    try:
+        pair = install_argos_package(path)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"installed {pair} from {path}")

@@ -1,0 +1,1 @@
+"""Generation engines (transformers, batched with left padding, resumable) and model loading."""

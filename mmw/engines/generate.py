@@ -1,0 +1,280 @@
+"""The transformers engine: batched generation with left padding, a token-choosing logits processor, resumable.
+
+The processor (``mmw.processor.WatermarkProcessor``, or any object with the same three methods) chooses every
+token itself and returns -inf elsewhere; decoding is greedy so ``generate`` takes exactly its choice. The model's
+own generation_config is neutralised for the call, so no repetition penalty, suppressed tokens, temperature etc.
+reach the logits before the processor sees them.
+
+Resumability: each finished batch is written atomically to ``<parts_dir>/NNNNN.parquet``. A row in a part is
+reused only when its ``row_key`` (hash of the run fingerprint, prompt_id and chat) matches, so parts left by a run
+with other settings are never mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import polars as pl
+import torch
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+
+from mmw.io import write_table
+
+GENERATION_SCHEMA = {
+    "prompt_id": pl.String,
+    "text": pl.String,
+    "tokens": pl.List(pl.Int64),
+    "n_tokens": pl.Int64,
+    "mean_entropy": pl.Float64,
+    "mean_spike_entropy": pl.Float64,
+}
+PART_SCHEMA = {**GENERATION_SCHEMA, "row_key": pl.String}
+
+
+class RecordingProcessor(Protocol):
+    """What the engine needs from a processor: the HF call, and per-row means of what it recorded per step."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor: ...
+
+    def mean_entropy(self, lengths: Sequence[int]) -> np.ndarray: ...
+
+    def mean_spike_entropy(self, lengths: Sequence[int]) -> np.ndarray: ...
+
+
+#: Builds the processor for one batch from its rows' seeds (one seed per row, in batch order).
+ProcessorFactory = Callable[[list[int]], RecordingProcessor]
+
+
+def row_seed(seed: int, prompt_id: str) -> int:
+    """Per-row seed from the run seed and the prompt id: independent of batching, order and resumption."""
+    digest = hashlib.blake2b(f"{seed}\x00{prompt_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # 63 bits: fits int64 everywhere
+
+
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
+    """All ids that end a generation: the model's generation_config EOS (may be a list) and the tokenizer's."""
+    ids: set[int] = set()
+    configured = model.generation_config.eos_token_id
+    if configured is not None:
+        ids.update([configured] if isinstance(configured, int) else configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("model.name: the model defines no EOS token, so generations could not stop")
+    return sorted(ids)
+
+
+def neutral_generation_config(
+    tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, max_new_tokens: int
+) -> GenerationConfig:
+    """Greedy decoding of exactly what the logits processors leave, up to ``max_new_tokens``."""
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos_token_ids(tokenizer, model),
+        pad_token_id=tokenizer.pad_token_id,
+        use_cache=True,
+    )
+
+
+@contextmanager
+def neutral_model_defaults(model: PreTrainedModel) -> Iterator[None]:
+    """Hide the model's generation_config during ``generate``.
+
+    transformers fills every unset field of the config passed to ``generate`` from ``model.generation_config``
+    (repetition_penalty, suppress_tokens, bad_words_ids, min_new_tokens, ...), and "unset" cannot be expressed
+    for fields whose neutral value is None. Swapping in a fresh GenerationConfig leaves only neutral defaults.
+    """
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+def strip_after_eos(generated: torch.Tensor, eos_ids: Sequence[int]) -> list[list[int]]:
+    """``generated``: (batch, steps) ids after the prompt. Each row up to its first EOS, EOS excluded."""
+    is_eos = torch.isin(generated, torch.tensor(list(eos_ids), device=generated.device))
+    rows: list[list[int]] = []
+    for row, row_eos in zip(generated.tolist(), is_eos.tolist(), strict=True):
+        end = row_eos.index(True) if True in row_eos else len(row)
+        rows.append(row[:end])
+    return rows
+
+
+def generate_batch(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    input_ids: Sequence[Sequence[int]],
+    processor: RecordingProcessor,
+    max_new_tokens: int,
+) -> dict[str, list]:
+    """Generate for one batch of already tokenized prompts (left padded here).
+
+    Returns columns text, tokens, n_tokens, mean_entropy, mean_spike_entropy (one entry per row; entropies are
+    None for rows that produced no token).
+    """
+    batch = tokenizer.pad(
+        {"input_ids": [list(ids) for ids in input_ids]}, padding=True, padding_side="left", return_tensors="pt"
+    )
+    batch = {name: tensor.to(model.device) for name, tensor in batch.items()}
+    config = neutral_generation_config(tokenizer, model, max_new_tokens)
+    with torch.inference_mode(), neutral_model_defaults(model):
+        output = model.generate(**batch, generation_config=config, logits_processor=LogitsProcessorList([processor]))
+    tokens = strip_after_eos(output[:, batch["input_ids"].shape[1]:], config.eos_token_id)
+    lengths = [len(row) for row in tokens]
+
+    def per_row(values: np.ndarray) -> list[float | None]:
+        return [float(v) if n > 0 and math.isfinite(v) else None for v, n in zip(values, lengths, strict=True)]
+
+    return {
+        "text": tokenizer.batch_decode(tokens, skip_special_tokens=True),
+        "tokens": tokens,
+        "n_tokens": lengths,
+        "mean_entropy": per_row(processor.mean_entropy(lengths)),
+        "mean_spike_entropy": per_row(processor.mean_spike_entropy(lengths)),
+    }
+
+
+def run_fingerprint(model: PreTrainedModel, max_new_tokens: int, seed: int, extra: str) -> str:
+    """What makes a finished row reusable: model, dtype, device type, length cap, seed and the caller's extra
+    (e.g. the scheme's parameters)."""
+    return "\x00".join(
+        [str(model.name_or_path), str(model.dtype), model.device.type, str(max_new_tokens), str(seed), extra]
+    )
+
+
+def _row_key(fingerprint: str, prompt_id: str, chat: str) -> str:
+    return hashlib.sha256("\x00".join([fingerprint, prompt_id, chat]).encode()).hexdigest()
+
+
+def _read_parts(parts_dir: Path) -> pl.DataFrame:
+    files = sorted(parts_dir.glob("[0-9]*.parquet"))
+    if not files:
+        return pl.DataFrame(schema=PART_SCHEMA)
+    return pl.concat([pl.read_parquet(f) for f in files]).unique("row_key", keep="last", maintain_order=True)
+
+
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    chats: Sequence[str],
+    processor_factory: ProcessorFactory,
+    max_new_tokens: int,
+    batch_size: int,
+    *,
+    prompt_ids: Sequence[str] | None = None,
+    seed: int = 0,
+    parts_dir: Path | None = None,
+    fingerprint: str = "",
+    progress: bool = True,
+    on_batch_done: Callable[[int], None] | None = None,
+) -> pl.DataFrame:
+    """Generate a continuation for every chat (rendered chat strings, see ``mmw.tasks.render_chat``).
+
+    Rows are batched by length (longest first, so an out-of-memory shows at once) but returned in input order:
+    columns prompt_id, text, tokens (generated ids up to EOS, EOS excluded), n_tokens, mean_entropy,
+    mean_spike_entropy. ``prompt_ids`` default to ``"row-NNNNN"``; each row's processor seed is
+    ``row_seed(seed, prompt_id)``. With ``parts_dir``, finished batches are stored there and rows already stored
+    by a run with the same ``fingerprint`` are not generated again. ``on_batch_done(rows_done)`` runs after each
+    stored batch.
+    """
+    if batch_size < 1:
+        raise ValueError(f"model.batch_size: expected an integer >= 1, got {batch_size!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"model.max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
+    ids = list(prompt_ids) if prompt_ids is not None else [f"row-{i:05d}" for i in range(len(chats))]
+    if len(ids) != len(chats) or len(set(ids)) != len(ids):
+        raise ValueError("prompt_ids: expected one distinct id per chat")
+    full_fingerprint = run_fingerprint(model, max_new_tokens, seed, fingerprint)
+    keys = [_row_key(full_fingerprint, pid, chat) for pid, chat in zip(ids, chats, strict=True)]
+
+    done = _read_parts(parts_dir) if parts_dir is not None and parts_dir.is_dir() else pl.DataFrame(schema=PART_SCHEMA)
+    done_keys = set(done["row_key"].to_list())
+    todo = [i for i, key in enumerate(keys) if key not in done_keys]
+    # Chat templates carry their own special tokens (BOS included where the model wants one).
+    encoded = tokenizer(
+        [chats[i] for i in todo], add_special_tokens=False, return_attention_mask=False
+    )["input_ids"] if todo else []
+    order = sorted(range(len(todo)), key=lambda j: (-len(encoded[j]), todo[j]))
+
+    if parts_dir is not None:
+        parts_dir.mkdir(parents=True, exist_ok=True)
+        existing = [int(f.stem) for f in parts_dir.glob("[0-9]*.parquet")]
+        next_part = max(existing, default=-1) + 1
+    new_parts: list[pl.DataFrame] = []
+    with tqdm(total=len(todo), unit="row", desc="generate", disable=not progress) as bar:
+        for start in range(0, len(order), batch_size):
+            members = order[start:start + batch_size]
+            rows = [todo[j] for j in members]
+            processor = processor_factory([row_seed(seed, ids[i]) for i in rows])
+            columns = generate_batch(model, tokenizer, [encoded[j] for j in members], processor, max_new_tokens)
+            part = pl.DataFrame(
+                {"prompt_id": [ids[i] for i in rows], **columns, "row_key": [keys[i] for i in rows]},
+                schema=PART_SCHEMA,
+            )
+            if parts_dir is not None:
+                write_table(part, parts_dir / f"{next_part:05d}.parquet")
+                next_part += 1
+            new_parts.append(part)
+            bar.update(len(rows))
+            if on_batch_done is not None:
+                on_batch_done(start + len(rows))
+
+    finished = pl.concat([done, *new_parts]).unique("row_key", keep="last")
+    ordered = pl.DataFrame({"row_key": keys}).join(finished, on="row_key", how="left", maintain_order="left")
+    return ordered.select(list(GENERATION_SCHEMA))
+
+
+def generate_table(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: pl.DataFrame,
+    out_path: Path,
+    processor_factory: ProcessorFactory,
+    max_new_tokens: int,
+    batch_size: int,
+    *,
+    seed: int = 0,
+    fingerprint: str = "",
+    progress: bool = True,
+    on_batch_done: Callable[[int], None] | None = None,
+) -> pl.DataFrame:
+    """Generate for a prompts table (prompt_id, task, prompt, chat) and write the generations table atomically.
+
+    Finished batches live in ``<out_path>.parts/`` until the table is written, so an interrupted run resumes
+    where it stopped. Returns (and writes) prompt_id, task, prompt, text, tokens, n_tokens, mean_entropy,
+    mean_spike_entropy in the prompts' order.
+    """
+    out_path = Path(out_path)
+    parts_dir = out_path.with_name(out_path.name + ".parts")
+    generations = generate(
+        model,
+        tokenizer,
+        prompts["chat"].to_list(),
+        processor_factory,
+        max_new_tokens,
+        batch_size,
+        prompt_ids=prompts["prompt_id"].to_list(),
+        seed=seed,
+        parts_dir=parts_dir,
+        fingerprint=fingerprint,
+        progress=progress,
+        on_batch_done=on_batch_done,
+    )
+    table = prompts.select("prompt_id", "task", "prompt").join(
+        generations, on="prompt_id", how="left", maintain_order="left"
+    )
+    write_table(table, out_path)
+    shutil.rmtree(parts_dir, ignore_errors=True)  # the table now holds every row
+    return table

@@ -1,0 +1,302 @@
+"""LLM-as-a-judge quality ratings with the paper's rating prompt (appendix "Rating prompt"), in process.
+
+Two ratings per text, both on 0..100:
+  greedy    the judge writes a short reply (greedy decoding) and the first number in it is the grade; a reply
+            without a usable number is None (the reference code turned it into 0, which drags means down).
+  expected  the assistant turn is prefilled with "Grade: " so the next tokens are the grade; the rating is the
+            expectation of the grade under the judge's next-token distribution (G-Eval style), None when the
+            judge puts negligible probability on numbers. Much less coarse than one sampled number.
+
+How the expected value is computed for any tokenizer: each grade 0..100 is tokenized after the prefill, which
+gives a token path per grade (one token for tokenizers with whole-number tokens, digit by digit for SmolLM2,
+Qwen, ...). The paths form a trie; its inner nodes (e.g. "1".."9" and "10" for digit tokenizers) are appended to the
+context as extra tokens under a tree attention mask, so one forward pass per batch gives every distribution needed.
+P(grade) = product of the path's token probabilities x P(the number stops there), where "stops" means the next
+token does not start with a digit; it is evaluated at inner nodes ("1" vs "10"..."19", "10" vs "100") and taken
+as 1 at leaves (a longer number would be out of range anyway).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jinja2 import TemplateError
+from scipy import stats
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
+from mmw.errors import SpecError
+
+RATING_SYSTEM = (
+    "You are given a prompt and a response, and you provide a grade out of 100 measuring the quality of the "
+    "response, in terms of accuracy, level of details, and typographical, grammatical and lexical correctness. "
+    "Remove points as soon as one of the criteria is missed."
+)
+RATING_USER = "Prompt: {prompt}\nResponse: {response}"
+GRADE_PREFILL = "Grade:"
+MAX_GRADE = 100
+MODES = ("greedy", "expected")
+
+# A number, optionally "out of N" / "/N" (then rescaled to 100). Signs and decimals are kept so "-5" and "105"
+# are seen as the out-of-range numbers they are instead of being misread as 5 and 10.
+_NUMBER = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?)(?:\s*(?:/|out of)\s*(\d+(?:\.\d+)?))?", re.IGNORECASE)
+
+
+def parse_grade(reply: str) -> float | None:
+    """First number of ``reply`` as a grade in [0, 100]; ``x/10``-style grades are rescaled. None when the first
+    number is missing or out of range (never 0: "no grade" is not "worst grade")."""
+    match = _NUMBER.search(reply)
+    if match is None:
+        return None
+    value = float(match.group(1))
+    if match.group(2) is not None:
+        scale = float(match.group(2))
+        if scale <= 0 or not 0 <= value <= scale:
+            return None
+        value = value * MAX_GRADE / scale
+    return value if 0 <= value <= MAX_GRADE else None
+
+
+def rating_messages(prompt: str, response: str) -> list[dict[str, str]]:
+    """The paper's rating prompt as chat messages (its <<SYS>> block becomes the system turn)."""
+    return [
+        {"role": "system", "content": RATING_SYSTEM},
+        {"role": "user", "content": RATING_USER.format(prompt=prompt, response=response)},
+    ]
+
+
+@dataclass(frozen=True)
+class GradeTrie:
+    """Token paths of the grades after the prefill. ``paths[g]``: token ids of grade ``g`` (g = 0..100);
+    ``inner``: proper path prefixes that need their own next-token distribution (the root () excluded)."""
+
+    prefill: str
+    paths: tuple[tuple[int, ...], ...]
+    inner: tuple[tuple[int, ...], ...]
+
+
+def grade_trie(tokenizer: PreTrainedTokenizerBase) -> GradeTrie:
+    """Find how this tokenizer writes "Grade: 0".."Grade: 100" and build the trie of grade token paths.
+
+    Byte-level BPEs that split digits (SmolLM2, Qwen, Llama 3) make the space its own token, so the prefill is
+    "Grade: "; GPT-2-style vocabularies glue the space to the number (" 85"), so the prefill is "Grade:".
+    """
+    for prefill, separator in ((GRADE_PREFILL + " ", ""), (GRADE_PREFILL, " ")):
+        head = tokenizer.encode(prefill, add_special_tokens=False)
+        paths = []
+        for grade in range(MAX_GRADE + 1):
+            ids = tokenizer.encode(prefill + separator + str(grade), add_special_tokens=False)
+            if ids[: len(head)] != head or len(ids) == len(head):
+                break
+            paths.append(tuple(ids[len(head):]))
+        else:
+            if len(set(paths)) == len(paths):
+                prefixes = {path[:k] for path in paths for k in range(1, len(path))}
+                # A grade path that is also a prefix of another ("1" of "10") needs its stop probability.
+                inner = prefixes | {path for path in paths if any(len(o) > len(path) and o[: len(path)] == path
+                                                                  for o in paths)}
+                return GradeTrie(prefill, tuple(paths), tuple(sorted(inner, key=lambda p: (len(p), p))))
+    raise SpecError("rate.judge", "cannot find how the judge's tokenizer writes grades 0..100 after 'Grade:'")
+
+
+def digit_start_mask(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> torch.Tensor:
+    """(vocab_size,) bool: tokens whose text starts with a digit, i.e. that would extend a number."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    for token_id in range(min(vocab_size, len(tokenizer))):
+        text = tokenizer.decode([token_id])
+        mask[token_id] = bool(text) and text[0].isdigit()
+    return mask
+
+
+class Judge:
+    """Rates (prompt, response) pairs with a causal LM (``tokenizer`` must pad on the left, as
+    ``mmw.engines.models.load_model`` sets up)."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        model: PreTrainedModel,
+        batch_size: int = 4,
+        max_new_tokens: int = 16,
+        min_mass: float = 0.01,
+    ):
+        if not getattr(tokenizer, "chat_template", None):
+            raise SpecError("rate.judge", "the judge's tokenizer has no chat template; use an instruction model")
+        self.tokenizer = tokenizer
+        self.model = model
+        self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
+        self.min_mass = min_mass
+        attention = getattr(model.config, "_attn_implementation", "eager")
+        if attention not in ("sdpa", "eager"):
+            raise SpecError("rate.judge", f"attention implementation {attention!r} cannot take the judge's tree mask",
+                            ["sdpa", "eager"])
+        self.trie = grade_trie(tokenizer)
+        # Inner trie nodes as extra tokens: each node's last token, its depth below the context, and which node
+        # tokens it may attend to (its ancestors and itself).
+        inner = self.trie.inner
+        self._tree_tokens = torch.tensor([node[-1] for node in inner], dtype=torch.long)
+        self._tree_depth = torch.tensor([len(node) for node in inner], dtype=torch.long)
+        self._tree_ancestors = torch.tensor(
+            [[len(other) <= len(node) and node[: len(other)] == other for other in inner] for node in inner],
+            dtype=torch.bool,
+        ).reshape(len(inner), len(inner))
+        vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.digit_start = digit_start_mask(tokenizer, vocab_size).to(model.device)
+
+    def _chat(self, prompt: str, response: str) -> str:
+        messages = rating_messages(prompt, response)
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError:
+            # Some templates (older Mistral, Gemma 2) refuse a system turn: put the instructions in the user turn.
+            merged = [{"role": "user", "content": messages[0]["content"] + "\n\n" + messages[1]["content"]}]
+            return self.tokenizer.apply_chat_template(merged, tokenize=False, add_generation_prompt=True)
+
+    def _batches(self, prompts: Sequence[str], texts: Sequence[str], prefill: str) -> list[tuple[list[int], dict]]:
+        """Batches of (row indices, left-padded inputs), rows grouped by length."""
+        if len(prompts) != len(texts):
+            raise ValueError(f"prompts and texts differ in length ({len(prompts)} vs {len(texts)})")
+        if not texts:
+            return []
+        chats = [self._chat(p, t) + prefill for p, t in zip(prompts, texts, strict=True)]
+        encoded = self.tokenizer(chats, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        order = sorted(range(len(chats)), key=lambda i: -len(encoded[i]))
+        batches = []
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            batch = self.tokenizer.pad(
+                {"input_ids": [encoded[i] for i in rows]}, padding=True, padding_side="left", return_tensors="pt"
+            )
+            batches.append((rows, {k: v.to(self.model.device) for k, v in batch.items()}))
+        return batches
+
+    def replies(self, prompts: Sequence[str], texts: Sequence[str]) -> list[str]:
+        """The judge's greedy replies to the rating prompt (at most ``max_new_tokens`` tokens each)."""
+        out: list[str] = [""] * len(texts)
+        config = neutral_generation_config(self.tokenizer, self.model, self.max_new_tokens)
+        for rows, batch in self._batches(prompts, texts, prefill=""):
+            with torch.inference_mode(), neutral_model_defaults(self.model):
+                generated = self.model.generate(**batch, generation_config=config)
+            decoded = self.tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+            for row, reply in zip(rows, decoded, strict=True):
+                out[row] = reply
+        return out
+
+    def rate_greedy(self, prompts: Sequence[str], texts: Sequence[str]) -> list[float | None]:
+        """Grade parsed from each greedy reply (None when the reply has no grade in 0..100)."""
+        return [parse_grade(reply) for reply in self.replies(prompts, texts)]
+
+    def grade_distribution(self, prompts: Sequence[str], texts: Sequence[str]) -> np.ndarray:
+        """(n_texts, 101) probabilities of writing grade 0..100 after the prefill (rows sum to <= 1)."""
+        probs = np.zeros((len(texts), MAX_GRADE + 1))
+        for rows, batch in self._batches(prompts, texts, prefill=self.trie.prefill):
+            probs[rows] = self._batch_grade_distribution(batch).cpu().numpy()
+        return probs
+
+    @torch.inference_mode()
+    def _batch_grade_distribution(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(batch, 101) grade probabilities for one left-padded batch, in a single forward pass.
+
+        The trie's inner nodes ride along behind the context as extra tokens (one per node: its last token) under
+        a tree attention mask: a node token sees the whole context and its own ancestors only, at the position
+        it would have written right after the context. So one forward gives the next-token distribution after
+        the context (last context position) and after every inner node (its token's position).
+        """
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        n_rows, context_len = ids.shape
+        device = ids.device
+        tree_tokens = self._tree_tokens.to(device)
+        n_tree = tree_tokens.shape[0]
+        length = context_len + n_tree
+        context_positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        positions = torch.cat([context_positions, context_positions[:, -1:] + self._tree_depth.to(device)], 1)
+        allowed = torch.zeros(length, length, dtype=torch.bool, device=device)
+        allowed[:context_len, :context_len] = torch.ones(context_len, context_len, device=device).tril().bool()
+        allowed[context_len:, :context_len] = True
+        allowed[context_len:, context_len:] = self._tree_ancestors.to(device)
+        key_ok = torch.cat([mask.bool(), torch.ones(n_rows, n_tree, dtype=torch.bool, device=device)], 1)
+        allowed = allowed[None, None] & key_ok[:, None, None, :]  # (batch, 1, query, key)
+        # Additive float mask: understood by both the sdpa and eager attention implementations.
+        additive = torch.zeros(allowed.shape, dtype=self.model.dtype, device=device)
+        additive.masked_fill_(~allowed, torch.finfo(self.model.dtype).min)
+        logits = self.model(
+            input_ids=torch.cat([ids, tree_tokens.expand(n_rows, n_tree)], 1),
+            attention_mask=additive,
+            position_ids=positions,
+            logits_to_keep=n_tree + 1,
+            use_cache=False,
+        ).logits
+        logprobs = torch.log_softmax(logits.float(), -1)  # (batch, 1 + n_tree, vocab): context end, then nodes
+        node_logprobs = {node: logprobs[:, i] for i, node in enumerate(((), *self.trie.inner))}
+        stop = {node: torch.log1p(-lp.exp()[:, self.digit_start].sum(-1).clamp(max=1 - 1e-7))
+                for node, lp in node_logprobs.items() if node}
+        grade_logprob = torch.stack([
+            sum(node_logprobs[path[:k]][:, path[k]] for k in range(len(path))) + stop.get(path, 0.0)
+            for path in self.trie.paths
+        ], dim=-1)
+        return grade_logprob.exp()
+
+    def rate_expected(self, prompts: Sequence[str], texts: Sequence[str]) -> list[float | None]:
+        """Expected grade under the judge's distribution over 0..100 (None when that mass is < ``min_mass``)."""
+        probs = self.grade_distribution(prompts, texts)
+        mass = probs.sum(-1)
+        expected = probs @ np.arange(MAX_GRADE + 1) / np.where(mass > 0, mass, 1.0)
+        return [float(e) if m >= self.min_mass else None for e, m in zip(expected, mass, strict=True)]
+
+    def rate(self, prompts: Sequence[str], texts: Sequence[str], modes: Sequence[str] = MODES) -> dict[str, list]:
+        """``{mode: ratings}`` for each requested mode (``greedy``, ``expected``)."""
+        for mode in modes:
+            if mode not in MODES:
+                raise SpecError("rate.mode", f"unknown mode {mode!r}", MODES)
+        methods = {"greedy": self.rate_greedy, "expected": self.rate_expected}
+        return {mode: methods[mode](prompts, texts) for mode in modes}
+
+
+def shuffle_words(text: str, rng: np.random.Generator) -> str:
+    """The words of ``text`` in a random order: same vocabulary and length, no coherence."""
+    words = text.split()
+    return " ".join(words[i] for i in rng.permutation(len(words)))
+
+
+def paired_discrimination(original: Sequence[float | None], shuffled: Sequence[float | None], alpha: float) -> dict:
+    """Ratings of texts vs the same texts broken: n_pairs (both rated), n_failed, means, the one-sided paired
+    Wilcoxon signed-rank p-value (original > shuffled) and ``discriminates`` (p < alpha)."""
+    pairs = [(a, b) for a, b in zip(original, shuffled, strict=True) if a is not None and b is not None]
+    result: dict = {
+        "n_pairs": len(pairs),
+        "n_failed": sum(a is None or b is None for a, b in zip(original, shuffled, strict=True)),
+        "mean_original": float(np.mean([a for a, _ in pairs])) if pairs else None,
+        "mean_shuffled": float(np.mean([b for _, b in pairs])) if pairs else None,
+        "pvalue": 1.0,
+    }
+    differences = [a - b for a, b in pairs]
+    if any(d != 0 for d in differences):
+        # One-sided: a useful judge rates the coherent text higher than its word salad.
+        result["pvalue"] = float(stats.wilcoxon(differences, alternative="greater").pvalue)
+    result["discriminates"] = result["pvalue"] < alpha
+    return result
+
+
+def judge_discrimination(
+    judge: Judge, prompts: Sequence[str], texts: Sequence[str], seed: int, alpha: float = 0.05
+) -> dict:
+    """Can the judge tell texts from the same texts word-shuffled? Per mode: mean ratings of both, a one-sided
+    paired Wilcoxon signed-rank p-value, ``discriminates`` (p < alpha). ``best_mode``: the discriminating mode
+    with the smaller p-value (None when neither discriminates). ``original_ratings``: ``judge.rate(prompts, texts)``.
+    """
+    rng = np.random.default_rng(seed)
+    shuffled = [shuffle_words(t, rng) for t in texts]
+    original_ratings = judge.rate(prompts, texts)
+    shuffled_ratings = judge.rate(prompts, shuffled)
+    report: dict = {mode: paired_discrimination(original_ratings[mode], shuffled_ratings[mode], alpha)
+                    for mode in MODES}
+    candidates = [mode for mode in MODES if report[mode]["discriminates"]]
+    report["best_mode"] = min(candidates, key=lambda m: (report[m]["pvalue"], m != "expected"), default=None)
+    report["n_texts"] = len(texts)
+    report["original_ratings"] = original_ratings  # the texts' own ratings, so callers need not rate them again
+    return report

@@ -1,0 +1,55 @@
+"""Stage ``aggregate``: metrics.json, plot data, summary.md and the tamper-resistance figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from mmw.io import (
+    DETECTIONS,
+    JUDGE_REPORT,
+    METRICS,
+    PERTURBED,
+    PLOTS_DIR,
+    RATINGS,
+    SUMMARY,
+    TIMINGS_DIR,
+    read_json,
+    read_table,
+    write_json,
+    write_table,
+    write_text,
+    write_with,
+)
+from mmw.params import load_params
+from mmw.report import build_metrics, plot_tables, summary_markdown, tamper_figure
+from mmw.stages.common import timed
+
+#: Pipeline order of the stages whose timings the summary lists (aggregate reports its own run at the end).
+STAGE_ORDER = ("prompts", "generate_baseline", "generate_watermarked", "perturb", "detect_baseline",
+               "detect_watermarked", "rate_baseline", "rate_watermarked")
+FIGURE = Path("reports/tamper_resistance.png")
+
+
+def run(params_path: Path) -> None:
+    with timed("aggregate"):
+        params = load_params(params_path)
+        detections = pl.concat([read_table(DETECTIONS["baseline"]), read_table(DETECTIONS["watermarked"])])
+        ratings = pl.concat([read_table(RATINGS["baseline"]), read_table(RATINGS["watermarked"])])
+        perturbed = read_table(PERTURBED)
+        judge = read_json(JUDGE_REPORT)
+        timings = [read_json(TIMINGS_DIR / f"{stage}.json") for stage in STAGE_ORDER
+                   if (TIMINGS_DIR / f"{stage}.json").is_file()]
+
+        metrics, attacks = build_metrics(detections, ratings, perturbed, judge)
+        header = {"model": params.model.name, "scheme": params.scheme.describe(),
+                  "alpha": f"{params.scheme.alpha:g}", "seed": str(params.seed),
+                  "max new tokens": str(params.model.max_new_tokens), "temperature": f"{params.model.temperature:g}"}
+        for stem, table in plot_tables(detections, attacks).items():
+            write_with(PLOTS_DIR / f"{stem}.csv", table.write_csv)
+        figure = tamper_figure(attacks)
+        write_with(FIGURE, lambda path: figure.savefig(path, format="png", dpi=120))
+        write_table(attacks, PLOTS_DIR / "attacks_by_task.parquet")
+        write_text(summary_markdown(metrics, attacks, judge, timings, header), SUMMARY)
+        write_json(metrics, METRICS)

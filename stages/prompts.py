@@ -1,0 +1,24 @@
+"""Stage ``prompts``: the task prompts of params ``prompts:``, rendered with the generator's chat template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from mmw.io import PROMPTS, write_table
+from mmw.params import load_params
+from mmw.stages.common import load_generator_vocabulary, timed
+from mmw.tasks import build_prompts, render_chat
+
+
+def run(params_path: Path) -> None:
+    """Write ``data/prompts.parquet`` (prompt_id, task, prompt, chat)."""
+    with timed("prompts") as info:
+        params = load_params(params_path)
+        prompts = build_prompts(params.prompts.tasks, params.prompts.per_task)
+        tokenizer, _ = load_generator_vocabulary(params.model)
+        table = prompts.with_columns(pl.Series("chat", render_chat(tokenizer, prompts["prompt"].to_list()),
+                                               dtype=pl.String))
+        write_table(table, PROMPTS)
+        info["rows"] = table.height

@@ -1,0 +1,352 @@
+"""The transformers engine and model loading.
+
+Fast tests run a tiny randomly initialised Llama (real transformers code, 2 layers) with a word-level tokenizer;
+heavy tests run the embedded SmolLM2-135M. Until the watermark core's processor is used here, the token chooser
+is ``SeededSampler``: multinomial sampling with a uniform drawn per (row seed, step), so a row's tokens depend on
+its seed and its logits only, never on the batch it shares.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from mmw.engines.generate import generate, generate_table, row_seed
+from mmw.engines.models import load_model
+from mmw.errors import SpecError
+
+WORDS = "the a cat dog sat ran on under mat tree red big small and then quickly slowly it was very".split()
+SPECIALS = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
+
+
+class SeededSampler:
+    """Chooses each row's token by inverse-CDF sampling of softmax(scores) with a per-(row seed, step) uniform;
+    records entropy and spike entropy (z = 1) per step, like the watermark processor does."""
+
+    def __init__(self, row_seeds: list[int]):
+        self.seeds = row_seeds
+        self.step = 0
+        self.entropy: list[np.ndarray] = []
+        self.spike: list[np.ndarray] = []
+        self.scores: list[torch.Tensor] = []
+        self.choices: list[list[int]] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.scores.append(scores.clone())
+        probs = torch.softmax(scores.double(), -1)
+        uniforms = torch.tensor(
+            [np.random.Generator(np.random.Philox(key=s, counter=self.step)).random() for s in self.seeds],
+            dtype=torch.float64,
+        )
+        cdf = probs.cumsum(-1)
+        choice = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None]).clamp(max=scores.shape[1] - 1)
+        self.entropy.append((-(probs * probs.clamp_min(1e-300).log()).sum(-1)).numpy())
+        self.spike.append((probs / (1 + probs)).sum(-1).numpy())
+        self.choices.append(choice[:, 0].tolist())
+        self.step += 1
+        return self.force(scores, choice)
+
+    @staticmethod
+    def force(scores: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(1, choice.to(scores.device), 0.0)
+
+    def _mean(self, record: list[np.ndarray], lengths) -> np.ndarray:
+        steps = np.stack(record, 1)
+        return np.array([steps[i, :n].mean() if n else np.nan for i, n in enumerate(lengths)])
+
+    def mean_entropy(self, lengths) -> np.ndarray:
+        return self._mean(self.entropy, lengths)
+
+    def mean_spike_entropy(self, lengths) -> np.ndarray:
+        return self._mean(self.spike, lengths)
+
+
+@pytest.fixture
+def tiny(tiny_model):
+    """The tiny model, run on one thread: a 32-wide model gains nothing from two, and on a busy machine the
+    second OpenMP thread's spin-waits make each tiny matmul ~30x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tiny_model
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """(tokenizer, model): word-level tokenizer + 2-layer random Llama; EOS is <|im_end|>, pad is <pad>."""
+    vocab = {token: i for i, token in enumerate(SPECIALS + WORDS)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.padding_side = "left"
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=vocab["<|im_end|>"],
+        pad_token_id=vocab["<pad>"], bos_token_id=None,
+        initializer_range=0.3,  # peaky attention, so a wrong position or padding mask changes the tokens
+    )
+    model = LlamaForCausalLM(config).eval()
+    return tokenizer, model
+
+
+def tiny_chats(n: int) -> tuple[list[str], list[str]]:
+    rng = np.random.default_rng(1)
+    chats = [" ".join(["<|im_start|>", *rng.choice(WORDS, size=int(rng.integers(2, 12)))]) for _ in range(n)]
+    return chats, [f"story-{i:03d}" for i in range(n)]
+
+
+def test_same_seed_same_tokens_and_other_seed_other_tokens(tiny):
+    tokenizer, model = tiny
+    chats, ids = tiny_chats(5)
+    first = generate(model, tokenizer, chats, SeededSampler, 12, 2, prompt_ids=ids, seed=7, progress=False)
+    again = generate(model, tokenizer, chats, SeededSampler, 12, 2, prompt_ids=ids, seed=7, progress=False)
+    other = generate(model, tokenizer, chats, SeededSampler, 12, 2, prompt_ids=ids, seed=8, progress=False)
+    assert first.equals(again)
+    assert first["tokens"].to_list() != other["tokens"].to_list()
+    assert first["prompt_id"].to_list() == ids  # input order, though batches ran longest-first
+
+
+def test_left_padded_batches_give_the_tokens_of_single_row_runs(tiny):
+    tokenizer, model = tiny
+    chats, ids = tiny_chats(6)  # prompt lengths 2..11 words, so most rows are padded in a batch of 6
+    batched = generate(model, tokenizer, chats, SeededSampler, 16, 6, prompt_ids=ids, progress=False)
+    single = generate(model, tokenizer, chats, SeededSampler, 16, 1, prompt_ids=ids, progress=False)
+    assert batched["tokens"].to_list() == single["tokens"].to_list()
+    np.testing.assert_allclose(batched["mean_entropy"].to_numpy(), single["mean_entropy"].to_numpy(), rtol=1e-5)
+
+
+class StopAt(SeededSampler):
+    """Samples like SeededSampler but emits EOS at a chosen step per row seed (never before it)."""
+
+    eos_id: int
+    stops: dict[int, int]
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self.eos_id] = float("-inf")
+        step = self.step
+        chosen = super().__call__(input_ids, scores)
+        for row, seed in enumerate(self.seeds):
+            if self.stops.get(seed) == step:
+                chosen[row] = float("-inf")
+                chosen[row, self.eos_id] = 0.0
+        return chosen
+
+
+def test_generation_stops_at_eos_and_excludes_it(tiny):
+    tokenizer, model = tiny
+    chats, ids = tiny_chats(3)
+    seed = 3
+    stops = {row_seed(seed, ids[0]): 0, row_seed(seed, ids[1]): 5}  # row 2 never stops
+
+    def factory(seeds):
+        processor = StopAt(seeds)
+        processor.eos_id, processor.stops = tokenizer.eos_token_id, stops
+        return processor
+
+    out = generate(model, tokenizer, chats, factory, 9, 3, prompt_ids=ids, seed=seed, progress=False)
+    assert out["n_tokens"].to_list() == [0, 5, 9]
+    assert [len(t) for t in out["tokens"].to_list()] == [0, 5, 9]
+    assert all(tokenizer.eos_token_id not in t for t in out["tokens"].to_list())
+    assert out["text"][0] == "" and "<|im_end|>" not in "".join(out["text"].to_list())
+    assert out["text"][1] == tokenizer.decode(out["tokens"][1].to_list())
+    # A row without tokens has no entropy; the others average their own steps only.
+    assert out["mean_entropy"][0] is None and out["mean_entropy"][1] > 0
+
+
+def test_the_models_own_generation_defaults_do_not_touch_the_logits(tiny):
+    tokenizer, model = tiny
+    chats, ids = tiny_chats(1)
+    suppressed = tokenizer.convert_tokens_to_ids("cat")
+    saved = model.generation_config
+    model.generation_config = saved.__class__(
+        repetition_penalty=3.0, suppress_tokens=[suppressed], min_new_tokens=5, no_repeat_ngram_size=1,
+        temperature=0.1, top_k=2, do_sample=True,
+    )
+    seen = []
+
+    def factory(seeds):
+        seen.append(SeededSampler(seeds))
+        return seen[-1]
+
+    try:
+        out = generate(model, tokenizer, chats, factory, 6, 1, prompt_ids=ids, progress=False)
+    finally:
+        model.generation_config = saved
+    input_ids = tokenizer(chats, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        raw = model(input_ids=input_ids).logits[:, -1]
+    torch.testing.assert_close(seen[0].scores[0], raw, rtol=1e-5, atol=1e-5)
+    assert model.generation_config is saved  # restored after the call
+    # Greedy decoding took exactly the processor's choices, whatever the model's defaults would have done.
+    assert out["tokens"][0].to_list() == [c[0] for c in seen[0].choices[: out["n_tokens"][0]]]
+
+
+def test_interrupted_run_resumes_without_regenerating_finished_rows(tiny, tmp_path):
+    tokenizer, model = tiny
+    chats, ids = tiny_chats(7)
+    prompts = pl.DataFrame({"prompt_id": ids, "task": "story", "prompt": [f"p{i}" for i in range(7)], "chat": chats})
+    out = tmp_path / "gen" / "watermarked.parquet"
+    requested: list[int] = []
+
+    def counting(seeds):
+        requested.extend(seeds)
+        return SeededSampler(seeds)
+
+    def crash_after_first_batch(rows_done):
+        raise KeyboardInterrupt(f"simulated interruption after {rows_done} rows")
+
+    with pytest.raises(KeyboardInterrupt):
+        generate_table(model, tokenizer, prompts, out, counting, 10, 3, seed=1, progress=False,
+                       on_batch_done=crash_after_first_batch)
+    parts = out.with_name(out.name + ".parts")
+    assert not out.exists() and len(list(parts.glob("*.parquet"))) == 1
+    first_batch = set(requested)
+    assert len(first_batch) == 3
+
+    requested.clear()
+    resumed = generate_table(model, tokenizer, prompts, out, counting, 10, 3, seed=1, progress=False)
+    assert len(requested) == 4 and not first_batch & set(requested)  # only the 4 unfinished rows ran
+    assert not parts.exists()
+    assert pl.read_parquet(out).equals(resumed)
+    assert resumed.columns == ["prompt_id", "task", "prompt", "text", "tokens", "n_tokens", "mean_entropy",
+                               "mean_spike_entropy"]
+
+    uninterrupted = generate_table(model, tokenizer, prompts, tmp_path / "fresh.parquet", SeededSampler, 10, 3,
+                                   seed=1, progress=False)
+    assert resumed.equals(uninterrupted)
+
+
+def test_parts_of_a_run_with_other_settings_are_not_reused(tiny, tmp_path):
+    tokenizer, model = tiny
+    chats, ids = tiny_chats(4)
+    parts = tmp_path / "parts"
+    generate(model, tokenizer, chats, SeededSampler, 8, 2, prompt_ids=ids, parts_dir=parts, fingerprint="delta=1",
+             progress=False)
+    requested: list[int] = []
+
+    def counting(seeds):
+        requested.extend(seeds)
+        return SeededSampler(seeds)
+
+    generate(model, tokenizer, chats, counting, 8, 2, prompt_ids=ids, parts_dir=parts, fingerprint="delta=2",
+             progress=False)
+    assert len(requested) == 4
+    requested.clear()
+    generate(model, tokenizer, chats, counting, 8, 2, prompt_ids=ids, parts_dir=parts, fingerprint="delta=2",
+             progress=False)
+    assert requested == []
+
+
+def test_bad_engine_arguments_name_the_parameter(tiny):
+    tokenizer, model = tiny
+    chats, ids = tiny_chats(2)
+    with pytest.raises(ValueError, match="model.batch_size"):
+        generate(model, tokenizer, chats, SeededSampler, 4, 0, prompt_ids=ids, progress=False)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        generate(model, tokenizer, chats, SeededSampler, 4, 1, prompt_ids=ids[:1], progress=False)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("/nonexistent/model-folder", "model.name: path '/nonexistent/model-folder' does not exist"),
+        ("./missing.gguf", "model.name: GGUF file './missing.gguf' does not exist"),
+        ("embedded:gpt-9", "model.name: unknown embedded model 'embedded:gpt-9'; allowed: embedded:smollm2-135m"),
+    ],
+)
+def test_load_model_rejects_bad_specs_naming_model_name(spec, message):
+    with pytest.raises(SpecError) as info:
+        load_model(spec)
+    assert str(info.value).startswith(message)
+
+
+def test_load_model_rejects_a_folder_that_is_not_a_model(tmp_path):
+    with pytest.raises(SpecError, match="model.name: folder .* has no config.json"):
+        load_model(str(tmp_path))
+
+
+def test_load_model_reads_a_local_hf_folder(tiny, tmp_path):
+    tokenizer, model = tiny
+    tokenizer.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    loaded_tokenizer, loaded = load_model(str(tmp_path), device="cpu")
+    assert loaded_tokenizer.padding_side == "left" and loaded_tokenizer.pad_token == "<pad>"
+    ids = torch.tensor([[4, 5, 6]])
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return load_model("embedded:smollm2-135m", device="cpu")
+
+
+@pytest.mark.heavy
+def test_cached_hf_folder_equals_the_gguf_model(embedded, tmp_path):
+    from mmw.engines.models import embedded_gguf_path
+
+    tokenizer, model = embedded
+    gguf = embedded_gguf_path("smollm2-135m")
+    direct_tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
+    text = "<|im_start|>user\nWrite a story about a lighthouse.<|im_end|>\n<|im_start|>assistant\n"
+    ids = direct_tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    assert tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"].equal(ids)
+    with torch.inference_mode():
+        assert model(input_ids=ids).logits.equal(direct(input_ids=ids).logits)
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token_id is not None
+
+
+@pytest.fixture(scope="module")
+def embedded_chats(embedded):
+    from mmw.tasks import build_prompts, render_chat
+
+    prompts = build_prompts(["book_report", "story", "fake_news"], 2)
+    return render_chat(embedded[0], prompts["prompt"].to_list()), prompts["prompt_id"].to_list()
+
+
+@pytest.mark.heavy
+def test_embedded_model_generation_is_deterministic(embedded, embedded_chats):
+    tokenizer, model = embedded
+    chats, ids = embedded_chats
+    first = generate(model, tokenizer, chats, SeededSampler, 24, 3, prompt_ids=ids, seed=5, progress=False)
+    again = generate(model, tokenizer, chats, SeededSampler, 24, 3, prompt_ids=ids, seed=5, progress=False)
+    assert first.equals(again)
+    assert (first["n_tokens"] > 0).all() and first["text"].str.len_chars().min() > 20
+
+
+@pytest.mark.heavy
+def test_embedded_model_left_padding_matches_single_rows(embedded, embedded_chats):
+    """Padded and unpadded rows run different matmul shapes, so logits differ by float rounding (~3e-5 here).
+    What holds exactly enough to test: the next-token distributions agree to a total variation far below any
+    real masking/position bug (which shifts them by >1e-2). Sampled tokens then agree unless a uniform falls
+    within ~1e-6 of a CDF boundary (measured: one flip in ~600 sampled steps), so the token comparison is kept
+    short."""
+    tokenizer, model = embedded
+    chats, ids = embedded_chats
+    batched = generate(model, tokenizer, chats, SeededSampler, 16, 6, prompt_ids=ids, progress=False)
+    encoded = tokenizer(chats, add_special_tokens=False)["input_ids"]
+    full = [prompt + generated for prompt, generated in zip(encoded, batched["tokens"].to_list(), strict=True)]
+    padded = tokenizer.pad({"input_ids": full}, padding=True, return_tensors="pt")
+    assert (padded["attention_mask"] == 0).any()
+    positions = (padded["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        batch_probs = torch.softmax(model(**padded, position_ids=positions).logits.double(), -1)
+        for row, ids_row in enumerate(full):
+            single_probs = torch.softmax(model(input_ids=torch.tensor([ids_row])).logits.double(), -1)[0]
+            variation = (batch_probs[row, -len(ids_row):] - single_probs).abs().sum(-1)
+            assert variation.max() < 1e-4
+    for row in range(2):
+        single = generate(model, tokenizer, [chats[row]], SeededSampler, 16, 1, prompt_ids=[ids[row]],
+                          progress=False)
+        assert single["tokens"][0].to_list() == batched["tokens"][row].to_list()

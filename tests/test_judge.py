@@ -1,0 +1,275 @@
+"""The judge: grade parsing, the expected-value grade distribution (checked against a brute-force computation
+without cache, padding or batching), and, with the embedded model, discrimination of coherent vs broken text."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from mmw.errors import SpecError
+from mmw.judge import (
+    MAX_GRADE,
+    MODES,
+    Judge,
+    grade_trie,
+    judge_discrimination,
+    paired_discrimination,
+    parse_grade,
+    shuffle_words,
+)
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WORDS = "Grade : Prompt Response system user assistant the a story cat sat . , book report good bad".split()
+
+
+@pytest.mark.parametrize(
+    ("reply", "grade"),
+    [
+        ("85", 85.0),
+        ("Grade: 72/100. Well written.", 72.0),
+        ("I would give it 7.5 out of 10", 75.0),
+        ("8/10", 80.0),
+        ("The response deserves 100.", 100.0),
+        ("0", 0.0),
+        ("Score: 64.5", 64.5),
+        ("no number here", None),
+        ("", None),
+        ("150", None),  # the first number is out of range: no grade, not a clipped one
+        ("-5 points", None),
+        ("11/10", None),
+        ("GPT4 says 90", 90.0),  # digits inside a word are not a grade
+    ],
+)
+def test_parse_grade(reply, grade):
+    assert parse_grade(reply) == grade
+
+
+def word_tokenizer(vocab_words: list[str], digits_split: bool) -> PreTrainedTokenizerFast:
+    specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
+    vocab = {token: i for i, token in enumerate(specials + vocab_words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    splitters = [pre_tokenizers.Whitespace()]
+    if digits_split:
+        splitters.append(pre_tokenizers.Digits(individual_digits=True))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(splitters)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.padding_side = "left"
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def tiny_judge(digits_split: bool) -> Judge:
+    numbers = [str(d) for d in range(10)] if digits_split else [str(n) for n in range(MAX_GRADE + 1)]
+    tokenizer = word_tokenizer(WORDS + numbers, digits_split)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        initializer_range=0.3,  # peaky attention, so a wrong position or mask changes the output
+    )
+    return Judge(tokenizer, LlamaForCausalLM(config).eval(), batch_size=2)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run faster on one thread (no OpenMP spin-waits on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_grade_trie_for_digit_and_whole_number_tokenizers():
+    digits = grade_trie(word_tokenizer(WORDS + [str(d) for d in range(10)], digits_split=True))
+    assert [len(p) for p in digits.paths] == [1] * 10 + [2] * 90 + [3]
+    # Inner nodes: the first digits that can go on ("1".."9") and "10" (which can become 100).
+    assert len(digits.inner) == 10 and all(len(node) == 1 for node in digits.inner[:9])
+    assert digits.inner[9] == digits.paths[10]
+    whole = grade_trie(word_tokenizer(WORDS + [str(n) for n in range(101)], digits_split=False))
+    assert all(len(p) == 1 for p in whole.paths) and whole.inner == ()
+
+
+def test_grade_trie_needs_numbers_in_the_vocabulary():
+    with pytest.raises(SpecError, match="rate.judge"):
+        grade_trie(word_tokenizer(WORDS, digits_split=True))
+
+
+PAIRS = [
+    ("Write a story about a cat.", "the cat sat . the cat sat ."),
+    ("Write a book report.", "good book"),
+    ("Write a story.", "a story , a good story about the bad cat . the end"),
+]
+
+
+def brute_force_grade_probability(judge: Judge, prompt: str, text: str, grade: int) -> float:
+    """P(grade) from separate unpadded full forwards per path prefix (no cache, no batching)."""
+    context = judge.tokenizer.encode(judge._chat(prompt, text) + judge.trie.prefill, add_special_tokens=False)
+    path = judge.trie.paths[grade]
+
+    def next_probs(prefix: tuple[int, ...]) -> torch.Tensor:
+        with torch.inference_mode():
+            logits = judge.model(input_ids=torch.tensor([context + list(prefix)])).logits[0, -1]
+        return torch.softmax(logits.double(), -1)
+
+    probability = 1.0
+    for k in range(len(path)):
+        probability *= next_probs(path[:k])[path[k]].item()
+    if path in judge.trie.inner:
+        probability *= 1 - next_probs(path)[judge.digit_start.cpu()].sum().item()
+    return probability
+
+
+@pytest.mark.parametrize("digits_split", [True, False])
+def test_grade_distribution_matches_brute_force(digits_split, one_thread):
+    judge = tiny_judge(digits_split)
+    prompts, texts = [p for p, _ in PAIRS], [t for _, t in PAIRS]
+    probs = judge.grade_distribution(prompts, texts)  # batches of 2 with left padding
+    assert probs.shape == (3, MAX_GRADE + 1)
+    assert np.all(probs >= 0) and np.all(probs.sum(-1) <= 1 + 1e-6)
+    for row in range(3):
+        for grade in (0, 1, 7, 10, 19, 85, 100):
+            expected = brute_force_grade_probability(judge, prompts[row], texts[row], grade)
+            assert probs[row, grade] == pytest.approx(expected, rel=1e-3, abs=1e-9)
+
+
+def test_expected_rating_is_in_range_and_none_without_mass(one_thread):
+    judge = tiny_judge(digits_split=True)
+    prompts, texts = [p for p, _ in PAIRS], [t for _, t in PAIRS]
+    ratings = judge.rate_expected(prompts, texts)
+    probs = judge.grade_distribution(prompts, texts)
+    for rating, row in zip(ratings, probs, strict=True):
+        assert 0 <= rating <= 100
+        assert rating == pytest.approx(row @ np.arange(101) / row.sum())
+    judge.min_mass = 1.0  # a random model never puts all its mass on grades
+    assert judge.rate_expected(prompts, texts) == [None, None, None]
+
+
+def test_greedy_rating_parses_the_reply_or_gives_none(one_thread):
+    judge = tiny_judge(digits_split=True)
+    prompts, texts = [p for p, _ in PAIRS], [t for _, t in PAIRS]
+    replies = judge.replies(prompts, texts)
+    assert len(replies) == 3
+    assert judge.rate_greedy(prompts, texts) == [parse_grade(r) for r in replies]
+    with pytest.raises(SpecError, match="rate.mode: unknown mode 'best'"):
+        judge.rate(prompts, texts, modes=["best"])
+
+
+def test_templates_without_a_system_turn_get_the_instructions_in_the_user_turn(one_thread):
+    judge = tiny_judge(digits_split=True)
+    judge.tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    chat = judge._chat("Write a story.", "the cat sat .")
+    assert chat.startswith("<|im_start|>user\nYou are given a prompt and a response")
+    assert chat.endswith("Prompt: Write a story.\nResponse: the cat sat .<|im_end|>\n<|im_start|>assistant\n")
+    assert judge.grade_distribution([], []).shape == (0, MAX_GRADE + 1)
+
+
+def test_shuffle_words_keeps_the_words():
+    text = "one two three four five six seven eight nine ten"
+    shuffled = shuffle_words(text, np.random.default_rng(0))
+    assert shuffled != text and sorted(shuffled.split()) == sorted(text.split())
+
+
+def test_paired_discrimination_detects_a_clear_preference_and_ignores_failures():
+    rng = np.random.default_rng(0)
+    original = list(rng.normal(70, 5, 30))
+    broken = [x - 15 + rng.normal(0, 5) for x in original]
+    original[3] = None  # a failed judgement drops its pair, it is not a 0
+    report = paired_discrimination(original, broken, alpha=0.05)
+    assert report["n_pairs"] == 29 and report["n_failed"] == 1
+    assert report["discriminates"] and report["pvalue"] < 1e-4
+    assert report["mean_original"] == pytest.approx(np.mean([x for x in original if x is not None]))
+    # The test is one-sided: preferring the broken texts is no discrimination.
+    assert not paired_discrimination(broken, original, alpha=0.05)["discriminates"]
+    assert paired_discrimination([50.0] * 5, [50.0] * 5, alpha=0.05)["pvalue"] == 1.0
+    assert paired_discrimination([None] * 3, [1.0] * 3, alpha=0.05)["n_pairs"] == 0
+
+
+def test_paired_discrimination_false_alarm_rate_is_at_most_alpha():
+    rng = np.random.default_rng(1)
+    alarms = [
+        paired_discrimination(list(rng.normal(50, 10, 40)), list(rng.normal(50, 10, 40)), 0.05)["discriminates"]
+        for _ in range(400)
+    ]
+    assert np.mean(alarms) < 0.05 + 3 * np.sqrt(0.05 * 0.95 / 400)
+
+
+# --- the embedded model as judge (heavy) ---------------------------------------------------------------------
+# Measured: SmolLM2-135M cannot judge. Its greedy replies to the rating prompt restate the text and hold no
+# grade, and its expected grades (~15-35) do not separate coherent text from word salad or "the the the ...".
+# These tests check what holds for any judge on real generations; the pipeline reports discrimination.
+
+
+@pytest.fixture(scope="module")
+def embedded_judge():
+    from mmw.engines.models import load_model
+
+    tokenizer, model = load_model("embedded:smollm2-135m", device="cpu")
+    return Judge(tokenizer, model, batch_size=4, max_new_tokens=12)
+
+
+COHERENT = [
+    ("Write a story about a child who befriends a stray dog.",
+     "Every morning on her way to school, Maya saw the same thin brown dog waiting by the bakery. One cold day "
+     "she shared half of her sandwich with him. The next morning he followed her to the school gate, and by the "
+     "end of the week he was waiting there every afternoon. Her parents agreed to let him stay."),
+    ("Write a book report about Treasure Island, written by Robert Louis Stevenson.",
+     "Treasure Island is an adventure novel by Robert Louis Stevenson. Young Jim Hawkins finds a map to the "
+     "buried treasure of Captain Flint and sails with Squire Trelawney and Doctor Livesey to find it. The cook, "
+     "Long John Silver, turns out to be the leader of a band of pirates."),
+    ("Write a news article about Emmanuel Macron's visit to Olaf Scholz in Geneva.",
+     "French President Emmanuel Macron met German Chancellor Olaf Scholz in Geneva on Tuesday to discuss energy "
+     "prices and European defence. The two leaders held talks for three hours and announced a joint plan to "
+     "connect their electricity grids."),
+]
+
+
+@pytest.mark.heavy
+def test_embedded_judge_rates_coherent_and_degenerate_text_within_range(embedded_judge):
+    prompts = [p for p, _ in COHERENT[:2]] + [COHERENT[0][0]]
+    texts = [t for _, t in COHERENT[:2]] + ["the " * 60]
+    probs = embedded_judge.grade_distribution(prompts, texts)
+    assert np.all(probs.sum(-1) > 0.5)  # after the "Grade: " prefill the judge writes a number
+    expected = embedded_judge.rate_expected(prompts, texts)
+    assert all(r is not None and 0 <= r <= 100 for r in expected)
+    replies = embedded_judge.replies(prompts, texts)
+    greedy = embedded_judge.rate_greedy(prompts, texts)
+    assert greedy == [parse_grade(r) for r in replies]  # a reply without a grade stays None, never 0
+
+
+@pytest.mark.heavy
+def test_judge_discrimination_report_on_real_generations(embedded_judge):
+    from mmw.engines.generate import generate
+    from mmw.processor import WatermarkProcessor
+    from mmw.tasks import build_prompts, render_chat
+
+    tokenizer, model = embedded_judge.tokenizer, embedded_judge.model
+    prompts = build_prompts(["book_report", "story", "fake_news"], 2)
+    generations = generate(
+        model, tokenizer, render_chat(tokenizer, prompts["prompt"].to_list()),
+        lambda seeds: WatermarkProcessor(None, None, len(tokenizer), seeds, 1.0), 48, 6,
+        prompt_ids=prompts["prompt_id"].to_list(), progress=False,
+    )
+    texts = generations["text"].to_list()
+    report = judge_discrimination(embedded_judge, prompts["prompt"].to_list(), texts, seed=3)
+    assert report["n_texts"] == 6
+    assert {mode: len(ratings) for mode, ratings in report["original_ratings"].items()} == dict.fromkeys(MODES, 6)
+    for mode in MODES:
+        result = report[mode]
+        assert result["n_pairs"] + result["n_failed"] == 6
+        assert 0 <= result["pvalue"] <= 1 and result["discriminates"] == (result["pvalue"] < 0.05)
+    assert report["expected"]["n_pairs"] == 6 and 0 <= report["expected"]["mean_shuffled"] <= 100
+    assert report["best_mode"] in (None, *[m for m in MODES if report[m]["discriminates"]])

@@ -1,0 +1,159 @@
+"""Task prompts: counts and formats of the paper's three tasks, stable ids, subset selection, errors, chat rendering."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import re
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from mmw.errors import SpecError
+from mmw.tasks import DATA_DIR, build_prompts, render_chat
+
+ALL_TASKS = ["book_report", "story", "fake_news"]
+
+
+def read_column(file: str, column: str) -> list[str]:
+    with (DATA_DIR / file).open(newline="", encoding="utf-8") as fh:
+        return [row[column] for row in csv.DictReader(fh)]
+
+
+@pytest.fixture(scope="module")
+def full():
+    return build_prompts(ALL_TASKS, None)
+
+
+def test_counts_are_the_papers(full):
+    counts = dict(full.group_by("task").len().iter_rows())
+    assert counts == {"book_report": 100, "story": 96, "fake_news": 100}
+    assert full.height == 296
+    assert full["prompt_id"].n_unique() == 296
+    assert full["prompt"].n_unique() == 296
+
+
+def test_book_report_prompts_name_each_book_and_its_author(full):
+    books = full.filter(task="book_report")["prompt"].to_list()
+    with (DATA_DIR / "books.csv").open(newline="", encoding="utf-8") as fh:
+        expected = {f"Write a book report about {r['title']}, written by {r['author']}." for r in csv.DictReader(fh)}
+    assert set(books) == expected
+    assert len({b.split(", written by ")[0] for b in books}) == 100  # 100 distinct titles
+
+
+def test_story_prompts_cover_every_tone_topic_pair_once(full):
+    stories = full.filter(task="story")["prompt"].to_list()
+    tones, topics = read_column("tones.csv", "tone"), read_column("topics.csv", "topic")
+    assert len(tones) == 6 and "none" in tones and len(topics) == 16
+    pairs = set()
+    for prompt in stories:
+        match = re.fullmatch(r"Write a (?:(\w+) )?story about (.+)\.", prompt)
+        assert match, prompt
+        pairs.add((match.group(1) or "none", match.group(2)))
+    assert pairs == set(itertools.product(tones, topics))
+    assert "Write a none story" not in " ".join(stories)
+
+
+def test_fake_news_prompts_are_ordered_pairs_of_distinct_leaders_in_a_location(full):
+    news = full.filter(task="fake_news")["prompt"].to_list()
+    leaders, places = set(read_column("leaders.csv", "leader")), set(read_column("locations.csv", "location"))
+    assert len(leaders) == 8 and len(places) == 4
+    seen = []
+    for prompt in news:
+        match = re.fullmatch(r"Write a news article about (.+)'s visit to (.+) in (.+)\.", prompt)
+        assert match, prompt
+        visitor, host, place = match.groups()
+        assert visitor in leaders and host in leaders and visitor != host and place in places
+        seen.append((visitor, host, place))
+    assert len(set(seen)) == 100
+    # The cap of 100 (of 224) still uses everyone on both sides, every place, and both directions of some pair.
+    assert {v for v, _, _ in seen} == leaders and {h for _, h, _ in seen} == leaders
+    assert {p for _, _, p in seen} == places
+    pairs = {(v, h) for v, h, _ in seen}
+    assert any((h, v) in pairs for v, h in pairs)
+
+
+def test_prompt_ids_are_stable_indices_within_the_task(full):
+    for task in ALL_TASKS:
+        ids = full.filter(task=task)["prompt_id"].to_list()
+        assert ids == [f"{task}-{i:03d}" for i in range(len(ids))]
+
+
+def test_task_order_follows_the_request(full):
+    reordered = build_prompts(["fake_news", "book_report"], None)
+    assert reordered["task"].unique(maintain_order=True).to_list() == ["fake_news", "book_report"]
+    assert set(reordered["prompt_id"]) <= set(full["prompt_id"])
+
+
+def test_subset_is_deterministic_nested_spread_and_keeps_full_ids(full):
+    small, large = build_prompts(ALL_TASKS, 5), build_prompts(ALL_TASKS, 20)
+    assert small.equals(build_prompts(ALL_TASKS, 5))
+    assert dict(small.group_by("task").len().iter_rows()) == dict.fromkeys(ALL_TASKS, 5)
+    assert set(small["prompt_id"]) <= set(large["prompt_id"])  # a smaller run is a subset of a larger one
+    by_id = dict(zip(full["prompt_id"], full["prompt"], strict=True))
+    assert all(by_id[pid] == prompt for pid, prompt in zip(large["prompt_id"], large["prompt"], strict=True))
+    for task in ALL_TASKS:
+        indices = [int(pid.split("-")[1]) for pid in large.filter(task=task)["prompt_id"]]
+        assert indices == sorted(indices)
+        assert max(indices) - min(indices) > 48  # spread over the task, not its first block
+    story_tones = {re.match(r"Write an? (\w+)", p).group(1) for p in large.filter(task="story")["prompt"]}
+    assert len(story_tones) >= 4  # 20 stories reach most of the 6 tones (the "story" word marks tone none)
+
+
+def test_per_task_above_the_task_size_keeps_everything():
+    assert build_prompts(["story"], 500).height == 96
+
+
+@pytest.mark.parametrize(
+    ("tasks", "per_task", "message"),
+    [
+        (["x"], None, "prompts.tasks: unknown task 'x'; allowed: book_report, story, fake_news"),
+        (["story", "story"], None, "prompts.tasks: duplicate task"),
+        ([], None, "prompts.tasks: expected a non-empty list"),
+        ("story", None, "prompts.tasks: expected a non-empty list"),
+        (["story"], 0, "prompts.per_task: must be an integer >= 1"),
+        (["story"], 2.5, "prompts.per_task: must be an integer >= 1"),
+    ],
+)
+def test_bad_input_names_the_parameter(tasks, per_task, message):
+    with pytest.raises(SpecError) as info:
+        build_prompts(tasks, per_task)
+    assert str(info.value).startswith(message)
+
+
+def word_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
+    """A tiny real tokenizer (word level) for rendering tests without a model download."""
+    backend = Tokenizer(models.WordLevel({"<unk>": 0, "<|im_end|>": 1}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<|im_end|>")
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_render_chat_wraps_each_prompt_as_a_user_turn_ending_with_the_assistant_header():
+    prompts = ["Write a story about a cat.", "Write a book report about Emma, written by Jane Austen."]
+    chats = render_chat(word_tokenizer(CHATML), prompts)
+    assert chats == [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in prompts]
+
+
+def test_render_chat_without_template_is_a_clear_error():
+    with pytest.raises(SpecError, match="model.name: the tokenizer has no chat template"):
+        render_chat(word_tokenizer(None), ["Write a story about a cat."])
+
+
+@pytest.mark.heavy
+def test_render_chat_with_the_embedded_model_tokenizer():
+    from mmw.engines.models import load_model
+
+    tokenizer, _ = load_model()
+    prompt = build_prompts(["story"], 1)["prompt"][0]
+    (chat,) = render_chat(tokenizer, [prompt])
+    assert f"<|im_start|>user\n{prompt}<|im_end|>" in chat
+    assert chat.endswith("<|im_start|>assistant\n")
