@@ -31,9 +31,15 @@ SAMPLER_PARAMS = {
 SUM_SOURCES = [dict(randomness="window", window=0), dict(randomness="window", window=1),
                dict(randomness="window", window=3), dict(randomness="minhash", window=3)]
 EMPIRICAL_SOURCES = [dict(randomness="fixed", key_length=4, score="align"),
-                     dict(randomness="fixed", key_length=16, score="align"),
                      dict(randomness="fixed", key_length=4, score="edit", psi=0.5),
                      dict(randomness="window", window=1, score="edit", psi=0.5)]
+
+
+def shares_randomness_across_texts(spec: SchemeSpec) -> bool:
+    """Constant (H=0) and fixed-key randomness give every text the same few random values: under one key the
+    verdicts on different texts are correlated (a unigram's fate is the same everywhere), so the binomial band
+    only applies over keys. Those cases get one key per text (slower: one detector per text)."""
+    return spec.randomness == "fixed" or spec.window == 0
 CONTINUOUS = ("exponential", "inverse_transform", "binary")
 
 
@@ -52,7 +58,7 @@ def spec_of(sampler: str, source: dict, **extra) -> SchemeSpec:
 def test_false_positive_rate_sum_scores(sampler, source, corpus, length):
     spec = spec_of(sampler, source)
     seqs = null_sequences(corpus, N_SEQUENCES, length, VOCAB, seed=zlib.crc32(f"{sampler}{corpus}{length}".encode()))
-    rate = false_positive_rate(spec, KEY, seqs, VOCAB)
+    rate = false_positive_rate(spec, KEY, seqs, VOCAB, key_per_text=shares_randomness_across_texts(spec))
     _, hi = binomial_band(N_SEQUENCES, ALPHA)
     assert rate <= hi, f"{spec.describe()} on {corpus}[{length}]: FPR {rate:.4f} > {hi:.4f}"
     if sampler in CONTINUOUS and corpus == "random" and length == 200:
@@ -62,7 +68,7 @@ def test_false_positive_rate_sum_scores(sampler, source, corpus, length):
         assert rate >= lo, f"{spec.describe()}: FPR {rate:.4f} < {lo:.4f} wastes power"
 
 
-@pytest.mark.parametrize("length", [16, 48])
+@pytest.mark.parametrize("length", [48])
 @pytest.mark.parametrize("corpus", ["random", "text", "repetitive"])
 @pytest.mark.parametrize("source", EMPIRICAL_SOURCES,
                          ids=lambda s: f"{s['score']}-{s['randomness']}{s.get('key_length', s.get('window'))}")
@@ -70,7 +76,7 @@ def test_false_positive_rate_sum_scores(sampler, source, corpus, length):
 def test_false_positive_rate_permutation_scores(sampler, source, corpus, length):
     spec = spec_of(sampler, source)
     seqs = null_sequences(corpus, N_SEQUENCES, length, VOCAB, seed=zlib.crc32(f"{sampler}{corpus}{length}{source}".encode()))
-    rate = false_positive_rate(spec, KEY, seqs, VOCAB)
+    rate = false_positive_rate(spec, KEY, seqs, VOCAB, key_per_text=shares_randomness_across_texts(spec))
     _, hi = binomial_band(N_SEQUENCES, ALPHA)
     assert rate <= hi, f"{spec.describe()} on {corpus}[{length}]: FPR {rate:.4f} > {hi:.4f}"
 
