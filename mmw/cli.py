@@ -38,6 +38,12 @@ def _stage(module: str, *args: Any) -> None:
 
 
 @app.command()
+def key(params: ParamsOption = Path("params.yaml")) -> None:
+    """Validate the params and write data/key.fingerprint (a one-way tag of the key; the key is never written)."""
+    _stage("key", params)
+
+
+@app.command()
 def prompts(params: ParamsOption = Path("params.yaml")) -> None:
     """Build data/prompts.parquet from the task data and the generator's chat template."""
     _stage("prompts", params)

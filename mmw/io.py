@@ -19,6 +19,8 @@ from typing import Any
 import polars as pl
 
 #: Where each stage reads and writes (relative to the repository root, which DVC runs stages in).
+#: One-way fingerprint of the watermark key (stage ``key``): a DVC dependency that is not the key.
+KEY_FINGERPRINT = Path("data/key.fingerprint")
 PROMPTS = Path("data/prompts.parquet")
 GENERATIONS = {"baseline": Path("data/generations/baseline.parquet"),
                "watermarked": Path("data/generations/watermarked.parquet")}

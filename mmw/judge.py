@@ -19,13 +19,14 @@ as 1 at leaves (a longer number would be out of range anyway).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from jinja2 import TemplateError
 from scipy import stats
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
@@ -123,6 +124,7 @@ class Judge:
         batch_size: int = 4,
         max_new_tokens: int = 16,
         min_mass: float = 0.01,
+        progress: bool = False,
     ):
         if not getattr(tokenizer, "chat_template", None):
             raise SpecError("rate.judge", "the judge's tokenizer has no chat template; use an instruction model")
@@ -131,6 +133,7 @@ class Judge:
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.min_mass = min_mass
+        self.progress = progress
         attention = getattr(model.config, "_attn_implementation", "eager")
         if attention not in ("sdpa", "eager"):
             raise SpecError("rate.judge", f"attention implementation {attention!r} cannot take the judge's tree mask",
@@ -157,29 +160,31 @@ class Judge:
             merged = [{"role": "user", "content": messages[0]["content"] + "\n\n" + messages[1]["content"]}]
             return self.tokenizer.apply_chat_template(merged, tokenize=False, add_generation_prompt=True)
 
-    def _batches(self, prompts: Sequence[str], texts: Sequence[str], prefill: str) -> list[tuple[list[int], dict]]:
-        """Batches of (row indices, left-padded inputs), rows grouped by length."""
+    def _batches(
+        self, prompts: Sequence[str], texts: Sequence[str], prefill: str, desc: str
+    ) -> Iterator[tuple[list[int], dict]]:
+        """Batches of (row indices, left-padded inputs), rows grouped by length; a progress bar when asked."""
         if len(prompts) != len(texts):
             raise ValueError(f"prompts and texts differ in length ({len(prompts)} vs {len(texts)})")
         if not texts:
-            return []
+            return
         chats = [self._chat(p, t) + prefill for p, t in zip(prompts, texts, strict=True)]
         encoded = self.tokenizer(chats, add_special_tokens=False, return_attention_mask=False)["input_ids"]
         order = sorted(range(len(chats)), key=lambda i: -len(encoded[i]))
-        batches = []
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start:start + self.batch_size]
-            batch = self.tokenizer.pad(
-                {"input_ids": [encoded[i] for i in rows]}, padding=True, padding_side="left", return_tensors="pt"
-            )
-            batches.append((rows, {k: v.to(self.model.device) for k, v in batch.items()}))
-        return batches
+        with tqdm(total=len(order), desc=desc, unit="text", disable=not self.progress) as bar:
+            for start in range(0, len(order), self.batch_size):
+                rows = order[start:start + self.batch_size]
+                batch = self.tokenizer.pad(
+                    {"input_ids": [encoded[i] for i in rows]}, padding=True, padding_side="left", return_tensors="pt"
+                )
+                yield rows, {k: v.to(self.model.device) for k, v in batch.items()}
+                bar.update(len(rows))
 
     def replies(self, prompts: Sequence[str], texts: Sequence[str]) -> list[str]:
         """The judge's greedy replies to the rating prompt (at most ``max_new_tokens`` tokens each)."""
         out: list[str] = [""] * len(texts)
         config = neutral_generation_config(self.tokenizer, self.model, self.max_new_tokens)
-        for rows, batch in self._batches(prompts, texts, prefill=""):
+        for rows, batch in self._batches(prompts, texts, prefill="", desc="judge greedy"):
             with torch.inference_mode(), neutral_model_defaults(self.model):
                 generated = self.model.generate(**batch, generation_config=config)
             decoded = self.tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -194,7 +199,7 @@ class Judge:
     def grade_distribution(self, prompts: Sequence[str], texts: Sequence[str]) -> np.ndarray:
         """(n_texts, 101) probabilities of writing grade 0..100 after the prefill (rows sum to <= 1)."""
         probs = np.zeros((len(texts), MAX_GRADE + 1))
-        for rows, batch in self._batches(prompts, texts, prefill=self.trie.prefill):
+        for rows, batch in self._batches(prompts, texts, prefill=self.trie.prefill, desc="judge expected"):
             probs[rows] = self._batch_grade_distribution(batch).cpu().numpy()
         return probs
 

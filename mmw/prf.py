@@ -8,9 +8,12 @@ The numba twins live in ``mmw.kernels.prf``. ``tests/test_prf.py`` pins all of t
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where the torch twin runs, so key handling and detection stay torch-free
+    import torch
 
 MASK64 = (1 << 64) - 1
 MUL1 = 0xBF58476D1CE4E5B9
@@ -115,12 +118,16 @@ def prf_t(seed: torch.Tensor | int, x: torch.Tensor | int) -> torch.Tensor:
     if isinstance(seed, int):
         seed = to_signed(seed)
     if isinstance(x, int):
+        import torch
+
         x = torch.tensor(to_signed(x), dtype=torch.int64)
     return mix64_t(seed ^ mix64_t(x + _GOLDEN_S))
 
 
 def unit_t(h: torch.Tensor) -> torch.Tensor:
     """float64 uniforms strictly inside (0, 1), bit-identical to ``unit_np``."""
+    import torch
+
     return (_srl(h, 12).to(torch.float64) + 0.5) * UNIT_SCALE
 
 

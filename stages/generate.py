@@ -41,5 +41,5 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         fingerprint = "\x00".join(fingerprint_parts)
         table = generate_table(model, tokenizer, prompts, GENERATIONS[which], processor_factory,
                                params.model.max_new_tokens, params.model.batch_size, seed=params.seed,
-                               fingerprint=fingerprint, progress=False)
+                               fingerprint=fingerprint, progress=True)
         info.update(rows=table.height, tokens=int(table["n_tokens"].sum()), device=str(model.device))

@@ -28,7 +28,8 @@ def _load_judge(rate: RateParams) -> Judge:
         tokenizer, model = load_model(rate.judge, rate.device, rate.dtype)
     except SpecError as err:  # the loader names model.name, but this is the judge
         raise SpecError("rate.judge", err.problem, err.allowed) from None
-    return Judge(tokenizer, model, batch_size=rate.batch_size, max_new_tokens=rate.max_new_tokens)
+    return Judge(tokenizer, model, batch_size=rate.batch_size, max_new_tokens=rate.max_new_tokens,
+                 progress=True)
 
 
 def rating_rows(texts: pl.DataFrame, source: str, ratings: dict[str, list[float | None]], mode: str) -> pl.DataFrame:
@@ -49,10 +50,11 @@ def rating_rows(texts: pl.DataFrame, source: str, ratings: dict[str, list[float 
 def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     """Write ``data/ratings/<which>.parquet`` (and, for the baseline, ``reports/judge.json``).
 
-    The baseline run measures whether the judge can tell each baseline text from the same words shuffled, per
-    rating mode, rates the baseline in both modes and fixes the mode used everywhere (``rate.mode``, or with
-    ``auto`` the mode that discriminates better). The watermarked run reads that choice and rates the watermarked
-    and attacked texts in that mode only (the other mode's column stays null), which halves its cost.
+    The baseline run measures, per rating mode, whether the judge can tell each baseline text from the same
+    words shuffled (rating the baseline in both modes on the way), and fixes the mode used everywhere
+    (``rate.mode``, or with ``auto`` the mode that discriminates better). The watermarked run reads that choice
+    and rates the watermarked and attacked texts in that mode only (the other mode's column stays null), which
+    halves its cost.
     """
     with timed(f"rate_{which}") as info:
         params = load_params(params_path)
@@ -61,13 +63,14 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         if which == "baseline":
             prompts, texts = generations["prompt"].to_list(), generations["text"].to_list()
             discrimination = judge_discrimination(judge, prompts, texts, seed=derive_seed(params.seed, "judge"))
+            ratings = discrimination.pop("original_ratings")  # the baseline's own ratings, in both modes
             requested = params.rate.mode
             mode = requested if requested != "auto" else discrimination["best_mode"] or FALLBACK_MODE
             report = {"requested_mode": requested, "mode": mode,
                       "discriminates": discrimination[mode]["discriminates"],
                       "best_mode": discrimination["best_mode"], "n_texts": discrimination["n_texts"],
                       "modes": {m: discrimination[m] for m in MODES}}
-            table = rating_rows(generations, "baseline", judge.rate(prompts, texts), mode)
+            table = rating_rows(generations, "baseline", ratings, mode)
         else:
             mode = read_json(JUDGE_REPORT)["mode"]
             attacked = read_table(PERTURBED).filter(pl.col("ok")).join(
