@@ -90,3 +90,56 @@ def install_argos(path: Annotated[Path, typer.Argument(help="an .argosmodel file
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"installed {pair} from {path}")
+
+
+@app.command("select")
+def select_watermark(
+    max_quality_loss: Annotated[float, typer.Option(help="largest accepted quality loss, 1 - relative quality "
+                                                         "(paper: 0.01)")] = 0.01,
+    min_tamper_resistance: Annotated[float, typer.Option(help="smallest accepted tamper resistance R "
+                                                              "(paper: 0.2)")] = 0.2,
+    max_fpr: Annotated[float | None, typer.Option(help="largest accepted upper 95% CI of the empirical "
+                                                       "false-positive rate (default: not checked)")] = None,
+    out: Annotated[Path, typer.Option(help="Markdown report; the plot goes next to it (.png)")] = Path(
+        "reports/selection.md"),
+) -> None:
+    """Pick the watermark to deploy among this repository's DVC experiments (the paper's aggregate metric).
+
+    Keeps the settings within the quality-loss and tamper-resistance targets, picks the smallest watermark size,
+    writes a report and prints the `dvc exp run` command that re-evaluates the pick with a fresh seed. Exit code 1
+    when no setting is feasible, 2 on bad options or when there is nothing to select from.
+    """
+    from mmw.io import write_text, write_with
+    from mmw.selection import (
+        Constraints,
+        fresh_seed,
+        read_experiments,
+        rerun_command,
+        select,
+        selection_figure,
+        selection_markdown,
+    )
+
+    try:
+        constraints = Constraints(max_quality_loss, min_tamper_resistance, max_fpr)
+        experiments = read_experiments(Path.cwd())
+        selection = select(experiments.table, constraints)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    pick = selection.pick
+    rerun = rerun_command(experiments, pick["rev"], fresh_seed(experiments.table)) if pick else None
+    figure = selection_figure(selection)
+    write_text(selection_markdown(selection, rerun), out)
+    plot = out.with_suffix(".png")
+    write_with(plot, lambda path: figure.savefig(path, format="png", dpi=120))
+    typer.echo(f"{selection.feasible.height} of {selection.table.height} settings feasible; report: {out}, "
+               f"plot: {plot}")
+    if pick is None or rerun is None:
+        typer.echo("no feasible setting: relax the constraints or evaluate more settings", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"pick: {pick['name']} (rev {pick['rev'][:7]}): size {pick['all.size']:g} tokens, relative quality "
+               f"{pick['all.relative_quality']:.4g}, R {pick['all.tamper_resistance']:.4g}")
+    typer.echo("re-evaluate it with a fresh seed and a fresh secret key (set MMW_KEY; it is never written):")
+    typer.echo("  export MMW_KEY=...   # a new secret key")
+    typer.echo(f"  {rerun.command if rerun.exact else rerun.fallback}")

@@ -134,7 +134,7 @@ def _model_name(value: Any, key: str) -> str:
         raise SpecError(key, f"expected a model name, got {value!r}", models.ALLOWED_SPECS)
     try:
         if value.startswith(models.EMBEDDED_PREFIX):
-            models.embedded_gguf_path(value[len(models.EMBEDDED_PREFIX):])
+            models.embedded_files(value[len(models.EMBEDDED_PREFIX):])
             return value
     except SpecError as err:  # the loader names model.name; this may be rate.judge
         raise SpecError(key, err.problem, err.allowed) from None

@@ -286,6 +286,57 @@ def test_load_model_reads_a_local_hf_folder(tiny, tmp_path):
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
+def _part_packages(root, name: str, chunks: list[bytes]) -> None:
+    """Real importable packages ``<name>{i}`` holding ``data/part{i:02d}.bin``, the way the model parts ship."""
+    for i, chunk in enumerate(chunks, start=1):
+        package = root / f"{name}{i}"
+        (package / "data").mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "data" / f"part{i:02d}.bin").write_bytes(chunk)
+
+
+@pytest.mark.parametrize("pinned_right", [True, False])
+def test_a_model_in_parts_is_assembled_once_and_checked(tmp_path, monkeypatch, pinned_right):
+    import hashlib
+    import importlib
+
+    from mmw.engines import models
+
+    rng = np.random.default_rng(5)
+    chunks = [rng.bytes(int(n)) for n in rng.integers(1, 3 << 20, 3)]
+    _part_packages(tmp_path / "site", "mmwtestpart", chunks)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    whole = b"".join(chunks)
+    pinned = hashlib.sha256(whole if pinned_right else whole[::-1]).hexdigest()
+    monkeypatch.setitem(models.EMBEDDED_MODELS, "parts-test", models.EmbeddedModel(
+        "mmw-test-part{i}", "mmwtestpart{i}", "assembled.gguf", "1", parts=3, sha256=pinned))
+    cache = tmp_path / "cache"
+    if not pinned_right:
+        with pytest.raises(SpecError, match="model.name: the parts of embedded:parts-test assemble to sha256"):
+            models.embedded_gguf_path("parts-test", cache)
+        assert not any((cache / "gguf").iterdir())  # nothing half-written or unverified is left to be loaded
+        return
+    path = models.embedded_gguf_path("parts-test", cache)
+    assert path.read_bytes() == whole
+    stamp = path.stat().st_mtime_ns
+    assert models.embedded_gguf_path("parts-test", cache) == path and path.stat().st_mtime_ns == stamp
+
+
+def test_a_model_with_missing_parts_says_how_to_install_it(tmp_path, monkeypatch):
+    import importlib
+
+    from mmw.engines import models
+
+    _part_packages(tmp_path / "site", "mmwtestgap", [b"a", b"b"])
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    monkeypatch.setitem(models.EMBEDDED_MODELS, "gap-test", models.EmbeddedModel(
+        "mmw-test-gap{i}", "mmwtestgap{i}", "gap.gguf", "1", parts=3, sha256="0" * 64))
+    with pytest.raises(SpecError, match=r"model.name: embedded:gap-test is not installed \(1 package\(s\) missing\)"):
+        models.embedded_files("gap-test")
+
+
 @pytest.fixture(scope="module")
 def embedded():
     return load_model("embedded:smollm2-135m", device="cpu")

