@@ -288,19 +288,21 @@ def paired_discrimination(original: Sequence[float | None], shuffled: Sequence[f
 
 
 def judge_discrimination(
-    judge: Judge, prompts: Sequence[str], texts: Sequence[str], seed: int, alpha: float = 0.05
+    judge: Judge, prompts: Sequence[str], texts: Sequence[str], seed: int, alpha: float = 0.05,
+    modes: Sequence[str] = MODES,
 ) -> dict:
-    """Can the judge tell texts from the same texts word-shuffled? Per mode: mean ratings of both, a one-sided
-    paired Wilcoxon signed-rank p-value, ``discriminates`` (p < alpha). ``best_mode``: the discriminating mode
-    with the smaller p-value (None when neither discriminates). ``original_ratings``: ``judge.rate(prompts, texts)``.
+    """Can the judge tell texts from the same texts word-shuffled? Per mode (of ``modes``): mean ratings of both,
+    a one-sided paired Wilcoxon signed-rank p-value, ``discriminates`` (p < alpha). ``best_mode``: the
+    discriminating mode with the smaller p-value (None when none discriminates). ``original_ratings``:
+    ``judge.rate(prompts, texts, modes)``.
     """
     rng = np.random.default_rng(seed)
     shuffled = [shuffle_words(t, rng) for t in texts]
-    original_ratings = judge.rate(prompts, texts)
-    shuffled_ratings = judge.rate(prompts, shuffled)
+    original_ratings = judge.rate(prompts, texts, modes)
+    shuffled_ratings = judge.rate(prompts, shuffled, modes)
     report: dict = {mode: paired_discrimination(original_ratings[mode], shuffled_ratings[mode], alpha)
-                    for mode in MODES}
-    candidates = [mode for mode in MODES if report[mode]["discriminates"]]
+                    for mode in modes}
+    candidates = [mode for mode in modes if report[mode]["discriminates"]]
     report["best_mode"] = min(candidates, key=lambda m: (report[m]["pvalue"], m != "expected"), default=None)
     report["n_texts"] = len(texts)
     report["original_ratings"] = original_ratings  # the texts' own ratings, so callers need not rate them again

@@ -51,7 +51,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     """Write ``data/ratings/<which>.parquet`` (and, for the baseline, ``reports/judge.json``).
 
     The baseline run measures, per rating mode, whether the judge can tell each baseline text from the same
-    words shuffled (rating the baseline in both modes on the way), and fixes the mode used everywhere
+    words shuffled (rating the baseline on the way; both modes with ``auto``), and fixes the mode used everywhere
     (``rate.mode``, or with ``auto`` the mode that discriminates better). The watermarked run reads that choice
     and rates the watermarked and attacked texts in that mode only (the other mode's column stays null), which
     halves its cost.
@@ -62,14 +62,16 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         judge = _load_judge(params.rate)
         if which == "baseline":
             prompts, texts = generations["prompt"].to_list(), generations["text"].to_list()
-            discrimination = judge_discrimination(judge, prompts, texts, seed=derive_seed(params.seed, "judge"))
-            ratings = discrimination.pop("original_ratings")  # the baseline's own ratings, in both modes
             requested = params.rate.mode
+            modes = MODES if requested == "auto" else (requested,)  # a fixed mode spares the other one's cost
+            discrimination = judge_discrimination(judge, prompts, texts, seed=derive_seed(params.seed, "judge"),
+                                                  modes=modes)
+            ratings = discrimination.pop("original_ratings")  # the baseline's own ratings, in every mode checked
             mode = requested if requested != "auto" else discrimination["best_mode"] or FALLBACK_MODE
             report = {"requested_mode": requested, "mode": mode,
                       "discriminates": discrimination[mode]["discriminates"],
                       "best_mode": discrimination["best_mode"], "n_texts": discrimination["n_texts"],
-                      "modes": {m: discrimination[m] for m in MODES}}
+                      "modes": {m: discrimination[m] for m in modes}}
             table = rating_rows(generations, "baseline", ratings, mode)
         else:
             mode = read_json(JUDGE_REPORT)["mode"]
