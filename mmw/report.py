@@ -164,7 +164,8 @@ def summary_markdown(metrics: dict[str, Any], attacks: pl.DataFrame, judge: dict
     lines.append(f"- discriminates baseline from word-shuffled baseline: **{'yes' if flag else 'NO'}**"
                  + ("" if flag else " — quality numbers are not meaningful with this judge"))
     for mode, stats in (judge.get("modes") or {}).items():
-        lines.append(f"- {mode}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in stats.items()))
+        lines.append(f"- {mode}: " + ", ".join(f"{k} {f'{v:.2g}' if k == 'pvalue' else _fmt(v)}"
+                                               for k, v in stats.items()))
     lines += ["", "## Wall time per stage (last run of each)", "", "| stage | seconds | share |", "|---|---|---|"]
     total = sum(t["wall_s"] for t in timings) or 1.0
     for t in timings:
