@@ -16,29 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
-COPIED = ("dvc.yaml", ".dvc/config", ".dvc/.gitignore", ".dvcignore", "mmw", "stages", "kernels", "data/tasks")
-
-
-def copy_pipeline(target: Path, params: Path) -> None:
-    """A fresh git repository at ``target`` holding the pipeline and ``params`` as its params.yaml."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in COPIED:
-        source, destination = REPO / name, target / name
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, destination, ignore=ignore)
-        else:
-            shutil.copy2(source, destination)
-    shutil.copy2(params, target / "params.yaml")
-    subprocess.run(["git", "init", "-q"], cwd=target, check=True)
+sys.path.insert(0, str(REPO / "tests"))
+from pipeline_repo import make_pipeline_repo  # noqa: E402  (the copy the heavy tests run, so both time the same thing)
 
 
 def main() -> None:
@@ -50,7 +38,7 @@ def main() -> None:
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="mmw-bench-"))
     workdir.mkdir(parents=True, exist_ok=args.workdir is None)
-    copy_pipeline(workdir, args.params.resolve())
+    make_pipeline_repo(workdir, yaml.safe_load(args.params.read_text()))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     started = time.perf_counter()
     subprocess.run(["dvc", "repro"], cwd=workdir, env=env, check=True)
