@@ -26,9 +26,9 @@ class Binary(Sampler):
         """The code as flat device tensors (built once per device).
 
         ancestors [D*V]: the internal node at depth d of token v (flattened d-major), a dummy slot ``n_internal``
-        past the token's depth; bits [D*V]: the branch taken there, a value no decision takes (2) past the depth,
-        compared only where the node is real; left [n_internal]: the left child as an index into
-        ``cat([mass, probs])`` (internal nodes first, then leaves)."""
+        past the token's depth; bits [D*V]: the branch taken there (-1 past the depth); past_depth [D*V]: where
+        the comparison is skipped; left [n_internal]: the left child as an index into ``cat([mass, probs])``
+        (internal nodes first, then leaves)."""
         if self._t is None or self._t["ancestors"].device != device:
             n_internal = len(self.code.children)
             ancestors = self.code.path_nodes.T.copy()  # [D, V]
@@ -65,8 +65,8 @@ class Binary(Sampler):
         ratio = torch.where(node_mass > 0, left_mass / node_mass.clamp(min=torch.finfo(probs.dtype).tiny),
                             torch.full_like(node_mass, 0.5))
         w = prf.unit_t(prf.prf_t(seeds.unsqueeze(-1), t["nodes"]))  # [B, n_internal]
-        decision = torch.cat([(w >= ratio).long(), torch.full((b, 1), 2, device=probs.device,
-                                                              dtype=torch.int64)], dim=1)  # + dummy slot
+        # 1 = right branch; one padding column for the dummy slot (read only past a token's depth, never compared).
+        decision = torch.nn.functional.pad((w >= ratio).long(), (0, 1))
         taken = decision.gather(1, t["ancestors"].expand(b, -1))  # [B, D*V]
         follows = (taken == t["bits"]) | t["past_depth"]
         return follows.view(b, depth, vocab).all(dim=1).int().argmax(dim=-1)
