@@ -79,6 +79,26 @@ def aggregate(params: ParamsOption = Path("params.yaml")) -> None:
     _stage("aggregate", params)
 
 
+@app.command("low-entropy-inputs")
+def low_entropy_inputs(params: ParamsOption = Path("params.yaml")) -> None:
+    """Generate the low-entropy tasks' inputs (T = 1 book reports): data/low_entropy/inputs.parquet."""
+    _stage("low_entropy", params)
+
+
+@app.command()
+def quality(params: ParamsOption = Path("params.yaml")) -> None:
+    """Secondary quality (pass@1/accuracy, repetition, perplexity, MAUVE): reports/quality.json."""
+    _stage("quality", params)
+
+
+@app.command()
+def timings() -> None:
+    """Print the last wall time of each stage run in this workspace (reports/timings/, a log, not a DVC output)."""
+    from mmw.stages.timing import timings_markdown
+
+    typer.echo(timings_markdown())
+
+
 @app.command("install-argos")
 def install_argos(path: Annotated[Path, typer.Argument(help="an .argosmodel file")]) -> None:
     """Install an Argos Translate language package from a local file (no network needed)."""
@@ -100,46 +120,179 @@ def select_watermark(
                                                               "(paper: 0.2)")] = 0.2,
     max_fpr: Annotated[float | None, typer.Option(help="largest accepted upper 95% CI of the empirical "
                                                        "false-positive rate (default: not checked)")] = None,
+    group: Annotated[str | None, typer.Option(help="the comparable group to select in, when the experiments "
+                                                   "form several (the error lists them)")] = None,
+    k: Annotated[int, typer.Option(help="re-evaluation runs to suggest for the pick (fresh seeds and keys)")] = 5,
     out: Annotated[Path, typer.Option(help="Markdown report; the plot goes next to it (.png)")] = Path(
         "reports/selection.md"),
 ) -> None:
     """Pick the watermark to deploy among this repository's DVC experiments (the paper's aggregate metric).
 
-    Keeps the settings within the quality-loss and tamper-resistance targets, picks the smallest watermark size,
-    writes a report and prints the `dvc exp run` command that re-evaluates the pick with a fresh seed. Exit code 1
-    when no setting is feasible, 2 on bad options or when there is nothing to select from.
+    Only comparable experiments compete (same model, token budget, prompts, seed, attacks, alpha, judge,
+    detector; otherwise exit 2 naming the groups); re-evaluation runs (named reeval-*) never do. Picks the
+    smallest size within the quality-loss and tamper-resistance targets, overall and per temperature x scheme
+    family, writes a report, and prints the `dvc exp run` commands that re-evaluate the pick with K fresh seeds.
+    Exit code 1 when no setting is feasible, 2 on bad options or when there is nothing to select from.
     """
+    import polars as pl
+
     from mmw.io import write_text, write_with
     from mmw.selection import (
         Constraints,
+        cell_picks,
         fresh_seed,
+        is_reevaluation,
         read_experiments,
         rerun_command,
         select,
         selection_figure,
         selection_markdown,
+        single_group,
+        with_group,
     )
+    from mmw.selection.render import cells_markdown
 
     try:
         constraints = Constraints(max_quality_loss, min_tamper_resistance, max_fpr)
-        experiments = read_experiments(Path.cwd())
-        selection = select(experiments.table, constraints)
+        if k < 1:
+            raise SpecError("--k", f"{k} re-evaluation runs", "an integer >= 1 (the paper: 5)")
+        experiments = read_experiments(Path.cwd(), pool_filter=lambda name: not is_reevaluation(name))
+        # Rows without metrics (queued, running, failed, uncommitted) cannot compete and do not form groups.
+        measured = experiments.table.filter(pl.col("all.size").is_not_null() | pl.col("all.relative_quality")
+                                            .is_not_null())
+        pool = single_group(with_group(measured if measured.height else experiments.table), group)
+        selection = select(pool, constraints)
     except SpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     pick = selection.pick
-    rerun = rerun_command(experiments, pick["rev"], fresh_seed(experiments.table)) if pick else None
+    seed = fresh_seed(experiments.table)
+    reruns = [rerun_command(experiments, pick["rev"], seed + i, name=pick["name"]) for i in range(k)] if pick else []
     figure = selection_figure(selection)
-    write_text(selection_markdown(selection, rerun), out)
+    write_text(selection_markdown(selection, reruns[0] if reruns else None)
+               + cells_markdown(cell_picks(pool, [constraints])), out)
     plot = out.with_suffix(".png")
     write_with(plot, lambda path: figure.savefig(path, format="png", dpi=120))
     typer.echo(f"{selection.feasible.height} of {selection.table.height} settings feasible; report: {out}, "
                f"plot: {plot}")
-    if pick is None or rerun is None:
+    if pick is None:
         typer.echo("no feasible setting: relax the constraints or evaluate more settings", err=True)
         raise typer.Exit(1)
     typer.echo(f"pick: {pick['name']} (rev {pick['rev'][:7]}): size {pick['all.size']:g} tokens, relative quality "
                f"{pick['all.relative_quality']:.4g}, R {pick['all.tamper_resistance']:.4g}")
-    typer.echo("re-evaluate it with a fresh seed and a fresh secret key (set MMW_KEY; it is never written):")
-    typer.echo("  export MMW_KEY=...   # a new secret key")
-    typer.echo(f"  {rerun.command if rerun.exact else rerun.fallback}")
+    typer.echo(f"re-evaluate it with {k} fresh seeds, each with a fresh secret key in MMW_KEY (never written); the "
+               "reeval- names keep these runs out of later selections:")
+    for rerun in reruns:
+        command = rerun.command if rerun.exact else rerun.fallback
+        typer.echo("  " + command.replace("dvc exp run", "MMW_KEY=$(openssl rand -hex 16) dvc exp run", 1))
+
+
+@app.command("sweep")
+def sweep(
+    name: Annotated[str, typer.Argument(help="a sweep of sweeps/<name>.yaml, or `collect` followed by the name")],
+    collect_name: Annotated[str | None, typer.Argument(metavar="[NAME]", help="with `collect`: the sweep")] = None,
+    repo: Annotated[Path, typer.Option(help="the repository (its params.yaml, sweeps/ and experiments)")] = Path("."),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="expand and validate, print the counts, run nothing")]
+    = False,
+    configs: Annotated[bool, typer.Option(help="run the configs not done yet (--no-configs: only re-evaluate)")]
+    = True,
+    reevaluate: Annotated[bool, typer.Option(help="then re-evaluate the picks with the definition's K seeds")]
+    = True,
+    out: Annotated[Path, typer.Option(help="with `collect`: where reports/sweeps/<name>/ goes")] = Path(
+        "reports/sweeps"),
+    timings: Annotated[bool, typer.Option(help="with `collect`: read per-stage wall times (slow)")] = True,
+    scale: Annotated[str | None, typer.Option(help="with `collect`: the scale shown beside the table")] = None,
+    ray: Annotated[str | None, typer.Option(
+        "--ray", metavar="ADDRESS",
+        help="run the configs as Ray tasks on the cluster at ADDRESS (`auto`: the one `ray start` made here, "
+             "`ray://HEAD:10001`: a remote one); see docs/RAY.md")] = None,
+) -> None:
+    """Run a sweep as DVC experiments (`mmw sweep NAME`) or collect it (`mmw sweep collect NAME`).
+
+    Running skips finished configs (retries failed and missing ones), prints done / queued / failed and an ETA,
+    then re-evaluates the picks. Collecting writes reports/sweeps/<name>/ (results, attacks, the paper's table).
+    Exit code 2 on an unknown sweep or an invalid entry (before anything runs), 1 when some config failed.
+    """
+    from mmw.sweep import load_sweep, run_sweep
+
+    collecting = name == "collect"
+    sweep_name = collect_name if collecting else name
+    try:
+        if sweep_name is None:
+            raise SpecError("sweep", "`mmw sweep collect` needs the sweep's name", "mmw sweep collect NAME")
+        if collect_name is not None and not collecting:
+            raise SpecError("sweep", f"unexpected argument {collect_name!r}", "mmw sweep NAME | mmw sweep collect NAME")
+        # Collecting reads what ran: the params validation of today's code is not a condition for that.
+        definition = load_sweep(repo, sweep_name, validate=not collecting)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    grids: dict[str, int] = {}
+    for config in definition.configs:
+        grids[config.grid] = grids.get(config.grid, 0) + 1
+    typer.echo(f"sweep {sweep_name}: {len(definition.configs)} configs ("
+               + ", ".join(f"{g} {n}" for g, n in grids.items()) + f"); re-evaluation k={definition.reevaluate.k}")
+    if dry_run:
+        return
+    if collecting:
+        from mmw.sweep.collect import collect
+
+        shown = scale or _scale_of(definition)
+        collected = collect(repo, definition, out / sweep_name, shown, with_timings=timings, echo=typer.echo)
+        counts = collected.results["status"].value_counts().sort("status").iter_rows()
+        typer.echo(f"collected {out / sweep_name}: " + ", ".join(f"{s} {n}" for s, n in counts)
+                   + f"; {collected.reevaluations.height} re-evaluation runs")
+        return
+    try:
+        executor = None
+        if ray is not None:
+            from mmw.sweep.ray_executor import RayExecutor
+
+            executor = RayExecutor(repo, address=ray, echo=typer.echo)
+        pool, reruns = run_sweep(repo, definition, executor=executor, configs=configs, reevaluate=reevaluate,
+                                 echo=typer.echo)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    if any(p is not None and p.failed for p in (pool, reruns)):
+        raise typer.Exit(1)
+
+
+def _scale_of(definition: Any) -> str:
+    """``<prompts per task> prompts/task x <tokens> tokens`` from a sweep's base (what the table states)."""
+    base = definition.configs[0].overrides if definition.configs else {}
+    return (f"{base.get('prompts.per_task', 'params.yaml')} prompts/task x {base.get('model.max_new_tokens', '?')} "
+            f"tokens, {base.get('model.name', 'params.yaml model')}, judge {base.get('rate.judge', 'params.yaml')}")
+
+
+@app.command("report")
+def report(
+    sweep: Annotated[str | None, typer.Option(help="sweep to report (reports/sweeps/NAME); default: the one "
+                                                   "collected last, else the single run in reports/metrics.json")]
+    = None,
+    out: Annotated[Path, typer.Option(help="the page to write")] = Path("reports/index.html"),
+    params: ParamsOption = Path("params.yaml"),
+) -> None:
+    """Write reports/index.html: one self-contained page (no network needed) with the paper's table, figures,
+    attacks, false positives, judge and provenance; for a sweep also the CSVs behind its `dvc plots`."""
+    from mmw.reporting.page import build_report
+
+    try:
+        info = build_report(Path.cwd(), sweep, out, params)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {info.path} ({info.source}; {info.bytes / 1024:.0f} KiB in {info.seconds:.1f} s)")
+
+
+@app.command("plots-template")
+def plots_template() -> None:
+    """Rebuild vendor/vega/dvc-plots.html (DVC's plots page with Vega inlined) from the pinned npm packages."""
+    from mmw.reporting.dvc_template import VENDOR_DIR, build
+
+    try:
+        path = build(Path.cwd() / VENDOR_DIR)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")

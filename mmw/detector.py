@@ -18,6 +18,7 @@ from mmw.randomness import RandomnessSource
 from mmw.samplers import build_sampler
 from mmw.scheme import SchemeSpec
 from mmw.scores import ReferenceBackend
+from mmw.size import first_crossing, valid_size
 
 DEVICES = ("auto", "cpu", "cuda", "reference")
 
@@ -25,8 +26,10 @@ DEVICES = ("auto", "cpu", "cuda", "reference")
 @dataclass
 class DetectionResult:
     """One text's verdict. ``pvalues[n-1]`` is the p-value of the first n tokens; ``size`` is the shortest
-    prefix with p <= alpha (None when no prefix is detected). ``detected`` uses the whole text only: taking the
-    best prefix would be a sequential test whose false-positive rate exceeds alpha."""
+    prefix with p <= alpha (the paper's E, a first crossing; None when no prefix is detected) and ``size_valid``
+    the FPR-controlled size (``mmw.size.valid_size``: checkpoint grid, alpha split across checkpoints).
+    ``detected`` uses the whole text only: taking the best prefix would be a sequential test whose
+    false-positive rate exceeds alpha."""
 
     n_tokens: int
     n_scored: int
@@ -35,6 +38,7 @@ class DetectionResult:
     pvalues: np.ndarray
     size: int | None
     detected: bool
+    size_valid: int | None
 
 
 class Detector:
@@ -81,18 +85,24 @@ class Detector:
             n_scored = int(count[-1]) if n else 0
         else:
             n_scored = max(n - (self.source.context if self.spec.randomness != "fixed" else 0), 0)
-        hit = np.flatnonzero(p <= self.spec.alpha)
         pvalue = float(p[-1]) if n else 1.0
+        alpha = self.spec.alpha
         return DetectionResult(
             n_tokens=n, n_scored=n_scored, score=float(score[-1]) if n else 0.0, pvalue=pvalue,
-            pvalues=p, size=int(hit[0]) + 1 if hit.size else None, detected=pvalue <= self.spec.alpha,
+            pvalues=p, size=first_crossing(p, alpha), detected=pvalue <= alpha,
+            size_valid=valid_size(p, alpha, None if self.spec.exact_null else self.spec.trials),
         )
 
 
 def _kernel_backend(detector: Detector, key: int, device: str):
-    """The numba backend for this device; falls back to the reference only where kernels are not built yet."""
+    """The numba backend for this device. A failed import is an error, never a silent switch to the numpy
+    reference: that would hide a broken install (or a bug in the kernels) behind a 100x slower detector."""
     try:
         from mmw.kernels.backend import NumbaBackend
-    except ImportError:
-        return detector.reference
+    except ImportError as err:
+        from mmw.errors import SpecError
+
+        raise SpecError("detect.device", f"{device!r} needs the numba kernels, which cannot be imported "
+                        f"({type(err).__name__}: {err}); fix the install (numba) or choose the slow numpy reference",
+                        ("reference",)) from err
     return NumbaBackend(detector.spec, detector.sampler, detector.source, key, device=device)

@@ -18,6 +18,8 @@ from typing import Any
 
 import polars as pl
 
+from mmw.errors import SpecError
+
 #: Where each stage reads and writes (relative to the repository root, which DVC runs stages in).
 #: One-way fingerprint of the watermark key (stage ``key``): a DVC dependency that is not the key.
 KEY_FINGERPRINT = Path("data/key.fingerprint")
@@ -59,8 +61,46 @@ def write_table(frame: pl.DataFrame, path: str | os.PathLike[str]) -> None:
         frame.write_parquet(tmp)
 
 
+class MissingInputError(SpecError):
+    """A stage's input file does not exist: one line naming the file and the stage that makes it (exit code 2,
+    like every other "cannot start" error, before any heavy work)."""
+
+    def __init__(self, path: Path):
+        made_by = producer_of(path)
+        if made_by is None:
+            super().__init__(str(path), "missing input file (no stage of dvc.yaml makes it)")
+        else:
+            stage, cmd = made_by
+            super().__init__(str(path), f"missing input file, made by stage `{stage}`: run `dvc repro {stage}` "
+                             f"(or `{cmd}`) first")
+
+
+def producer_of(path: str | os.PathLike[str], dvc_yaml: str | os.PathLike[str] = "dvc.yaml") -> tuple[str, str] | None:
+    """(stage name, cmd) of the dvc.yaml stage whose ``outs`` contain ``path`` (a file, or one under an output
+    directory); None when no stage makes it or there is no dvc.yaml here."""
+    import yaml
+
+    try:
+        stages = yaml.safe_load(Path(dvc_yaml).read_text()).get("stages", {})
+    except (OSError, AttributeError, yaml.YAMLError):
+        return None
+    target = Path(path).as_posix()
+    for name, stage in stages.items():
+        for out in (stage or {}).get("outs", []) or []:
+            out_path = next(iter(out)) if isinstance(out, dict) else str(out)
+            if target == out_path or target.startswith(out_path.rstrip("/") + "/"):
+                return name, str(stage.get("cmd", ""))
+    return None
+
+
+def _require(path: str | os.PathLike[str]) -> None:
+    if not Path(path).exists():
+        raise MissingInputError(Path(path))
+
+
 def read_table(path: str | os.PathLike[str]) -> pl.DataFrame:
-    """Read a Parquet table written by :func:`write_table`."""
+    """Read a Parquet table written by :func:`write_table`; a missing file raises :class:`MissingInputError`."""
+    _require(path)
     return pl.read_parquet(path)
 
 
@@ -86,6 +126,8 @@ def write_json(data: Any, path: str | os.PathLike[str]) -> None:
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file; a missing file raises :class:`MissingInputError`."""
+    _require(path)
     return json.loads(Path(path).read_text())
 
 

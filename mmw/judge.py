@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -287,8 +288,15 @@ def paired_discrimination(original: Sequence[float | None], shuffled: Sequence[f
     return result
 
 
+class Rater(Protocol):
+    """Anything that rates like :meth:`Judge.rate` (a Judge, or ``mmw.judge_backends.CachedRater``)."""
+
+    def rate(self, prompts: Sequence[str], texts: Sequence[str], modes: Sequence[str] = MODES) -> dict[str, list]:
+        """``{mode: ratings}``."""
+
+
 def judge_discrimination(
-    judge: Judge, prompts: Sequence[str], texts: Sequence[str], seed: int, alpha: float = 0.05,
+    judge: Rater, prompts: Sequence[str], texts: Sequence[str], seed: int, alpha: float = 0.05,
     modes: Sequence[str] = MODES,
 ) -> dict:
     """Can the judge tell texts from the same texts word-shuffled? Per mode (of ``modes``): mean ratings of both,

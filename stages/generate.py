@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Literal
 
 from mmw.engines.generate import generate_table
 from mmw.engines.models import load_model
 from mmw.io import GENERATIONS, PROMPTS, read_table
-from mmw.keys import resolve_key
+from mmw.keys import key_fingerprint, resolve_key
 from mmw.params import load_params
 from mmw.processor import WatermarkProcessor
-from mmw.stages.common import generator_vocab_size, timed
+from mmw.scheme import SchemeSpec
+from mmw.stages.common import generator_vocab_size
+from mmw.stages.timing import timed
+
+
+def resume_fingerprint(temperature: float, spec: SchemeSpec | None, key: int | None) -> str:
+    """What resumed rows must share with this run: temperature, scheme and key. The key enters only through
+    ``key_fingerprint`` (scrypt), never as a fast hash that would let parts on disk be used to test key guesses."""
+    parts = [f"T={temperature!r}"]
+    if spec is not None:
+        parts += [repr(sorted(spec.to_dict().items())), key_fingerprint(key)]
+    return "\x00".join(parts)
 
 
 def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
@@ -23,9 +33,22 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     ``scheme:`` section and the key.
     """
     with timed(f"generate_{which}") as info:
-        params = load_params(params_path)
+        params = load_params(params_path, ("seed", "model", "scheme", "key") if which == "watermarked"
+                             else ("seed", "model"), models={"scheme": SchemeSpec})
         spec = params.scheme if which == "watermarked" else None
-        key = resolve_key(params.scheme_raw.get("key")) if spec is not None else None
+        key = resolve_key(params.key) if spec is not None else None
+        if params.model.engine == "vllm":
+            from mmw.engines.vllm_engine import VllmGenerator, require_vllm
+
+            require_vllm()  # before any table or model is read
+            prompts = read_table(PROMPTS)
+            engine = VllmGenerator(params.model.name, params.model.device, params.model.dtype,
+                                   max_num_seqs=params.model.batch_size, key=key)
+            table = engine.generate_table(prompts, GENERATIONS[which], spec, params.model.temperature,
+                                          params.model.max_new_tokens, params.seed,
+                                          resume_fingerprint(params.model.temperature, spec, key))
+            info.update(rows=table.height, tokens=int(table["n_tokens"].sum()), device="vllm")
+            return
         prompts = read_table(PROMPTS)
         tokenizer, model = load_model(params.model.name, params.model.device, params.model.dtype)
         vocab_size = generator_vocab_size(tokenizer, model)
@@ -34,11 +57,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         def processor_factory(row_seeds: list[int]) -> WatermarkProcessor:
             return WatermarkProcessor(spec, key, vocab_size, row_seeds, temperature)
 
-        # Resumed rows must come from the same scheme and key; the key enters only as a digest.
-        fingerprint_parts = [f"T={temperature!r}"]
-        if spec is not None:
-            fingerprint_parts += [repr(sorted(spec.to_dict().items())), hashlib.sha256(str(key).encode()).hexdigest()]
-        fingerprint = "\x00".join(fingerprint_parts)
+        fingerprint = resume_fingerprint(temperature, spec, key)
         table = generate_table(model, tokenizer, prompts, GENERATIONS[which], processor_factory,
                                params.model.max_new_tokens, params.model.batch_size, seed=params.seed,
                                fingerprint=fingerprint, progress=True)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mmw.board import load_board
 from mmw.io import KEY_FINGERPRINT, write_text
 from mmw.keys import key_fingerprint, resolve_key
-from mmw.params import load_params
 
 
 def run(params_path: Path) -> None:
     """Validate the board (the cheapest place to fail fast) and write ``data/key.fingerprint``."""
-    params = load_params(params_path)
-    write_text(key_fingerprint(resolve_key(params.scheme_raw.get("key"))) + "\n", KEY_FINGERPRINT)
+    params = load_board(params_path)
+    write_text(key_fingerprint(resolve_key(params.key)) + "\n", KEY_FINGERPRINT)

@@ -10,9 +10,10 @@ import polars as pl
 
 from mmw.errors import SpecError
 from mmw.io import GENERATIONS, JUDGE_REPORT, PERTURBED, RATINGS, read_json, read_table, write_json, write_table
-from mmw.judge import MODES, Judge, judge_discrimination
+from mmw.judge import MODES, judge_discrimination
+from mmw.judge_backends import CachedRater, JudgementCache, RatingBackend, default_cache_root
 from mmw.params import RateParams, derive_seed, load_params
-from mmw.stages.common import timed
+from mmw.stages.timing import timed
 
 RATING_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "source": pl.String, "attack": pl.String,
                  "rating": pl.Float64, "rating_greedy": pl.Float64, "rating_expected": pl.Float64}
@@ -21,15 +22,40 @@ RATING_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "source": pl.String,
 FALLBACK_MODE = "expected"
 
 
-def _load_judge(rate: RateParams) -> Judge:
+def load_backend(rate: RateParams, want_expected: bool) -> tuple[RatingBackend, str]:
+    """The judge backend named by ``rate.backend``, checked before any rating, and a note for the report.
+
+    An OpenAI-compatible server is probed first (reachable, serves ``rate.judge``, returns top_logprobs when
+    ``want_expected``): a server that is down or serves another model fails here with a one-line error.
+    """
+    if rate.backend == "openai":
+        from mmw.judge_backends import ServerBackend
+
+        server = ServerBackend(rate.base_url, rate.judge, rate.api_key_env, rate.timeout_s, rate.max_retries,
+                               rate.concurrency, rate.max_new_tokens)
+        server.probe(want_expected)
+        return server, server.note
+    if rate.backend == "vllm":
+        from mmw.judge_backends import VLLMBackend
+
+        return VLLMBackend(rate.judge, rate.dtype, rate.max_new_tokens), ""
     from mmw.engines.models import load_model
+    from mmw.judge import Judge
+    from mmw.judge_backends import TransformersBackend
 
     try:
         tokenizer, model = load_model(rate.judge, rate.device, rate.dtype)
     except SpecError as err:  # the loader names model.name, but this is the judge
         raise SpecError("rate.judge", err.problem, err.allowed) from None
-    return Judge(tokenizer, model, batch_size=rate.batch_size, max_new_tokens=rate.max_new_tokens,
-                 progress=True)
+    judge = Judge(tokenizer, model, batch_size=rate.batch_size, max_new_tokens=rate.max_new_tokens)
+    return TransformersBackend(judge, rate.judge), ""
+
+
+def _modes(requested: str, backend: RatingBackend) -> tuple[str, ...]:
+    """Rating modes to compute on the baseline: ``auto`` = both, greedy only where expected is unavailable."""
+    if backend.expected_via is None:
+        return ("greedy",)
+    return MODES if requested == "auto" else (requested,)  # a fixed mode spares the other one's cost
 
 
 def rating_rows(texts: pl.DataFrame, source: str, ratings: dict[str, list[float | None]], mode: str) -> pl.DataFrame:
@@ -55,34 +81,57 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     (``rate.mode``, or with ``auto`` the mode that discriminates better). The watermarked run reads that choice
     and rates the watermarked and attacked texts in that mode only (the other mode's column stays null), which
     halves its cost.
+
+    Judgements come from ``rate.backend`` (in process, vLLM, or an OpenAI-compatible server probed first) through
+    the judgement cache (``mmw.judge_backends``): an interrupted run keeps every finished judgement and the next
+    run makes only the missing ones; a judgement that failed is a null rating, counted in ``judge.json``
+    (``missing``) and the timings. See docs/JUDGE.md.
     """
     with timed(f"rate_{which}") as info:
-        params = load_params(params_path)
+        params = load_params(params_path, ("seed", "rate") if which == "baseline" else ("rate",))
+        rate = params.rate
         generations = read_table(GENERATIONS[which])
-        judge = _load_judge(params.rate)
+        chosen = read_json(JUDGE_REPORT) if which == "watermarked" else None
+        want_expected = rate.mode != "greedy" if chosen is None else chosen["mode"] == "expected"
+        backend, note = load_backend(rate, want_expected)
+        if chosen is not None and chosen["mode"] == "expected" and backend.expected_via is None:
+            raise SpecError("rate.base_url", "the baseline was rated in expected mode, but this judge server returns "
+                                             f"no top_logprobs ({note}); rerun rate_baseline", ["greedy"])
+        # Every judgement is cached the moment it is made: a killed run resumes where it stopped.
+        rater = CachedRater(backend, JudgementCache(default_cache_root()), progress=True)
         if which == "baseline":
             prompts, texts = generations["prompt"].to_list(), generations["text"].to_list()
-            requested = params.rate.mode
-            modes = MODES if requested == "auto" else (requested,)  # a fixed mode spares the other one's cost
-            discrimination = judge_discrimination(judge, prompts, texts, seed=derive_seed(params.seed, "judge"),
+            requested = rate.mode
+            modes = _modes(requested, backend)
+            discrimination = judge_discrimination(rater, prompts, texts, seed=derive_seed(params.seed, "judge"),
                                                   modes=modes)
             ratings = discrimination.pop("original_ratings")  # the baseline's own ratings, in every mode checked
-            mode = requested if requested != "auto" else discrimination["best_mode"] or FALLBACK_MODE
+            if requested in modes:
+                mode = requested
+            else:  # auto, or expected on a server without logprobs
+                mode = discrimination["best_mode"] or (FALLBACK_MODE if FALLBACK_MODE in modes else modes[0])
             report = {"requested_mode": requested, "mode": mode,
                       "discriminates": discrimination[mode]["discriminates"],
                       "best_mode": discrimination["best_mode"], "n_texts": discrimination["n_texts"],
-                      "modes": {m: discrimination[m] for m in modes}}
+                      "modes": {m: discrimination[m] for m in modes},
+                      "backend": rate.backend, "judge": rate.judge,
+                      # how the expected value was computed: tree-attention (exact, in process), top-logprobs
+                      # (from the server's/vLLM's top tokens), or null (not available: greedy only)
+                      "expected_via": backend.expected_via, "note": note,
+                      "missing": rater.stats.failed, "errors": rater.stats.errors}
             table = rating_rows(generations, "baseline", ratings, mode)
         else:
-            mode = read_json(JUDGE_REPORT)["mode"]
+            mode = chosen["mode"]
             attacked = read_table(PERTURBED).filter(pl.col("ok")).join(
                 generations.select("prompt_id", "prompt"), on="prompt_id", how="left")
             table = pl.concat([
-                rating_rows(frame, source, judge.rate(frame["prompt"].to_list(), frame["text"].to_list(), [mode]),
+                rating_rows(frame, source, rater.rate(frame["prompt"].to_list(), frame["text"].to_list(), [mode]),
                             mode)
                 for frame, source in ((generations, "watermarked"), (attacked, "attack"))
             ])
         write_table(table, RATINGS[which])
         if which == "baseline":
             write_json(report, JUDGE_REPORT)
-        info.update(rows=table.height, mode=mode, missing=int(table["rating"].null_count()))
+        info.update(rows=table.height, mode=mode, missing=int(table["rating"].null_count()), backend=rate.backend,
+                    judgements_cached=rater.stats.cached, judgements_made=rater.stats.computed,
+                    judgements_failed=rater.stats.failed)

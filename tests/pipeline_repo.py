@@ -1,7 +1,11 @@
-"""A real copy of the DVC pipeline in a temporary git repository, for heavy tests (same approach as test_dvc.py).
+"""A real copy of the DVC pipeline in a temporary git repository, for heavy tests and bench/ scripts.
 
-The copy holds dvc.yaml, DVC's config and every path dvc.yaml lists as a dependency, plus a ``params.yaml``
-board given by the test (``tiny_board()``: 1 prompt per task, 16 new tokens, 2 cheap attacks).
+The copy is what a fresh clone holds (every file git tracks or would track: ``git ls-files -co --exclude-standard``)
+plus its own ``.venv`` standing in for ``bash scripts/setup.sh``: a venv with the copy installed editable (so the
+stages run the copy's code and read the copy's data, which its dvc.lock hashes) and this environment's packages on
+its path (a .pth file: no download). Commands run the way the README says, from a plain shell: no activated venv
+(no ``VIRTUAL_ENV``, no ``mmw`` anywhere on PATH), ``dvc`` called by path (``.venv/bin/dvc repro``). So a stage
+command that relies on the caller's PATH to find ``mmw`` fails here as it fails for a new user.
 """
 
 from __future__ import annotations
@@ -11,36 +15,62 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-#: What the copied pipeline needs: its definition, DVC's config, and every path dvc.yaml lists as a dependency.
-COPIED = ("dvc.yaml", ".dvc/config", ".dvc/.gitignore", ".dvcignore", "mmw", "stages", "kernels", "data/tasks")
-#: The interpreter's bin directory first, so the stages' `mmw` and `dvc` are this environment's.
+#: The environment's bin directory: its `dvc` and `mmw` are run by path, never found through PATH.
 BIN = Path(sys.executable).parent
+#: PYTHONPATH entry whose sitecustomize records what each stage imports and reads (tests/test_deps.py).
+DEPTRACE = Path(__file__).resolve().parent / "deptrace"
+#: Left out of the copy: the committed run of the default board (the copy runs its own board from scratch).
+NOT_COPIED = ("dvc.lock", "reports/metrics.json")
 
 
 def tiny_board() -> dict[str, Any]:
-    """The repository's params.yaml scaled down to minutes on a 2-core CPU."""
+    """The repository's params.yaml scaled down to minutes on a 2-core CPU.
+
+    Four cheap attacks: misspelling and contraction read their word lists (data/attacks) through ``__file__``,
+    which tests/test_deps.py must see a stage read.
+    """
     board = yaml.safe_load((REPO / "params.yaml").read_text())
     board["model"].update(max_new_tokens=16, batch_size=4)
     board["prompts"]["per_task"] = 1
-    board["attacks"]["specs"] = [{"name": "swap", "p": 0.1}, {"name": "lowercase"}]
-    board["rate"].update(batch_size=4)
+    board["attacks"]["specs"] = [{"name": "swap", "p": 0.1}, {"name": "lowercase"},
+                                 {"name": "misspelling", "p": 0.5}, {"name": "contraction"}]
+    # The plumbing tests need a judge, not a good one: SmolLM2 rates ~10x faster than the default Qwen judge
+    # (the judge's discrimination is tested in test_judge.py and measured on every default run).
+    board["rate"].update(batch_size=4, judge="embedded:smollm2-135m", dtype="float32")
     return board
+
+
+def _without_mmw(path: str) -> str:
+    """PATH minus every folder holding an `mmw` or `dvc` (this environment's bin, a user install, ...)."""
+    keep = [entry for entry in path.split(os.pathsep)
+            if entry and not any(Path(entry, name).exists() for name in ("mmw", "dvc"))]
+    return os.pathsep.join(keep)
+
+
+def plain_shell_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a shell with no venv activated (plus ``env``), and a git identity."""
+    full = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    full.update(PATH=_without_mmw(os.environ.get("PATH", "")), GIT_AUTHOR_NAME="mmw-test",
+                GIT_AUTHOR_EMAIL="test@mmw", GIT_COMMITTER_NAME="mmw-test", GIT_COMMITTER_EMAIL="test@mmw")
+    full.update(env or {})
+    return full
 
 
 def run(repo: Path, *args: str, env: dict[str, str] | None = None, check: bool = True,
         timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-    """Run a command in ``repo`` with this environment's bin first on PATH and a git identity set."""
-    full_env = {**os.environ, **(env or {}),
-                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                "GIT_AUTHOR_NAME": "mmw-test", "GIT_AUTHOR_EMAIL": "test@mmw", "GIT_COMMITTER_NAME": "mmw-test",
-                "GIT_COMMITTER_EMAIL": "test@mmw"}
-    completed = subprocess.run(args, cwd=repo, env=full_env, capture_output=True, text=True, timeout=timeout)
+    """Run a command in ``repo`` from a plain shell (:func:`plain_shell_env`); ``dvc`` and ``mmw`` run this
+    environment's executables by path, as the README's ``.venv/bin/dvc repro`` does."""
+    command = [str(BIN / args[0]) if args[0] in ("dvc", "mmw") else args[0], *args[1:]]
+    completed = subprocess.run(command, cwd=repo, env=plain_shell_env(env), capture_output=True, text=True,
+                               timeout=timeout)
     if check:
         assert completed.returncode == 0, f"{' '.join(args)} failed:\n{completed.stdout}\n{completed.stderr}"
     return completed
@@ -51,18 +81,83 @@ def stages_run(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
-def make_pipeline_repo(repo: Path, board: dict[str, Any]) -> Path:
-    """Copy the pipeline into the empty directory ``repo``, write ``board`` as params.yaml and ``git init``."""
-    if shutil.which("mmw", path=str(BIN)) is None:
-        raise AssertionError("the `mmw` command is not installed next to this Python (pip install -e .)")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in COPIED:
-        source, target = REPO / name, repo / name
+def stages_skipped(output: str) -> set[str]:
+    """The stages DVC found unchanged, from its output."""
+    return set(re.findall(r"Stage '([^']+)' didn't change, skipping", output))
+
+
+def copy_checkout(repo: Path, venv: bool = True) -> Path:
+    """Copy what a fresh clone of this checkout holds (tracked and untracked-but-not-ignored files) into the new
+    directory ``repo``, give it its own ``.venv`` (:func:`make_venv`) unless ``venv`` is false, and ``git init``
+    it (nothing committed)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if not source.is_file():  # deleted in the work tree
+            continue
+        target = repo / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=ignore)
-        else:
-            shutil.copy2(source, target)
-    (repo / "params.yaml").write_text(yaml.safe_dump(board, sort_keys=False))
+        shutil.copy2(source, target)
+    if venv:
+        make_venv(repo)
     run(repo, "git", "init", "-q")
     return repo
+
+
+def make_venv(repo: Path) -> Path:
+    """``repo/.venv``: the copy installed editable, this environment's packages reached through a .pth file, and
+    this environment's ``dvc`` linked in (what setup.sh would install, without a download; ~10 s)."""
+    venv = repo / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = subprocess.run([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "_mmw_test_packages.pth").write_text(ours + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q", "--no-deps",
+                    "--no-build-isolation", "-e", str(repo)], check=True, capture_output=True)
+    (venv / "bin/dvc").symlink_to(BIN / "dvc")
+    return venv
+
+
+def make_pipeline_repo(repo: Path, board: dict[str, Any]) -> Path:
+    """:func:`copy_checkout` into the new directory ``repo``, without the committed run, with ``board`` as
+    params.yaml."""
+    repo.mkdir(parents=True, exist_ok=True)
+    copy_checkout(repo)
+    for name in NOT_COPIED:
+        (repo / name).unlink(missing_ok=True)
+    (repo / "params.yaml").write_text(yaml.safe_dump(board, sort_keys=False))
+    return repo
+
+
+@dataclass(frozen=True)
+class TracedRun:
+    """The tiny pipeline after one traced ``dvc repro`` from scratch, committed."""
+
+    repo: Path
+    traces: Path  # <stage>-<pid>.json per stage process (tests/deptrace)
+    output: str  # dvc repro's stdout + stderr
+    seconds: float  # wall time of the dvc repro
+
+
+_TRACED: dict[str, TracedRun] = {}
+
+
+def traced_tiny_pipeline(base: Path) -> TracedRun:
+    """Build the tiny pipeline under ``base`` once per test session (test_dvc and test_deps share it), run
+    ``.venv/bin/dvc repro`` traced, and commit the result (the run experiments compare with)."""
+    if "run" not in _TRACED:
+        base.mkdir(parents=True, exist_ok=True)
+        repo = make_pipeline_repo(base / "pipeline", tiny_board())
+        traces = base / "traces"
+        traces.mkdir()
+        started = time.perf_counter()
+        completed = run(repo, ".venv/bin/dvc", "repro",
+                        env={"PYTHONPATH": str(DEPTRACE), "MMW_DEPTRACE": str(traces)})
+        seconds = time.perf_counter() - started
+        run(repo, "git", "add", "-A")
+        run(repo, "git", "commit", "-qm", "baseline run")
+        _TRACED["run"] = TracedRun(repo, traces, completed.stdout + completed.stderr, seconds)
+    return _TRACED["run"]

@@ -401,3 +401,68 @@ def test_embedded_model_left_padding_matches_single_rows(embedded, embedded_chat
         single = generate(model, tokenizer, [chats[row]], SeededSampler, 16, 1, prompt_ids=[ids[row]],
                           progress=False)
         assert single["tokens"][0].to_list() == batched["tokens"][row].to_list()
+
+
+# ---------------------------------------------------------------------------------------------- the real processor
+EXTRA_ROWS = 40  # output rows past the tokenizer, as models pad their embedding matrix (e.g. to a multiple of 64)
+
+
+@pytest.fixture(scope="module")
+def padded_vocab_model(tiny_model):
+    """The tiny tokenizer with a random Llama whose output layer has EXTRA_ROWS more rows than the tokenizer has
+    ids. Those rows get large weights, so any sampler that looks past the tokenizer picks them most of the time."""
+    tokenizer, small = tiny_model
+    torch.manual_seed(1)
+    config = LlamaConfig(**{**small.config.to_dict(), "vocab_size": len(tokenizer) + EXTRA_ROWS})
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight[len(tokenizer):] *= 20
+        model.lm_head.weight[tokenizer.eos_token_id] = 0.0  # logit 0: rows run long enough to carry a watermark
+    return tokenizer, model
+
+
+@pytest.mark.parametrize("params", [
+    dict(sampler="exponential", randomness="window", window=1, score="sum"),
+    dict(sampler="distribution_shift", randomness="window", window=2, delta=4.0, score="sum"),
+    dict(sampler="binary", randomness="fixed", key_length=8, score="align"),
+], ids=lambda p: p["sampler"])
+def test_real_processor_in_hf_generate_with_left_padding_and_padded_vocab(padded_vocab_model, params):
+    """The watermark processor inside transformers' generate: left-padded batches give each row the tokens of its
+    single-row run, no id past the tokenizer is ever produced although the model favours them, and the
+    generations carry the watermark (detected under the key, not under another key)."""
+    from mmw.detector import Detector
+    from mmw.prf import key_from_string
+    from mmw.processor import WatermarkProcessor
+    from mmw.scheme import SchemeSpec
+    from mmw.stages.common import generator_vocab_size
+
+    tokenizer, model = padded_vocab_model
+    vocab = generator_vocab_size(tokenizer, model)
+    assert vocab == len(tokenizer) < model.config.vocab_size
+    spec = SchemeSpec.from_params({**params, "alpha": 0.05, **({"trials": 99} if params["score"] != "sum" else {})})
+    key = key_from_string("engine-test-key-0123")
+
+    def factory(seeds):
+        return WatermarkProcessor(spec, key, vocab, seeds, 1.0)
+
+    chats, ids = tiny_chats(6)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        batched = generate(model, tokenizer, chats, factory, 24, 6, prompt_ids=ids, progress=False)
+        single = generate(model, tokenizer, chats, factory, 24, 1, prompt_ids=ids, progress=False)
+        plain = generate(model, tokenizer, chats, lambda s: WatermarkProcessor(None, None, model.config.vocab_size,
+                                                                               s, 1.0), 24, 6, prompt_ids=ids,
+                         progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert batched["tokens"].to_list() == single["tokens"].to_list()
+    tokens = [np.array(t, dtype=np.int64) for t in batched["tokens"].to_list()]
+    assert sum(len(t) for t in tokens) >= 6 * 12, [len(t) for t in tokens]
+    assert max(int(t.max()) for t in tokens) < vocab
+    # The same model sampled over all its rows does emit the padded ids: the bound above is the processor's doing.
+    assert any(int(np.max(t, initial=0)) >= vocab for t in plain["tokens"].to_list())
+    marked = Detector(spec, key, vocab).detect(tokens)
+    other = Detector(spec, key_from_string("another-key-0123456"), vocab).detect(tokens)
+    assert np.mean([r.detected for r in marked]) >= 0.5, [round(r.pvalue, 4) for r in marked]
+    assert np.mean([r.pvalue for r in marked]) < np.mean([r.pvalue for r in other])

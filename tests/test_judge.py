@@ -154,14 +154,56 @@ def test_expected_rating_is_in_range_and_none_without_mass(one_thread):
     assert judge.rate_expected(prompts, texts) == [None, None, None]
 
 
-def test_greedy_rating_parses_the_reply_or_gives_none(one_thread):
-    judge = tiny_judge(digits_split=True)
+def bigram_judge(transitions: dict[str, str]) -> Judge:
+    """A real Llama whose next token depends only on the current token, wired by hand: ``transitions[a] = b`` makes
+    b the certain successor of a (every other token is followed by EOS). The attention and MLP outputs are zeroed,
+    so the residual stream is the current token's embedding (one-hot); the output layer maps it to its successor.
+    Its replies and grade probabilities are therefore known exactly, whatever the prompt, padding or batch."""
+    tokenizer = word_tokenizer(WORDS + [str(n) for n in range(MAX_GRADE + 1)], digits_split=False)
+    vocab = tokenizer.get_vocab()
+    size = len(tokenizer)
+    config = LlamaConfig(
+        vocab_size=size, hidden_size=size + (-size) % 8, intermediate_size=8, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(size, config.hidden_size))
+        head = torch.zeros(size, config.hidden_size)
+        head[tokenizer.eos_token_id, :size] = 1.0  # default successor: EOS
+        for current, successor in transitions.items():
+            head[:, vocab[current]] = 0.0
+            head[vocab[successor], vocab[current]] = 1.0
+        model.lm_head.weight.copy_(head * 10.0)  # logit 10 * sqrt(hidden) ~ 60 above every other token
+    return Judge(tokenizer, model, batch_size=2, max_new_tokens=6)
+
+
+def test_greedy_rating_is_the_grade_the_judge_writes(one_thread):
+    """The chat template ends with the "assistant" token. A judge that writes "85" there is rated 85 on every text
+    (left-padded batches of 2, texts of different lengths); one that writes "good" has no grade: None, never 0."""
     prompts, texts = [p for p, _ in PAIRS], [t for _, t in PAIRS]
-    replies = judge.replies(prompts, texts)
-    assert len(replies) == 3
-    assert judge.rate_greedy(prompts, texts) == [parse_grade(r) for r in replies]
+    grader = bigram_judge({"assistant": "85"})
+    assert grader.replies(prompts, texts) == ["85"] * 3
+    assert grader.rate_greedy(prompts, texts) == [85.0] * 3
+    chatter = bigram_judge({"assistant": "good"})
+    assert chatter.replies(prompts, texts) == ["good"] * 3
+    assert chatter.rate_greedy(prompts, texts) == [None] * 3
     with pytest.raises(SpecError, match="rate.mode: unknown mode 'best'"):
-        judge.rate(prompts, texts, modes=["best"])
+        grader.rate(prompts, texts, modes=["best"])
+
+
+def test_expected_rating_is_the_grade_the_judge_is_sure_of(one_thread):
+    """After the "Grade:" prefill a judge certain to write 7 has expected rating 7 (mass ~1), and one that never
+    writes a grade has no rating."""
+    prompts, texts = [p for p, _ in PAIRS], [t for _, t in PAIRS]
+    sure = bigram_judge({":": "7"})
+    probs = sure.grade_distribution(prompts, texts)
+    np.testing.assert_allclose(probs[:, 7], 1.0, atol=1e-9)
+    assert sure.rate_expected(prompts, texts) == pytest.approx([7.0] * 3, abs=1e-6)
+    assert bigram_judge({":": "good"}).rate_expected(prompts, texts) == [None] * 3
 
 
 def test_templates_without_a_system_turn_get_the_instructions_in_the_user_turn(one_thread):
@@ -261,16 +303,18 @@ MORE_COHERENT = [
 
 
 @pytest.mark.heavy
-def test_embedded_judge_rates_coherent_and_degenerate_text_within_range(embedded_judge):
+def test_embedded_small_model_writes_grades_in_range(embedded_judge):
+    """What holds even for a judge that cannot judge (SmolLM2, see above): after the prefill it writes a number, its
+    expected grades lie in 0..100, and greedy replies give a grade in 0..100 or None. Whether a judge separates
+    coherent from degenerate text is compared in the Qwen test below."""
     prompts = [p for p, _ in COHERENT[:2]] + [COHERENT[0][0]]
     texts = [t for _, t in COHERENT[:2]] + ["the " * 60]
     probs = embedded_judge.grade_distribution(prompts, texts)
     assert np.all(probs.sum(-1) > 0.5)  # after the "Grade: " prefill the judge writes a number
     expected = embedded_judge.rate_expected(prompts, texts)
     assert all(r is not None and 0 <= r <= 100 for r in expected)
-    replies = embedded_judge.replies(prompts, texts)
     greedy = embedded_judge.rate_greedy(prompts, texts)
-    assert greedy == [parse_grade(r) for r in replies]  # a reply without a grade stays None, never 0
+    assert all(g is None or 0 <= g <= 100 for g in greedy)
 
 
 @pytest.mark.heavy
@@ -313,3 +357,6 @@ def test_embedded_qwen_judge_rates_text_above_its_word_salad():
     result = paired_discrimination(original, shuffled, 0.05)
     assert result["n_pairs"] == len(pairs), "the judge put no probability on a grade"
     assert result["discriminates"] and result["mean_original"] > result["mean_shuffled"], result
+    # Coherent vs degenerate, compared: one repeated word rates below every coherent text.
+    degenerate = judge.rate_expected([p for p, _ in COHERENT], ["the " * 60] * len(COHERENT))
+    assert max(degenerate) < min(original), (degenerate, original)

@@ -11,7 +11,7 @@ OK = [
     dict(sampler="exponential", randomness="window", window=0, score="sum"),
     dict(sampler="exponential", randomness="window", window=3, skip_prob=0.05, score="sum"),
     dict(sampler="inverse_transform", randomness="fixed", key_length=4, score="align"),
-    dict(sampler="binary", randomness="fixed", key_length=256, score="edit", psi=0.5, binary_code="fixed"),
+    dict(sampler="binary", randomness="fixed", key_length=256, score="align", binary_code="fixed"),
     dict(sampler="exponential", randomness="window", window=1, score="edit", psi=0.0, trials=200),
     dict(sampler="distribution_shift", randomness="window", window=1, delta=2.0, score="sum", psi=None, trials=None),
 ]
@@ -48,6 +48,12 @@ BAD = [
     (dict(sampler="binary", randomness="window", window=1, score="sum", binary_code="gray"), "scheme.binary_code", "huffman"),
     (dict(sampler="exponential", randomness="window", window=1, score="sum", colour="red"), "scheme.colour", "sampler"),
     (dict(sampler="exponential", randomness="window", window="1", score="sum"), "scheme.window", None),
+    # binary x edit: the per-token cost (~depth Exp(1) node values) always exceeds 2 psi, so p = 1 always
+    (dict(sampler="binary", randomness="fixed", key_length=256, score="edit", psi=0.5), "scheme.score", "align"),
+    (dict(sampler="binary", randomness="window", window=1, score="edit", psi=0.5), "scheme.score", "sum"),
+    # constant randomness: C2 has one draw per text, C3 one per tree node shared by every token
+    (dict(sampler="inverse_transform", randomness="window", window=0, score="sum"), "scheme.window", ">= 1"),
+    (dict(sampler="binary", randomness="window", window=0, score="sum"), "scheme.window", ">= 1"),
 ]
 
 
@@ -74,3 +80,8 @@ def test_defaults():
     assert (spec.gamma, spec.alpha, spec.trials, spec.psi) == (0.5, 0.02, None, None)
     spec = SchemeSpec.from_params(dict(sampler="binary", randomness="fixed", key_length=8, score="align"))
     assert spec.binary_code == "huffman" and spec.trials == 100
+
+
+def test_binary_edit_rejection_says_why():
+    with pytest.raises(SpecError, match="always exceeds the gap cost"):
+        SchemeSpec.from_params(dict(sampler="binary", randomness="minhash", window=1, score="edit", psi=5.0))

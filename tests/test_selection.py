@@ -24,11 +24,16 @@ from mmw.errors import SpecError
 from mmw.selection import (
     Constraints,
     Experiments,
+    cell_picks,
     fresh_seed,
+    is_reevaluation,
+    median_mad,
     read_experiments,
     rerun_command,
     select,
     selection_markdown,
+    single_group,
+    with_group,
 )
 
 SIZE, QUALITY, RESISTANCE, FPR_HIGH = "all.size", "all.relative_quality", "all.tamper_resistance", "all.fpr_ci_high"
@@ -168,6 +173,79 @@ def test_empty_table_is_a_clear_error() -> None:
         select(empty, Constraints())
 
 
+# ------------------------------------------------------------------------------------------ fast: comparability
+
+
+def _pool(n: int, **columns: list[Any]) -> pl.DataFrame:
+    base = {"name": [f"exp-{i}" for i in range(n)], "rev": [f"{i:040x}" for i in range(n)], "kind": ["experiment"] * n,
+            "seed": [0] * n, "model.name": ["m"] * n, "model.max_new_tokens": [200] * n, "model.temperature": [0.7] * n,
+            "scheme.sampler": ["distribution_shift"] * n, "scheme.alpha": [0.02] * n,
+            "attacks.specs": ["[{name: swap, p: 0.1}]"] * n, "rate.judge": ["j"] * n,
+            SIZE: [float(10 + i) for i in range(n)], QUALITY: [1.0] * n, RESISTANCE: [0.5] * n, FPR_HIGH: [0.0] * n}
+    base.update(columns)
+    return pl.DataFrame(base)
+
+
+@pytest.mark.parametrize(("param", "other"), [("scheme.alpha", 0.2), ("seed", 1), ("model.max_new_tokens", 50),
+                                              ("attacks.specs", "[{name: lowercase}]"), ("rate.judge", "k"),
+                                              ("model.name", "n")])
+def test_incomparable_experiments_are_refused_naming_the_param(param: str, other: Any) -> None:
+    """A run with a looser alpha, fewer attacks, another seed, model, budget or judge must not compete: the
+    pool is refused with the differing param named, and each group can be selected on its own."""
+    table = _pool(4)
+    table = table.with_columns(pl.when(pl.col("name") == "exp-3").then(pl.lit(other)).otherwise(pl.col(param))
+                               .alias(param))
+    grouped = with_group(table)
+    with pytest.raises(SpecError) as caught:
+        single_group(grouped)
+    assert param in str(caught.value) and "--group" in str(caught.value)
+    odd = grouped.filter(pl.col("name") == "exp-3")["group"][0]
+    assert single_group(grouped, odd)["name"].to_list() == ["exp-3"]
+    assert sorted(single_group(grouped, grouped.filter(pl.col("name") == "exp-0")["group"][0])["name"]) == [
+        "exp-0", "exp-1", "exp-2"]
+    with pytest.raises(SpecError, match="--group"):
+        single_group(grouped, "nope")
+
+
+def test_a_null_alpha_is_the_default_alpha() -> None:
+    table = _pool(2).with_columns(pl.Series("scheme.alpha", [None, 0.02], dtype=pl.Float64))
+    assert single_group(with_group(table)).height == 2
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_cell_picks_are_the_smallest_feasible_of_each_temperature_and_family(seed: int) -> None:
+    """Restated rule per cell: among the rows of that temperature and sampler, the feasible one of least size;
+    none when the cell has no feasible row. Temperatures and families never compete with each other."""
+    rng = np.random.default_rng(seed)
+    n = 30
+    table = _random_table(rng, n).with_columns(
+        pl.Series("model.temperature", rng.choice([0.0, 0.7, 1.0], size=n)),
+        pl.Series("family", rng.choice(["distribution_shift", "exponential"], size=n)))
+    c = _random_constraints(rng)
+    picks = cell_picks(table, [c])
+    for row in picks.iter_rows(named=True):
+        cell = [r for r in table.iter_rows(named=True)
+                if r["model.temperature"] == row["model.temperature"] and r["family"] == row["family"]]
+        feasible = [r for r in cell if _feasible(r, c.max_quality_loss, c.min_tamper_resistance, c.max_fpr)]
+        assert row["n_settings"] == len(cell) and row["n_feasible"] == len(feasible)
+        if feasible:
+            assert row[f"pick.{SIZE}"] == min(r[SIZE] for r in feasible)
+        else:
+            assert row.get(f"pick.{SIZE}") is None
+    assert picks.height == table.select("model.temperature", "family").unique().height
+
+
+def test_median_and_mad_of_reevaluations_by_hand() -> None:
+    # median of (10, 12, 14, 100, inf) is 14; |x - 14| = (4, 2, 0, 86, inf), whose median is 4.
+    assert median_mad([10, 12, 14, 100, None]) == (14.0, 4.0)
+    # (20, 22, 23, 26, 30): median 23, deviations (3, 1, 0, 3, 7): MAD 3.
+    assert median_mad([30, 20, 26, 22, 23]) == (23.0, 3.0)
+    # Most re-runs undetected: the size is infinite and its spread undefined.
+    assert median_mad([1.0, None, None]) == (math.inf, None)
+    assert median_mad([]) == (None, None)
+    assert is_reevaluation("reeval-small-abc-s1000") and not is_reevaluation("small-abc")
+
+
 # ------------------------------------------------------------------------------------------ fast: re-evaluation
 
 
@@ -279,13 +357,28 @@ def test_experiments_are_read_from_a_real_dvc_repo_without_the_key(tmp_path: Pat
     markdown = selection_markdown(selection, rerun_command(experiments, selection.pick["rev"], fresh_seed(table)))
     assert key not in markdown and "size inf" in markdown
 
+    # A re-evaluation run (reeval- name) never competes, however small its size: delta=10 would be the pick.
+    run(repo, "dvc", "exp", "run", "-q", "-n", "reeval-strong-s7", "-S", "scheme.delta=10", "-S", "seed=7")
+    loose = ["--max-quality-loss", "0.5", "--min-tamper-resistance", "0"]
+    picked = run(repo, str(BIN / "mmw"), "select", *loose)
+    assert "reeval-strong-s7" not in (repo / "reports/selection.md").read_text()
+    # Pooled, it would win with size 100 / 10 = 10; the pick is the baseline commit's delta=5: size 100 / 5 = 20.
+    assert "size 20 tokens" in picked.stdout and "reeval" not in picked.stdout.split("re-evaluate")[0], picked.stdout
+    # A run with another seed is not comparable: refused, naming the param; --group selects within one group.
+    run(repo, "dvc", "exp", "run", "-q", "-n", "other-seed", "-S", "seed=3", "-S", "scheme.delta=9")
+    refused = run(repo, str(BIN / "mmw"), "select", *loose, check=False)
+    assert refused.returncode == 2 and "seed" in refused.stderr and "--group" in refused.stderr, refused.stderr
+    group = refused.stderr.split("--group ")[-1].split()[0].strip(";|")
+    chosen = run(repo, str(BIN / "mmw"), "select", *loose, "--group", group, check=False)
+    assert chosen.returncode in (0, 1), chosen.stderr
+
 
 @pytest.mark.heavy
 def test_select_on_the_real_pipeline(tmp_path: Path) -> None:
     """`dvc repro` + two `dvc exp run -S scheme.delta=...` of the real tiny pipeline, then `mmw select`."""
     key = "selection-test-key-51c2e9"
     board = tiny_board()
-    board["scheme"]["key"] = key
+    board["key"] = key
     repo = make_pipeline_repo(tmp_path / "pipeline", board)
     run(repo, "dvc", "repro")
     run(repo, "git", "add", "-A")
@@ -336,10 +429,21 @@ def _check_select(repo: Path, key: str) -> None:
         pick_size = metrics[pick_name][SIZE]
     assert float(pick_size) == min(m[SIZE] for m in feasible.values())
 
-    # The printed re-evaluation command is valid for DVC: queued, it holds the pick's params with a new seed.
-    command = next(line.strip() for line in output.splitlines() if line.strip().startswith("dvc exp run"))
-    run(repo, *shlex.split(command.replace("dvc exp run", "dvc exp run --queue -n rerun", 1)))
-    queued = {r["name"]: r for r in read_experiments(repo).table.iter_rows(named=True)}["rerun"]
-    assert queued["scheme.delta"] == pick_params["scheme"]["delta"]
-    assert queued["seed"] != pick_params["seed"]
+    # The printed re-evaluation commands (K = 5, distinct fresh seeds) are valid for DVC: queued, one holds the
+    # pick's params with a new seed, under a reeval- name that keeps it out of the next selection's pool.
+    commands = [line.strip().partition("dvc exp run")[2] for line in output.splitlines() if "dvc exp run" in line]
+    assert len(commands) == 5 and all("MMW_KEY=$(openssl rand -hex 16) dvc exp run" in line
+                                      for line in output.splitlines() if "dvc exp run" in line)
+    args = shlex.split(commands[0])
+    assert args[0] == "-n" and args[1].startswith("reeval-")
+    assert len({shlex.split(c)[shlex.split(c).index("-S") + 1] for c in commands}) == 5  # five distinct seeds
+    run(repo, "dvc", "exp", "run", "--queue", *args)
+    rows = {r["name"]: r for r in read_experiments(repo).table.iter_rows(named=True)}
+    assert rows[args[1]]["status"] == "queued"
+    overrides = dict(a.split("=", 1) for a in args[3::2])
+    assert float(overrides["scheme.delta"]) == pick_params["scheme"]["delta"]
+    assert int(overrides["seed"]) != pick_params["seed"]
+    again = run(repo, str(BIN / "mmw"), "select", "--max-quality-loss", str(loss), "--min-tamper-resistance",
+                str(min_r), check=False)
+    assert args[1] not in (repo / "reports/selection.md").read_text(), again.stdout
     run(repo, "dvc", "queue", "remove", "--all")

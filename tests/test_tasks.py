@@ -6,6 +6,7 @@ import csv
 import itertools
 import re
 
+import polars as pl
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -157,3 +158,122 @@ def test_render_chat_with_the_embedded_model_tokenizer():
     (chat,) = render_chat(tokenizer, [prompt])
     assert f"<|im_start|>user\n{prompt}<|im_end|>" in chat
     assert chat.endswith("<|im_start|>assistant\n")
+
+
+# --- validation tasks (issue 13; docs/VALIDATION.md) -------------------------------------------------------------
+
+VALIDATION_FROM_DATA = ["rfc_summary", "legal_research", "book_report_fr", "humaneval", "news_highlights",
+                        "multiple_choice"]
+
+
+def test_validation_task_sizes_are_the_papers_or_the_shipped_samples():
+    full = build_prompts(VALIDATION_FROM_DATA, None)
+    counts = dict(full.group_by("task").len().iter_rows())
+    assert counts == {"rfc_summary": 50, "legal_research": 50, "book_report_fr": 100, "humaneval": 164,
+                      "news_highlights": 7, "multiple_choice": 16}
+    assert full["prompt"].n_unique() == full.height
+
+
+def test_every_task_names_its_quality_measure():
+    from mmw.tasks import ALL_TASKS, MEASURES
+
+    assert set(MEASURES) == set(ALL_TASKS)
+    assert MEASURES["humaneval"] == "pass@1"
+    assert MEASURES["multiple_choice"] == MEASURES["mmlu"] == "accuracy"
+    assert {MEASURES[t] for t in ("rfc_summary", "legal_research", "book_report_fr", "paraphrase", "translate_fr",
+                                  "news_highlights", "cnn_dailymail", "book_report")} == {"judge"}
+
+
+def test_v1_prompts_follow_the_papers_wording():
+    rfcs = build_prompts(["rfc_summary"], None)["prompt"].to_list()
+    rows = list(csv.DictReader((DATA_DIR / "rfcs.csv").open(encoding="utf-8")))
+    assert len({r["number"] for r in rows}) == 50 and all(re.fullmatch(r"RFC \d+", r["number"]) for r in rows)
+    assert rfcs[0].startswith(f"Write a detailed explanation and description of {rows[0]['number']}: "
+                              f"{rows[0]['title']}.")
+    legal = build_prompts(["legal_research"], None)["prompt"].to_list()
+    topics = read_column("legal_topics.csv", "topic")
+    assert len(set(topics)) == 50
+    for prompt, topic in zip(legal, topics, strict=True):
+        assert prompt.startswith(f"Conduct legal research on {topic}.")
+        assert prompt.endswith(f"make your forecast about how {topic} will be regulated in the future.")
+
+
+def test_v2_is_the_core_book_list_in_french():
+    french = build_prompts(["book_report_fr"], None)["prompt"].to_list()
+    english = build_prompts(["book_report"], None)["prompt"].to_list()
+    for fr, en in zip(french, english, strict=True):
+        title, author = re.fullmatch(r"Write a book report about (.+), written by (.+)\.", en).groups()
+        assert fr == f"Écris un résumé détaillé de {title}, écrit par {author}."
+    ids = build_prompts(["book_report_fr"], 5)["prompt_id"].str.slice(-3).to_list()
+    assert ids == build_prompts(["book_report"], 5)["prompt_id"].str.slice(-3).to_list()  # same books
+
+
+def test_v3_prompts_rewrite_the_pipelines_own_book_reports(tmp_path):
+    from mmw.tasks import read_low_entropy_inputs
+
+    inputs = tmp_path / "inputs.parquet"
+    pl.DataFrame({"source_id": ["book_report-004", "book_report-017"],
+                  "text": ["A first report.", "A second report."]}).write_parquet(inputs)
+    prompts = build_prompts(["paraphrase", "translate_fr", "story"], None, low_entropy_inputs=inputs)
+    v3 = prompts.filter(pl.col("task") != "story")
+    assert v3["prompt_id"].to_list() == ["paraphrase-004", "paraphrase-017", "translate_fr-004", "translate_fr-017"]
+    assert all("A first report." in p for p in v3.filter(pl.col("prompt_id").str.ends_with("004"))["prompt"])
+    assert "French" in v3["prompt"][2] and "Paraphrase" in v3["prompt"][0]
+    assert build_prompts(["paraphrase"], 1, low_entropy_inputs=inputs).height == 1
+    with pytest.raises(SpecError, match="low_entropy_inputs"):
+        read_low_entropy_inputs(tmp_path / "missing.parquet")
+    with pytest.raises(SpecError, match="missing.parquet"):
+        build_prompts(["translate_fr"], None, low_entropy_inputs=tmp_path / "missing.parquet")
+
+
+def test_v4_humaneval_comes_from_the_package_and_references_match_prompt_ids():
+    from mmw.tasks import humaneval_problems, task_references
+
+    problems = humaneval_problems()
+    assert len(problems) == 164 and problems[7].task_id == "HumanEval/7"
+    prompts = build_prompts(["humaneval"], 4)
+    refs = task_references(prompts["prompt_id"].to_list())
+    for prompt_id, prompt in zip(prompts["prompt_id"], prompts["prompt"], strict=True):
+        problem = refs[prompt_id].problem
+        assert problem.task_id == f"HumanEval/{int(prompt_id[-3:])}"
+        assert problem.prompt in prompt and "def check(" in problem.test
+
+
+def test_v5_and_v6_samples_are_one_shot_with_the_papers_prompt():
+    news = build_prompts(["news_highlights"], None)["prompt"].to_list()
+    assert all(p.startswith("Extract a 3 sentence highlight from the following article.") for p in news)
+    assert all(p.count("* Article:") == 2 and p.endswith("* Highlights:") for p in news)
+    questions = build_prompts(["multiple_choice"], None)
+    assert all(p.endswith("Answer:") and "Answer: [B]" in p for p in questions["prompt"])  # the example's answer
+    from mmw.tasks import task_references
+
+    refs = task_references(questions["prompt_id"].to_list())
+    rows = [r for r in csv.DictReader((DATA_DIR / "multiple_choice.csv").open(encoding="utf-8"))
+            if r["role"] == "task"]
+    assert [refs[pid].answer for pid in questions["prompt_id"]] == [r["answer"] for r in rows]
+
+
+@pytest.mark.parametrize(("task", "file"), [("mmlu", "external/mmlu"), ("cnn_dailymail", "cnn_dailymail_test.csv")])
+def test_a_task_whose_data_is_missing_names_the_file_and_how_to_get_it(task, file, tmp_path):
+    with pytest.raises(SpecError) as info:
+        build_prompts([task], 2, data_dir=tmp_path)
+    message = str(info.value)
+    assert message.startswith("prompts.tasks:") and file in message and "Get " in message
+
+
+def test_user_supplied_mmlu_and_cnn_dailymail_files_are_read(tmp_path):
+    from mmw.tasks import task_references
+
+    mmlu = tmp_path / "external" / "mmlu"
+    mmlu.mkdir(parents=True)
+    (mmlu / "astronomy_test.csv").write_text('"Closest star?",Sun,Sirius,Vega,Rigel,A\n'
+                                             '"Red planet?",Venus,Mars,Earth,Moon,B\n"Ringed?",Mars,Saturn,Io,Sun,B\n')
+    prompts = build_prompts(["mmlu"], None, data_dir=tmp_path)
+    assert prompts.height == 2 and "Question: Closest star?" in prompts["prompt"][0]  # the example
+    assert "Question: Red planet?" in prompts["prompt"][0]
+    assert [r.answer for r in task_references(prompts["prompt_id"].to_list(), tmp_path).values()] == ["B", "B"]
+    pl.DataFrame({"id": ["a", "b"], "article": ["Example article.", "Task article."],
+                  "highlights": ["Example highlights.", "unused"]}).write_csv(tmp_path / "external" /
+                                                                              "cnn_dailymail_test.csv")
+    (news,) = build_prompts(["cnn_dailymail"], None, data_dir=tmp_path)["prompt"].to_list()
+    assert "* Article: Task article." in news and "* Highlights: Example highlights." in news

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmw.attacks.base import Attack, AttackError, AttackOutcome, Param, RateAttack
 from mmw.errors import SpecError
 
 __all__ = ["ATTACK_MODULES", "Attack", "AttackError", "AttackOutcome", "Param", "RateAttack",
-           "attack_class", "build_attack"]
+           "attack_class", "build_attack", "build_attacks"]
 
 ATTACK_MODULES: dict[str, str] = {
     "swap": "mmw.attacks.text",
@@ -61,3 +61,24 @@ def build_attack(spec: Mapping[str, Any], where: str = "attacks[i]") -> Attack:
         raise SpecError(f"{where}.where", f"unknown parameter of attack {cls.family!r}",
                         [p.name for p in cls.parameters] or "no parameters")
     return cls(where=where, **params)
+
+
+def build_attacks(specs: Sequence[Any] | None, where: str = "attacks.specs") -> list[Attack]:
+    """Every attack of params ``attacks.specs`` (None = none), validated: errors name ``<where>[i].<key>``.
+
+    An attack whose optional dependency is missing, or two specs naming the same attack, fail here, before any
+    text is perturbed. Construction only validates parameters (models and lexicons load on first use).
+    """
+    attacks: list[Attack] = []
+    names: dict[str, int] = {}
+    for index, spec in enumerate(specs or []):
+        at = f"{where}[{index}]"
+        try:
+            attack = build_attack(spec, at)
+        except ImportError as err:
+            raise SpecError(f"{at}.name", f"cannot be loaded ({str(err).splitlines()[0]})") from None
+        if attack.name in names:
+            raise SpecError(at, f"duplicate of {where}[{names[attack.name]}] (both are {attack.name!r})")
+        names[attack.name] = index
+        attacks.append(attack)
+    return attacks

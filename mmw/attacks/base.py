@@ -13,11 +13,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from functools import cache
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
+from pydantic import AfterValidator, create_model
 
 from mmw.errors import SpecError
+from mmw.validation import Integer, Section, allowed, validate
 
 
 class AttackError(RuntimeError):
@@ -55,22 +58,19 @@ class Param:
         what = "an integer" if self.kind is int else "a number"
         return f"{what} in [{self.low}, {self.high}]"
 
-    def validate(self, value: Any, where: str) -> Any:
-        """Return ``value`` converted to ``kind``; raise SpecError naming ``<where>.<name>`` if invalid."""
-        key = f"{where}.{self.name}"
-        if self.kind is str:
-            if not isinstance(value, str) or not value or (self.choices and value not in self.choices):
-                raise SpecError(key, f"invalid value {value!r}", self.allowed())
-            return value
-        # bool is an int subclass; `p: true` in YAML is a mistake, not 1.
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SpecError(key, f"expected a number, got {value!r}", self.allowed())
-        if self.kind is int and not float(value).is_integer():
-            raise SpecError(key, f"expected an integer, got {value!r}", self.allowed())
-        value = self.kind(value)
-        if not (self.low <= value <= self.high):  # also rejects NaN
-            raise SpecError(key, f"{value} is out of range", self.allowed())
+    def _string(self, value: str) -> str:
+        if not value or (self.choices and value not in self.choices):
+            raise ValueError(f"invalid value {value!r}")
         return value
+
+    def field(self) -> tuple[Any, Any]:
+        """This parameter as a pydantic field (mmw.validation): strict types, so ``p: true`` or ``p: "0.1"`` in
+        YAML are errors, not 1 and 0.1; NaN is out of every range."""
+        default = ... if self.default is None else self.default
+        if self.kind is str:
+            return Annotated[str, AfterValidator(self._string)], allowed(self.allowed(), default=default)
+        kind = Integer if self.kind is int else float
+        return kind, allowed(self.allowed(), default=default, ge=self.low, le=self.high)
 
 
 class Attack(ABC):
@@ -91,16 +91,14 @@ class Attack(ABC):
             if key not in declared:
                 raise SpecError(f"{where}.{key}", f"unknown parameter of attack {self.family!r}",
                                 list(declared) or "no parameters")
-        values: dict[str, Any] = {}
-        for p in self.parameters:
-            if p.name in params:
-                value = params[p.name]
-            elif p.default is not None:
-                value = p.default
-            else:
-                raise SpecError(f"{where}.{p.name}", f"required by attack {self.family!r}", p.allowed())
-            values[p.name] = p.validate(value, where)
-        self.params: Mapping[str, Any] = values
+        self.params: Mapping[str, Any] = validate(self._params_model(), params, where).model_dump()
+
+    @classmethod
+    @cache
+    def _params_model(cls) -> type[Section]:
+        """The pydantic model of this attack's ``parameters`` (built once per class)."""
+        fields = {p.name: p.field() for p in cls.parameters}
+        return create_model(f"{cls.__name__}Params", __base__=Section, **fields)  # type: ignore[call-overload]
 
     @property
     def name(self) -> str:

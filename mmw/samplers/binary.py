@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from mmw import nulls, prf
-from mmw.samplers.base import Sampler, probabilities
+from mmw.samplers.base import Sampler, cumsum_last, probabilities
 from mmw.samplers.binary_code import build_code
 
 
@@ -20,56 +20,53 @@ class Binary(Sampler):
     def __init__(self, spec, key, vocab_size):
         super().__init__(spec, key, vocab_size)
         self.code = build_code(spec.binary_code or "huffman", vocab_size)
+        # A plain int: reading it off the numpy code inside a compiled step makes Dynamo guard on the array, and
+        # that guard breaks under inference mode (torch 2.11: "Guard failed on the same frame it was created").
+        self.max_depth = self.code.max_depth
         self._t: dict[str, torch.Tensor] | None = None
 
-    def _tensors(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """The code as flat device tensors (built once per device).
+    def prepare(self, device):
+        """The code as device tensors (built once per device), laid out for ``choose``.
 
-        ancestors [D*V]: the internal node at depth d of token v (flattened d-major), a dummy slot ``n_internal``
-        past the token's depth; bits [D*V]: the branch taken there (-1 past the depth); past_depth [D*V]: where
-        the comparison is skipped; left [n_internal]: the left child as an index into ``cat([mass, probs])``
-        (internal nodes first, then leaves)."""
-        if self._t is None or self._t["ancestors"].device != device:
-            n_internal = len(self.code.children)
-            ancestors = self.code.path_nodes.T.copy()  # [D, V]
-            past_depth = ancestors < 0
-            ancestors[past_depth] = n_internal
-            bits = self.code.path_bits.T.astype(np.int64)
-            left = self.code.children[:, 0]
-            left = np.where(left >= 0, left, n_internal + 1 + (-left - 1))
-            self._t = {"ancestors": torch.from_numpy(ancestors.reshape(-1)).to(device),
-                       "bits": torch.from_numpy(bits.reshape(-1)).to(device),
-                       "past_depth": torch.from_numpy(past_depth.reshape(-1)).to(device),
-                       "left": torch.from_numpy(left).to(device),
-                       "nodes": torch.arange(n_internal, dtype=torch.int64, device=device) + prf.NODE}
+        leaf_order [V]: token ids in depth-first (left-first) leaf order, so every internal node covers one
+        contiguous run of it; lo/mid/hi [n_internal]: where node m's run starts, where its right subtree starts,
+        and where the run ends; child [2 * n_internal]: child of node m along bit b at ``2m + b`` (a leaf is
+        ``-(token + 1)``); nodes [n_internal]: ``NODE + m``, the PRF input of node m."""
+        if self._t is None or self._t["child"].device != device:
+            leaf_order, lo, mid, hi = _leaf_layout(self.code)
+            self._t = {"leaf_order": torch.from_numpy(leaf_order).to(device),
+                       "lo": torch.from_numpy(lo).to(device), "mid": torch.from_numpy(mid).to(device),
+                       "hi": torch.from_numpy(hi).to(device),
+                       "child": torch.from_numpy(self.code.children.reshape(-1)).to(device),
+                       "nodes": torch.arange(len(lo), dtype=torch.int64, device=device) + prf.NODE}
         return self._t
 
     def choose(self, logits, seeds, temperature, plain_u):
-        """Every internal node's branch at once, then the one leaf whose path follows them (no walk).
+        """Every internal node's branch at once, then a walk from the root along them.
 
-        The walk from the root takes bit 1 at node m iff w_m >= P(left | m); the token it reaches is the unique
-        leaf whose path bits equal those decisions at all its ancestors. Deciding all V-1 nodes in parallel and
-        matching paths costs a fixed ~30 kernels instead of ~10 per tree level (launch-bound on a GPU)."""
+        A node's probability mass is a difference of the prefix sums over the depth-first leaf order (one scan
+        for the whole tree, where summing each token's probability into all its ancestors moved D x B x V
+        values). The difference of two prefix sums carries an absolute rounding error ~1e-16, so a node's
+        left/right ratio is off by ~1e-16 / mass(node); the walk reaches a node with probability mass(node), so
+        a token's chance of being changed by rounding is ~depth x 1e-16. The walk is ``max_depth`` gathers on
+        [B] (one fused kernel when compiled)."""
         if temperature == 0:
             return logits.argmax(dim=-1)
         probs = probabilities(logits, temperature)  # [B, V]
-        t = self._tensors(logits.device)
-        b, vocab = probs.shape
-        n_internal = len(self.code.children)
-        depth = self.code.max_depth
-        # Probability mass under every internal node: one scatter of each token's probability onto its ancestors.
-        mass = torch.zeros(b, n_internal + 1, dtype=probs.dtype, device=probs.device)
-        mass.scatter_add_(1, t["ancestors"].expand(b, -1), probs.repeat(1, depth))
-        node_mass = mass[:, :n_internal]
-        left_mass = torch.cat([mass, probs], dim=1).gather(1, t["left"].expand(b, -1))
+        t = self.prepare(logits.device)
+        cdf = torch.nn.functional.pad(cumsum_last(probs[:, t["leaf_order"]]), (1, 0))  # [B, V + 1]
+        start = cdf[:, t["lo"]]
+        node_mass = cdf[:, t["hi"]] - start
+        left_mass = cdf[:, t["mid"]] - start
         ratio = torch.where(node_mass > 0, left_mass / node_mass.clamp(min=torch.finfo(probs.dtype).tiny),
                             torch.full_like(node_mass, 0.5))
         w = prf.unit_t(prf.prf_t(seeds.unsqueeze(-1), t["nodes"]))  # [B, n_internal]
-        # 1 = right branch; one padding column for the dummy slot (read only past a token's depth, never compared).
-        decision = torch.nn.functional.pad((w >= ratio).long(), (0, 1))
-        taken = decision.gather(1, t["ancestors"].expand(b, -1))  # [B, D*V]
-        follows = (taken == t["bits"]) | t["past_depth"]
-        return follows.view(b, depth, vocab).all(dim=1).int().argmax(dim=-1)
+        right = (w >= ratio).long()  # the walk from node m takes bit 1 iff w_m >= P(left | m)
+        node = torch.zeros_like(seeds)  # >= 0: internal node; < 0: the leaf -(token + 1) reached
+        for _ in range(self.max_depth):
+            at = node.clamp(min=0)
+            node = torch.where(node >= 0, t["child"][2 * at + right.gather(1, at.unsqueeze(-1)).squeeze(-1)], node)
+        return -node - 1
 
     def _node_stats(self, tokens: np.ndarray, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Broadcast tokens/seeds to shape S; returns nodes [S, D], ids [S, D] (uint64), stats [S, D] (0 past depth)."""
@@ -93,3 +90,33 @@ class Binary(Sampler):
     def pvalue_sum(self, total, n_units):
         """Sum of N Exp(1) draws is Gamma(N) under H0; watermarking makes it small: P(Gamma(N) <= total)."""
         return nulls.erlang_lower(total, n_units)
+
+
+def _leaf_layout(code) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Depth-first (left-first) order of the leaves and each internal node's run in it (see ``Binary.prepare``).
+
+    Returns leaf_order int64 [V], lo/mid/hi int64 [n_internal]."""
+    n_internal = len(code.children)
+    lo, mid, hi = (np.empty(n_internal, dtype=np.int64) for _ in range(3))
+    order: list[int] = []
+    stack = [(0, 0)]  # (node, phase): 0 = entering, 1 = left subtree done, 2 = right subtree done
+
+    def descend(child: int) -> None:
+        if child >= 0:
+            stack.append((int(child), 0))
+        else:
+            order.append(-int(child) - 1)
+
+    while stack:
+        m, phase = stack.pop()
+        if phase == 0:
+            lo[m] = len(order)
+            stack.append((m, 1))
+            descend(code.children[m, 0])
+        elif phase == 1:
+            mid[m] = len(order)
+            stack.append((m, 2))
+            descend(code.children[m, 1])
+        else:
+            hi[m] = len(order)
+    return np.array(order, dtype=np.int64), lo, mid, hi

@@ -12,15 +12,19 @@ from mmw.samplers.base import Sampler, probabilities
 class Exponential(Sampler):
     name = "exponential"
 
-    def __init__(self, spec, key, vocab_size):
-        super().__init__(spec, key, vocab_size)
-        self._vocab: torch.Tensor | None = None
+    _vocab: torch.Tensor | None = None
+
+    def prepare(self, device):
+        """The token ids as a stored table: Inductor folds an in-graph ``arange + constant`` into int32 index
+        arithmetic, and the PRF's 64-bit constants then fail Triton's compile (torch 2.11)."""
+        if self._vocab is None or self._vocab.device != device:
+            self._vocab = torch.arange(self.vocab_size, dtype=torch.int64, device=device)
+        return self._vocab
 
     def uniforms_t(self, seeds: torch.Tensor) -> torch.Tensor:
         """u_i = unit(prf(r, i)) for every token id. seeds int64 [B] -> float64 [B, V]."""
-        if self._vocab is None or self._vocab.device != seeds.device:
-            self._vocab = torch.arange(self.vocab_size, dtype=torch.int64, device=seeds.device)
-        return prf.unit_t(prf.prf_t(seeds.unsqueeze(-1), self._vocab.unsqueeze(0)))
+        vocab = self.prepare(seeds.device)
+        return prf.unit_t(prf.prf_t(seeds.unsqueeze(-1), vocab.unsqueeze(0)))
 
     def choose(self, logits, seeds, temperature, plain_u):
         if temperature == 0:

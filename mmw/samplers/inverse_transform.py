@@ -30,11 +30,14 @@ class InverseTransform(Sampler):
         self.rank[self.order] = np.arange(vocab_size)
         self._order_t: torch.Tensor | None = None
 
+    def prepare(self, device):
+        if self._order_t is None or self._order_t.device != device:
+            self._order_t = torch.from_numpy(self.order).to(device)
+
     def choose(self, logits, seeds, temperature, plain_u):
         if temperature == 0:
             return logits.argmax(dim=-1)
-        if self._order_t is None or self._order_t.device != logits.device:
-            self._order_t = torch.from_numpy(self.order).to(logits.device)
+        self.prepare(logits.device)
         v = prf.unit_t(prf.prf_t(seeds, prf.SCALAR))
         j = inverse_cdf(probabilities(logits, temperature)[:, self._order_t], v)
         return self._order_t[j]

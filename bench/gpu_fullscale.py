@@ -1,0 +1,193 @@
+"""The whole pipeline at full scale (params-full.yaml: 296 prompts x 1,024 tokens, the attacks, the judge), every
+stage of dvc.yaml in order, timed per stage — without DVC, for machines that have none.
+
+On a GPU box with real weights, ``dvc repro`` does the same (each stage writes reports/timings/<stage>.json);
+this harness is for a box without DVC or real weights, such as the lent benchmark GPU:
+
+    # real models, the project's params (any machine; no DVC needed)
+    PYTHONPATH=. python3 bench/gpu_fullscale.py --params params-full.yaml --workdir /tmp/mmw-full
+    # random-weight stand-ins of a real architecture (honest timings, meaningless text): every model in the
+    # params (generator, judge, local paraphraser) becomes one random-init Llama-3-8B-shaped folder with the
+    # tokenizer found in --tokenizer (an HF tokenizer folder)
+    PYTHONPATH=. python3 bench/gpu_fullscale.py --params params-full.yaml --random-weights llama3-8b \\
+        --tokenizer .gpu/tokenizer --workdir /tmp/mmw-full --out DIR
+
+The stages run as ``python -m mmw <stage>`` subprocesses in ``--workdir`` (a scratch copy of the inputs, so the
+repository's own data/ is untouched). Attacks whose packages are missing on the machine are dropped from the
+params and listed in the result; a failing stage is recorded with the end of its log and the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import typer
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHS = {
+    # Meta-Llama-3-8B(-Instruct): the paper's judge and one of its generators. Grouped-query attention (8 KV
+    # heads) is what lets all 296 rows x 1,100 positions share one H100 (KV cache ~41 GB in bf16).
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192),
+    # For CPU smoke runs of this harness.
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=49152, max_position_embeddings=4096),
+}
+
+
+def random_model(arch: str, tokenizer: Path, folder: Path) -> Path:
+    """A random-init model of ``arch`` saved as an HF folder with ``tokenizer``'s files (bf16 on CUDA)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if (folder / "config.json").is_file():
+        return folder
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    cfg = LlamaConfig(**ARCHS[arch], bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      tie_word_embeddings=False)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16 if device == "cuda" else torch.float32)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    del model
+    # The stages run in subprocesses: this process must not keep the weights in its CUDA cache (it did: 31 GB).
+    torch.cuda.empty_cache()
+    return folder
+
+
+def swap_models(node, folder: str):
+    """Every model named in the board (generator, judge, paraphraser, ...) -> ``folder``."""
+    if isinstance(node, dict):
+        return {k: swap_models(v, folder) for k, v in node.items()}
+    if isinstance(node, list):
+        return [swap_models(v, folder) for v in node]
+    return folder if isinstance(node, str) and node.startswith("embedded:") else node
+
+
+def override(board: dict, item: str) -> None:
+    """``section.key=value`` (YAML value) like ``dvc exp run -S``; ``attacks.<name>.<param>=value`` sets a
+    parameter of every attack spec of that name."""
+    path, _, raw = item.partition("=")
+    value = yaml.safe_load(raw)
+    parts = path.split(".")
+    if parts[0] == "attacks" and len(parts) == 3 and parts[1] != "fraction":
+        for spec in board["attacks"]["specs"]:
+            if spec.get("name") == parts[1]:
+                spec[parts[2]] = value
+        return
+    node = board
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def mmw_site(workdir: Path) -> Path:
+    """A copy of the package with ``kernels/`` and ``stages/`` as ``mmw.kernels`` and ``mmw.stages`` (what pip's
+    package-dir mapping does), for a checkout that is not pip-installed."""
+    site = workdir / "site"
+    shutil.rmtree(site, ignore_errors=True)
+    shutil.copytree(ROOT / "mmw", site / "mmw", ignore=shutil.ignore_patterns("__pycache__"))
+    (site / "data").symlink_to(ROOT / "data")  # package data (task CSVs, attack lexicons) is read next to mmw/
+    for folder, package in (("kernels", "kernels"), ("stages", "stages")):  # pyproject's package-dir mapping
+        if (ROOT / folder).is_dir() and not (site / "mmw" / package).exists():
+            shutil.copytree(ROOT / folder, site / "mmw" / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
+def usable_attacks(specs: list[dict]) -> tuple[list[dict], list[str]]:
+    """The attack specs whose attack builds here (packages present), and why the others do not."""
+    from mmw.attacks import build_attack
+
+    kept, dropped = [], []
+    for index, spec in enumerate(specs):
+        try:
+            build_attack(spec, f"attacks.specs[{index}]")  # imports the attack's packages, loads no model
+            kept.append(spec)
+        except Exception as err:  # noqa: BLE001 - an attack that cannot start here is reported, not fatal
+            dropped.append(f"{spec}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+    return kept, dropped
+
+
+def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw-full"), random_weights: str = "",
+         tokenizer: Path = Path(".gpu/tokenizer"), out: str = "", stages: str = "", timeout_s: int = 3600,
+         overrides: list[str] = typer.Option([], "--set", help="section.key=value, as dvc exp run -S")) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    board = yaml.safe_load(params.read_text())
+    result: dict = {"params": str(params), "random_weights": random_weights or None, "overrides": overrides,
+                    "stages": []}
+    started = time.perf_counter()
+    if random_weights:
+        t0 = time.perf_counter()
+        folder = str(random_model(random_weights, tokenizer, workdir / "models" / random_weights))
+        result["model_build_s"] = round(time.perf_counter() - t0, 1)
+        board = swap_models(board, folder)
+        board.setdefault("quality", {})["scorer"] = folder  # its default is the embedded SmolLM2
+    for item in overrides:
+        override(board, item)
+    site = mmw_site(workdir)
+    sys.path.insert(0, str(site))
+    board["attacks"]["specs"], result["attacks_dropped"] = usable_attacks(board["attacks"]["specs"] or [])
+    (workdir / "params.yaml").write_text(yaml.safe_dump(board, sort_keys=False))
+    for sub in ("data/tasks", "data/attacks"):
+        if (ROOT / sub).is_dir() and not (workdir / sub).exists():
+            shutil.copytree(ROOT / sub, workdir / sub)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+           "MMW_CACHE_DIR": os.environ.get("MMW_CACHE_DIR", str(workdir / "cache")), "HF_HUB_OFFLINE": "1",
+           "PYTHONUNBUFFERED": "1",
+           # HF's DynamicCache grows by concatenation every step: without expandable segments a 296-row batch
+           # fragments the allocator into an out-of-memory long before the cache fills the card.
+           "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")}
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    wanted = stages.split(",") if stages else list(dvc)
+    logs = workdir.with_name(workdir.name + "-logs")
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        result["total_s"] = round(time.perf_counter() - started, 1)
+        if out:
+            Path(out, "gpu_fullscale.json").write_text(json.dumps(result, indent=1))
+
+    for name in wanted:
+        cmd = dvc[name]["cmd"].split()
+        argv = [sys.executable, "-m", "mmw", *cmd[1:]] if cmd[0].endswith("mmw") else cmd
+        t0 = time.perf_counter()
+        log = logs / f"{name}.log"  # outside the run directory, which stages may clean
+        with log.open("w") as f:
+            try:
+                rc = subprocess.run(argv, cwd=workdir, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    timeout=timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        wall = time.perf_counter() - t0
+        tail = log.read_text(errors="replace").splitlines()[-6:]
+        entry = {"stage": name, "wall_s": round(wall, 1), "rc": rc}
+        timing = workdir / "reports" / "timings" / f"{name}.json"
+        if timing.is_file():
+            entry["timing"] = json.loads(timing.read_text())
+        if rc != 0:
+            entry["log_tail"] = tail
+        result["stages"].append(entry)
+        print(f"{name:24s} {wall:8.1f} s  rc={rc}" + ("" if rc == 0 else "  | " + " | ".join(tail[-3:])),
+              flush=True)
+        save()
+    if out:
+        for name in ("summary.md", "metrics.json"):
+            if (workdir / "reports" / name).is_file():
+                shutil.copy(workdir / "reports" / name, Path(out) / name)
+    print(f"total {result['total_s']:.1f} s (model build {result.get('model_build_s', 0)} s); attacks dropped: "
+          f"{len(result['attacks_dropped'])}")
+    for line in result["attacks_dropped"]:
+        print("  dropped:", line)
+
+
+if __name__ == "__main__":
+    typer.run(main)

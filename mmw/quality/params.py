@@ -1,0 +1,54 @@
+"""Params sections ``quality:`` (stage ``quality``) and ``low_entropy:`` (stage ``low_entropy_inputs``).
+
+Both are optional in params.yaml: a board without them gets these defaults, so older boards keep validating.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, field_validator
+
+from mmw.params import DEVICES, DTYPES, MODEL_SPECS, Device, Dtype, ModelName
+from mmw.validation import Integer, Section, allowed
+
+#: The secondary measures the ``quality`` stage can compute; ``task`` = pass@1 / accuracy where a task has one.
+METRICS = ("task", "repetition", "perplexity", "mauve")
+
+
+def _metrics(value: list[str]) -> list[str]:
+    for name in value:
+        if name not in METRICS:
+            raise ValueError(f"unknown metric {name!r}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"duplicate metric in {value}")
+    return value
+
+
+class QualityParams(Section):
+    """``scorer``: the local model whose log-probabilities give perplexity and whose last hidden states are the
+    MAUVE features (no hub download). ``max_tokens``: each text is scored on its first ``max_tokens`` tokens."""
+
+    metrics: Annotated[list[str], AfterValidator(_metrics)] = allowed(
+        f"a list of {', '.join(METRICS)}", default=list(METRICS))
+    scorer: ModelName = allowed(MODEL_SPECS, default="embedded:smollm2-135m")
+    device: Device = allowed(DEVICES, default="auto")
+    dtype: Dtype = allowed(", ".join(DTYPES), default="auto")
+    batch_size: Integer = allowed("an integer >= 1", default=8, ge=1)
+    max_tokens: Integer = allowed("an integer >= 8", default=512, ge=8)
+    mauve_buckets: int | str = allowed("auto or an integer >= 2", default="auto")
+    sandbox_timeout_s: float = allowed("a number in (0, 600]", default=10.0, gt=0.0, le=600.0)
+    sandbox_memory_mb: Integer = allowed("an integer in [64, 65536]", default=1024, ge=64, le=65536)
+
+    @field_validator("mauve_buckets")
+    @classmethod
+    def _buckets(cls, value: int | str) -> int | str:
+        if value != "auto" and not (isinstance(value, int) and value >= 2):
+            raise ValueError(f"expected auto or an integer >= 2, got {value!r}")
+        return value
+
+
+class LowEntropyParams(Section):
+    """The V3 inputs: the pipeline's own book reports, unwatermarked, sampled at ``temperature`` (paper: 1.0)."""
+
+    temperature: float = allowed("a number in (0, 100]", default=1.0, gt=0.0, le=100.0)

@@ -1,0 +1,92 @@
+"""``reports/quality.json`` from the ``quality`` stage's per-text scores, and its section of summary.md.
+
+Per group (``all`` and each task): the task measure (pass@1 / accuracy; null for judge-rated tasks, whose
+quality is the judge's Q in metrics.json), median perplexity and mean repeated-n-gram shares, baseline vs
+watermarked. MAUVE is pooled over all tasks (per task it would rest on a handful of texts). Every value is a
+number or null.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import polars as pl
+
+from mmw.quality.mauve import MauveResult
+from mmw.quality.repetition import ORDERS
+from mmw.tasks import JUDGE, MEASURES
+
+OVERALL = "all"
+SOURCES = ("baseline", "watermarked")
+#: Columns of data/quality/scores.parquet.
+SCORE_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "source": pl.String, "measure": pl.String,
+                "task_score": pl.Float64, "task_status": pl.String, "perplexity": pl.Float64,
+                **{f"repetition_{n}": pl.Float64 for n in ORDERS}}
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def group_quality(scores: pl.DataFrame, measure: str | None) -> dict[str, Any]:
+    """The numbers of one group of rows of the scores table (both sources)."""
+    out: dict[str, Any] = {"measure": measure}
+    for source in SOURCES:
+        rows = scores.filter(pl.col("source") == source)
+        out[f"n_{source}"] = rows.height
+        task_scores = rows["task_score"].drop_nulls()
+        out[f"task_score_{source}"] = _number(task_scores.mean()) if measure not in (None, JUDGE) and \
+            task_scores.len() else None
+        out[f"perplexity_{source}"] = _number(rows["perplexity"].drop_nans().median())
+        for n in ORDERS:
+            out[f"repetition_{n}_{source}"] = _number(rows[f"repetition_{n}"].drop_nans().mean())
+    base, wm = out["task_score_baseline"], out["task_score_watermarked"]
+    out["task_score_delta"] = None if base is None or wm is None else wm - base
+    return out
+
+
+def quality_report(scores: pl.DataFrame, mauve: MauveResult | None, header: dict[str, Any]) -> dict[str, Any]:
+    """reports/quality.json: ``header`` (scorer, metrics, sandbox), ``mauve`` and ``groups`` (all, then tasks)."""
+    tasks = scores["task"].unique(maintain_order=True).to_list()
+    groups = {OVERALL: group_quality(scores, None)}
+    groups.update({task: group_quality(scores.filter(pl.col("task") == task), MEASURES.get(task, JUDGE))
+                   for task in tasks})
+    mauve_out = None if mauve is None else {
+        "value": _number(mauve.value), "n_baseline": mauve.n_baseline, "n_watermarked": mauve.n_watermarked,
+        "num_buckets": mauve.num_buckets, "wall_s": round(mauve.wall_s, 3)}
+    return {**header, "mauve": mauve_out, "groups": groups}
+
+
+def _fmt(value: Any, percent: bool = False) -> str:
+    if value is None:
+        return "–"
+    return f"{100 * value:.1f}%" if percent else f"{value:.3g}"
+
+
+def quality_markdown(report: dict[str, Any]) -> str:
+    """The "Secondary quality" section of summary.md."""
+    lines = ["## Secondary quality (reports/quality.json)", "",
+             f"- scorer: {report.get('scorer')}; metrics: {', '.join(report.get('metrics', []))}"]
+    mauve = report.get("mauve")
+    if mauve:
+        lines.append(f"- MAUVE baseline vs watermarked (all tasks): **{_fmt(mauve['value'])}** "
+                     f"(n = {mauve['n_baseline']} + {mauve['n_watermarked']}, {mauve['wall_s']:.2f} s; noisy below "
+                     "thousands of texts)")
+    lines += ["", "| group | measure | task score base → wm | perplexity base → wm | repeated 1-grams base → wm "
+              "| repeated 4-grams base → wm |", "|---|---|---|---|---|---|"]
+    for group, m in report["groups"].items():
+        measure = m["measure"] or "–"
+        task = f"{_fmt(m['task_score_baseline'], True)} → {_fmt(m['task_score_watermarked'], True)}" \
+            if m["task_score_baseline"] is not None else "–"
+        lines.append(f"| {group} | {measure} | {task} | {_fmt(m['perplexity_baseline'])} → "
+                     f"{_fmt(m['perplexity_watermarked'])} | {_fmt(m['repetition_1_baseline'], True)} → "
+                     f"{_fmt(m['repetition_1_watermarked'], True)} | {_fmt(m['repetition_4_baseline'], True)} → "
+                     f"{_fmt(m['repetition_4_watermarked'], True)} |")
+    lines += ["", "Task score: pass@1 (code run in the sandbox) or accuracy; judge-rated tasks show their Q above. "
+              "Perplexity: median, under the scorer, of each reply given its prompt. Repeated n-grams: mean share "
+              "of a text's n-grams that occur earlier in it."]
+    return "\n".join(lines) + "\n"

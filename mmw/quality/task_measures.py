@@ -1,0 +1,84 @@
+"""Task measures of the validation tasks: pass@1 of generated code (HumanEval, run in :mod:`mmw.sandbox`) and
+accuracy of multiple-choice answers. Light (no torch): the ``quality`` stage and tests import it directly.
+
+pass@1 with one sample per problem is the plain pass rate (the unbiased pass@k estimator with n = k = 1).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mmw.sandbox import SandboxLimits, run_python
+from mmw.tasks import CHOICES, HumanEvalProblem
+
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def extract_code(response: str, entry_point: str) -> str:
+    """The code in a chat response: the first fenced block that defines ``entry_point``, else the first fenced
+    block, else the whole response (a model may answer with bare code). An unclosed last fence counts (the
+    generation may stop at its token limit)."""
+    blocks = _FENCE.findall(response)
+    defining = [b for b in blocks if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", b, re.MULTILINE)]
+    if defining:
+        return defining[0]
+    return blocks[0] if blocks else response
+
+
+def humaneval_program(problem: HumanEvalProblem, response: str, marker: str) -> str:
+    """The program that tests ``response``: the problem's prompt (imports, helpers, signature), the model's code,
+    the problem's ``check`` and a final ``print(marker)``.
+
+    Code that redefines the entry point replaces the prompt's stub (a later ``def`` wins); code that does not is
+    taken as the body that continues the prompt's function, the way HumanEval completions are scored.
+    """
+    code = extract_code(response, problem.entry_point)
+    defines = re.search(rf"^def\s+{re.escape(problem.entry_point)}\s*\(", code, re.MULTILINE)
+    head = problem.prompt + "    pass\n\n" + code if defines else problem.prompt + code
+    return f"{head}\n\n{problem.test}\n\ncheck({problem.entry_point})\nprint({marker!r})\n"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One generation's task score (1.0 pass / correct, 0.0 otherwise) and why (sandbox status, parse result)."""
+
+    score: float
+    status: str
+
+
+def run_humaneval(problem: HumanEvalProblem, response: str, limits: SandboxLimits) -> Verdict:
+    """Pass iff the program exits 0 *and* printed the random marker after the tests (so an early ``exit(0)`` is
+    no pass). Timeouts, crashes and sandbox refusals are failures, never exceptions."""
+    marker = f"mmw-tests-passed-{secrets.token_hex(8)}"
+    result = run_python(humaneval_program(problem, response, marker), limits)
+    if result.status == "passed" and result.stdout.rstrip().endswith(marker):
+        return Verdict(1.0, "passed")
+    return Verdict(0.0, "failed" if result.status == "passed" else result.status)
+
+
+_BRACKETED = re.compile(r"[\[(]\s*([A-D])\s*[\])]")
+_STATED = re.compile(r"\banswer\s*(?:is|:)?\s*:?\s*\(?([A-D])\b", re.IGNORECASE)
+_LEADING = re.compile(r"^\s*([A-D])(?:[\s.):,]|$)")
+
+
+def parse_choice(response: str, choices: Sequence[str] = ()) -> str | None:
+    """The answer letter of a multiple-choice response: the first bracketed letter (the prompt asks for
+    ``[X]``), else "answer is X", else a response that starts with the letter, else the one option whose full text
+    the response contains (small models often answer with the option's words); None if none is found."""
+    for pattern in (_BRACKETED, _STATED, _LEADING):
+        match = pattern.search(response)
+        if match and match.group(1).upper() in CHOICES:
+            return match.group(1).upper()
+    lowered = response.lower()
+    named = [letter for letter, text in zip(CHOICES, choices, strict=False) if text.lower() in lowered]
+    return named[0] if len(named) == 1 else None
+
+
+def score_choice(answer: str, response: str, choices: Sequence[str] = ()) -> Verdict:
+    chosen = parse_choice(response, choices)
+    if chosen is None:
+        return Verdict(0.0, "unparsed")
+    return Verdict(float(chosen == answer), "correct" if chosen == answer else "wrong")

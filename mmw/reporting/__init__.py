@@ -1,0 +1,10 @@
+"""The human-readable report: ``reports/index.html`` (one self-contained file) and the offline ``dvc plots`` page.
+
+- :mod:`mmw.reporting.data`: reads a sweep's tables (``reports/sweeps/<name>/``) or a single run's
+  ``reports/metrics.json`` and shapes them into what the page shows (the paper's table cells, figure data).
+- :mod:`mmw.reporting.figures`: matplotlib figures, inlined into the page as SVG (no script, no network).
+- :mod:`mmw.reporting.page`: the HTML page (Jinja2 template ``report.html.j2``).
+- :mod:`mmw.reporting.dvc_template`: DVC's plots page template with Vega, Vega-Lite and vega-embed inlined.
+
+Design and usage: docs/REPORT.md.
+"""

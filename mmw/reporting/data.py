@@ -1,0 +1,546 @@
+"""What the report shows, computed from a sweep's tables or from one run's ``reports/metrics.json``.
+
+A sweep directory ``reports/sweeps/<name>/`` holds (contract of the sweep, docs/REPORT.md):
+
+- ``results.parquet``: one row per configuration: ``config_id``, ``status`` (done|failed|missing), the params as
+  dotted columns (``model.temperature``, ``scheme.delta``, ...), ``family`` (the sampler), ``randomness_kind``,
+  the metrics of the pooled group as ``all.<metric>`` columns, ``wall_s``.
+- ``attacks.parquet``: one row per configuration and attack: ``config_id, attack, watermarked, quality_retained``.
+- ``table.parquet``: the paper's table: per ``temperature, family, max_quality_loss, min_tamper_resistance`` the
+  picked ``config_id`` and its re-evaluated size ``size_median, size_mad`` over ``k`` fresh seeds and keys, plus
+  the pick's params.
+
+Every column except ``config_id`` is optional here: a missing one reads as null, so a sweep that is still running
+(or an older table) still renders, with "–" where a number is missing. Extra columns are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from mmw.errors import SpecError
+from mmw.metrics import tamper_frontier, tamper_resistance
+
+#: The paper's four sampler families, in its table's column order, with their display names.
+FAMILY_LABELS = {"distribution_shift": "Distribution shift", "exponential": "Exponential",
+                 "inverse_transform": "Inverse transform", "binary": "Binary"}
+#: results.parquet columns the report reads (dtype when absent: filled with nulls).
+RESULT_COLUMNS: dict[str, pl.DataType] = {
+    "status": pl.String(), "error": pl.String(), "family": pl.String(), "randomness_kind": pl.String(),
+    "scheme.sampler": pl.String(), "model.temperature": pl.Float64(), "model.name": pl.String(),
+    "model.max_new_tokens": pl.Int64(), "seed": pl.Int64(), "wall_s": pl.Float64(),
+    "all.size": pl.Float64(), "all.size_valid": pl.Float64(), "all.relative_quality": pl.Float64(),
+    "all.relative_quality_ci_low": pl.Float64(), "all.relative_quality_ci_high": pl.Float64(),
+    "all.tamper_resistance": pl.Float64(), "all.fpr": pl.Float64(), "all.fpr_any_prefix": pl.Float64(),
+    "all.generations": pl.Float64(), "all.mean_tokens": pl.Float64(), "all.detection_rate": pl.Float64(),
+}
+TABLE_COLUMNS: dict[str, pl.DataType] = {
+    "temperature": pl.Float64(), "family": pl.String(), "max_quality_loss": pl.Float64(),
+    "min_tamper_resistance": pl.Float64(), "config_id": pl.String(), "size_median": pl.Float64(),
+    "size_mad": pl.Float64(), "k": pl.Int64(), "pick_size": pl.Float64(),
+}
+ATTACK_COLUMNS: dict[str, pl.DataType] = {
+    "config_id": pl.String(), "attack": pl.String(), "watermarked": pl.Float64(),
+    "quality_retained": pl.Float64(), "in_R": pl.Boolean(),
+}
+#: Optional tables a sweep may hold: the picks' re-evaluations (fresh seeds and keys), text-dependent vs fixed
+#: randomness, the size-quality trade-off over delta, per-stage timings.
+EXTRA_TABLES = ("reevaluations", "randomness", "delta", "timings")
+#: The paper's headline constraint (Figure 1): quality loss <= 1 %, tamper resistance > 0.2.
+MAIN_CONSTRAINT = (0.01, 0.2)
+
+
+def family_label(family: str | None) -> str:
+    """Display name of a sampler family (unknown ones: underscores to spaces, capitalized)."""
+    if family is None:
+        return "unknown"
+    return FAMILY_LABELS.get(family, family.replace("_", " ").capitalize())
+
+
+def ordered_families(values: Iterable[str | None]) -> list[str]:
+    """The families present, the paper's four first (in its order), then any others alphabetically."""
+    present = {v for v in values if v is not None}
+    return [f for f in FAMILY_LABELS if f in present] + sorted(present - set(FAMILY_LABELS))
+
+
+def _finite(value: Any) -> float | None:
+    """A float, or None for null/NaN (infinity is kept: it means "not detected")."""
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def fmt_tokens(value: float | None) -> str:
+    """A token count as the paper prints it: ``53``, ``114.5``, ``∞``; ``–`` when missing."""
+    value = _finite(value)
+    if value is None:
+        return "–"
+    if math.isinf(value):
+        return "∞"
+    return f"{value:.1f}".removesuffix(".0") if value < 1000 else f"{value:.0f}"
+
+
+def fmt_number(value: Any, digits: int = 3) -> str:
+    value = _finite(value)
+    if value is None:
+        return "–"
+    if math.isinf(value):
+        return "∞"
+    return f"{value:.{digits}g}"
+
+
+def fmt_percent(value: Any, digits: int = 1) -> str:
+    value = _finite(value)
+    return "–" if value is None else f"{100 * value:.{digits}f}%"
+
+
+def _with_columns(frame: pl.DataFrame, columns: dict[str, pl.DataType]) -> pl.DataFrame:
+    """``frame`` with every column of ``columns`` present (absent ones as typed nulls; present ones cast)."""
+    exprs = []
+    for name, dtype in columns.items():
+        if name in frame.columns:
+            exprs.append(pl.col(name).cast(dtype, strict=False))
+        else:
+            exprs.append(pl.lit(None, dtype=dtype).alias(name))
+    return frame.with_columns(exprs)
+
+
+# --- the paper's constraints -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, order=True)
+class Constraint:
+    """One of the paper's deployment targets: quality loss at most ``max_quality_loss`` and tamper resistance
+    above ``min_tamper_resistance`` (None or <= 0: no tamper-resistance target)."""
+
+    max_quality_loss: float
+    min_tamper_resistance: float | None
+
+    @property
+    def label(self) -> str:
+        quality = f"quality loss ≤ {100 * self.max_quality_loss:g}%"
+        resistance = ("no tamper-resistance target" if not self.min_tamper_resistance
+                      else f"R > {self.min_tamper_resistance:g}")
+        return f"{quality}, {resistance}"
+
+    def sort_key(self) -> tuple[float, float]:
+        """The paper's order: tighter quality first, then with the R target before without."""
+        return (self.max_quality_loss, -(self.min_tamper_resistance or 0.0))
+
+
+def _constraint_expr(constraint: Constraint) -> pl.Expr:
+    quality = (pl.col("max_quality_loss") - constraint.max_quality_loss).abs() < 1e-9
+    if not constraint.min_tamper_resistance:
+        return quality & (pl.col("min_tamper_resistance").is_null() | (pl.col("min_tamper_resistance") <= 0))
+    return quality & ((pl.col("min_tamper_resistance") - constraint.min_tamper_resistance).abs() < 1e-9)
+
+
+# --- the sweep ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Sweep:
+    """A sweep's tables, with every column the report reads present (see the module docstring)."""
+
+    name: str
+    directory: Path
+    results: pl.DataFrame
+    attacks: pl.DataFrame | None
+    table: pl.DataFrame | None
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: Optional tables of the sweep (name -> frame): reevaluations, randomness, delta, timings.
+    extras: dict[str, pl.DataFrame] = field(default_factory=dict)
+
+    @property
+    def done(self) -> pl.DataFrame:
+        return self.results.filter(pl.col("status") == "done")
+
+    @property
+    def families(self) -> list[str]:
+        values = self.results["family"].to_list()
+        if self.table is not None:
+            values += self.table["family"].to_list()
+        return ordered_families(values)
+
+    @property
+    def temperatures(self) -> list[float]:
+        values = set(self.results["model.temperature"].drop_nulls().to_list())
+        if self.table is not None:
+            values |= set(self.table["temperature"].drop_nulls().to_list())
+        return sorted(values)
+
+    @property
+    def constraints(self) -> list[Constraint]:
+        if self.table is None:
+            return []
+        found = {Constraint(float(q), None if r is None or r <= 0 else float(r))
+                 for q, r in self.table.select("max_quality_loss", "min_tamper_resistance").unique().iter_rows()
+                 if q is not None}
+        return sorted(found, key=Constraint.sort_key)
+
+
+def _undetected_as_inf(results: pl.DataFrame) -> pl.DataFrame:
+    """metrics.json stores an undetected size as null next to ``<size>_undetected_share`` (>= 1/2: the median is
+    +inf); the report shows ∞ there and keeps null (–) for a missing number."""
+    exprs = []
+    for size in ("all.size", "all.size_valid"):
+        share = f"{size}_undetected_share"
+        if share in results.columns:
+            exprs.append(pl.when(pl.col(size).is_null() & (pl.col(share) >= 0.5)).then(float("inf"))
+                         .otherwise(pl.col(size)).alias(size))
+    return results.with_columns(exprs) if exprs else results
+
+
+def load_sweep(directory: Path) -> Sweep:
+    """Read ``directory`` (``reports/sweeps/<name>``); SpecError naming the file when results are absent."""
+    results_path = directory / "results.parquet"
+    if not results_path.is_file():
+        raise SpecError("sweep", f"no results table at {results_path} (run `mmw sweep collect` first)")
+    results = pl.read_parquet(results_path)
+    if "config_id" not in results.columns:
+        raise SpecError("sweep", f"{results_path} has no config_id column", "the sweep results contract")
+    results = _undetected_as_inf(
+        _with_columns(results.with_columns(pl.col("config_id").cast(pl.String)), RESULT_COLUMNS))
+    # family = sampler by contract; an older table may only have the param.
+    results = results.with_columns(pl.col("family").fill_null(pl.col("scheme.sampler")),
+                                   pl.col("status").fill_null("done"))
+    attacks = table = None
+    if (directory / "attacks.parquet").is_file():
+        attacks = _with_columns(pl.read_parquet(directory / "attacks.parquet"), ATTACK_COLUMNS)
+        # Paraphrases are excluded from R (paper, "Tamper resistance"); a table without in_R is read by name.
+        attacks = attacks.with_columns(
+            pl.col("in_R").fill_null(~pl.col("attack").str.starts_with("paraphrase")))
+    if (directory / "table.parquet").is_file():
+        table = _with_columns(pl.read_parquet(directory / "table.parquet"), TABLE_COLUMNS)
+    meta: dict[str, Any] = {}
+    for path in sorted(directory.glob("*.json")):
+        if path.name == "judge.json":  # shown in its own section
+            continue
+        try:
+            content = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(content, dict):
+            meta.update({k: v for k, v in content.items() if isinstance(v, str | int | float | bool)})
+    extras = {name: pl.read_parquet(directory / f"{name}.parquet") for name in EXTRA_TABLES
+              if (directory / f"{name}.parquet").is_file()}
+    return Sweep(directory.name, directory, results, attacks, table, meta, extras)
+
+
+def latest_sweep(root: Path) -> Path | None:
+    """The sweep directory under ``root`` whose results table was written last (None when there is none)."""
+    candidates = [p.parent for p in root.glob("*/results.parquet")]
+    return max(candidates, key=lambda p: (p / "results.parquet").stat().st_mtime, default=None)
+
+
+# --- the paper's table -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the paper's table: ``text`` like ``53 (1.5)``, ``k`` re-evaluations, ``title`` the pick."""
+
+    text: str
+    k: int | None
+    title: str
+    kind: str  # value | inf | infeasible | unreevaluated | missing
+
+
+#: table.parquet columns that are not the pick's params.
+_TABLE_CORE = set(TABLE_COLUMNS)
+
+
+def _cell(row: dict[str, Any] | None) -> Cell:
+    if row is None:
+        return Cell("–", None, "not in the table", "missing")
+    if row["config_id"] is None:
+        return Cell("none", None, "no evaluated setting meets this constraint", "infeasible")
+    params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
+                       if k not in _TABLE_CORE and v is not None)
+    title = f"config {row['config_id']}" + (f": {params}" if params else "")
+    median, mad, k = _finite(row["size_median"]), _finite(row["size_mad"]), row["k"]
+    if not k and row["pick_size"] is not None:  # picked but not (yet) re-evaluated: the optimistic size
+        return Cell(f"{fmt_tokens(row['pick_size'])}*", None,
+                    title + " (selection-time size, not re-evaluated)", "unreevaluated")
+    if median is not None and math.isinf(median):
+        return Cell("∞", k, title + " (not detected in half or more of the texts)", "inf")
+    # The MAD with one decimal, as the paper prints it ("55 (0.5)", "178.5 (6.0)"); none from one evaluation.
+    spread = f" ({mad:.1f})" if mad is not None and math.isfinite(mad) and (k or 0) > 1 else ""
+    return Cell(fmt_tokens(median) + spread, k, title, "value" if median is not None else "missing")
+
+
+@dataclass(frozen=True)
+class TableBlock:
+    """One constraint's block of the paper's table: per temperature, one cell per family."""
+
+    constraint: Constraint
+    rows: list[tuple[float, list[Cell]]]
+
+
+def paper_table(sweep: Sweep) -> list[TableBlock]:
+    """The appendix table "Size of ideal watermark under four tested constraints", from table.parquet."""
+    if sweep.table is None:
+        return []
+    blocks = []
+    for constraint in sweep.constraints:
+        rows = sweep.table.filter(_constraint_expr(constraint))
+        by_key = {(r["temperature"], r["family"]): r for r in rows.iter_rows(named=True)}
+        blocks.append(TableBlock(constraint, [
+            (t, [_cell(by_key.get((t, f))) for f in sweep.families]) for t in sweep.temperatures
+            if any((t, f) in by_key for f in sweep.families)]))
+    return blocks
+
+
+def picks(sweep: Sweep, constraint: Constraint) -> pl.DataFrame:
+    """table.parquet rows of one constraint: ``temperature, family, config_id, size_median, size_mad, k,
+    pick_size``."""
+    if sweep.table is None:
+        return pl.DataFrame(schema={n: TABLE_COLUMNS[n] for n in
+                                    ("temperature", "family", "config_id", "size_median", "size_mad", "k",
+                                     "pick_size")})
+    return sweep.table.filter(_constraint_expr(constraint)).select(
+        "temperature", "family", "config_id", "size_median", "size_mad", "k", "pick_size")
+
+
+def representatives(sweep: Sweep) -> dict[tuple[float, str], str]:
+    """(temperature, family) -> the configuration shown for tamper resistance: the pick under the tightest
+    constraint that has one (the paper's order), else the done configuration of that cell with the highest R."""
+    chosen: dict[tuple[float, str], str] = {}
+    for constraint in sweep.constraints:
+        for row in picks(sweep, constraint).drop_nulls("config_id").iter_rows(named=True):
+            chosen.setdefault((row["temperature"], row["family"]), row["config_id"])
+    best = (sweep.done.drop_nulls("all.tamper_resistance").sort("all.tamper_resistance", descending=True)
+            .unique(subset=["model.temperature", "family"], keep="first", maintain_order=True))
+    for row in best.iter_rows(named=True):
+        chosen.setdefault((row["model.temperature"], row["family"]), row["config_id"])
+    return chosen
+
+
+# --- tamper resistance and attacks -------------------------------------------------------------------------------
+
+def attack_points(sweep: Sweep, config_id: str) -> pl.DataFrame:
+    """Attack rows ``attack, in_R, quality_retained, watermarked`` of one configuration (plottable ones)."""
+    if sweep.attacks is None:
+        return pl.DataFrame(schema={"attack": pl.String, "in_R": pl.Boolean, "quality_retained": pl.Float64,
+                                    "watermarked": pl.Float64})
+    return (sweep.attacks.filter((pl.col("config_id") == config_id) & pl.col("quality_retained").is_not_null()
+                                 & pl.col("watermarked").is_not_null())
+            .select("attack", "in_R", "quality_retained", "watermarked").sort("attack"))
+
+
+def hull(points: pl.DataFrame, no_attack: float | None) -> tuple[np.ndarray, float]:
+    """The attacker's frontier ``(m, 2)`` over the points counted in R, and R (2 x the area under it).
+
+    ``no_attack``: the detection rate without attack ``W_0`` (None: 1, the paper's idealisation).
+    """
+    counted = points.filter(pl.col("in_R")).select(
+        pl.col("quality_retained").clip(0, 1), pl.col("watermarked").clip(0, 1)).to_numpy()
+    w0 = 1.0 if no_attack is None or math.isnan(no_attack) else min(max(no_attack, 0.0), 1.0)
+    return tamper_frontier(counted, no_attack=w0), tamper_resistance(counted, no_attack=w0)
+
+
+@dataclass(frozen=True)
+class AttackTable:
+    """Per temperature: rows = attacks, columns = families; each cell (W_A, Q_A) of the representative config."""
+
+    temperature: float
+    families: list[str]
+    configs: list[str | None]
+    attacks: list[str]
+    cells: dict[tuple[str, str], tuple[float | None, float | None]]
+    resistance: list[float | None]
+
+
+def attack_tables(sweep: Sweep) -> list[AttackTable]:
+    if sweep.attacks is None:
+        return []
+    chosen = representatives(sweep)
+    r_of = dict(zip(sweep.results["config_id"].to_list(), sweep.results["all.tamper_resistance"].to_list(),
+                    strict=True))
+    tables = []
+    for t in sweep.temperatures:
+        configs = [chosen.get((t, f)) for f in sweep.families]
+        cells: dict[tuple[str, str], tuple[float | None, float | None]] = {}
+        for family, config in zip(sweep.families, configs, strict=True):
+            if config is None:
+                continue
+            for row in attack_points(sweep, config).iter_rows(named=True):
+                cells[(row["attack"], family)] = (row["watermarked"], row["quality_retained"])
+        names = sorted({a for a, _ in cells})
+        if names:
+            tables.append(AttackTable(t, sweep.families, configs, names, cells,
+                                      [r_of.get(c) if c else None for c in configs]))
+    return tables
+
+
+# --- false positives, scale, provenance --------------------------------------------------------------------------
+
+def fpr_summary(sweep: Sweep) -> pl.DataFrame:
+    """Per family and temperature over the done configurations (each its own scheme setting; re-evaluations
+    with fresh keys are configurations too): median, min and max of the full-text and any-prefix FPR."""
+    stats = []
+    for column, name in (("all.fpr", "fpr"), ("all.fpr_any_prefix", "fpr_any_prefix")):
+        stats += [pl.col(column).median().alias(f"{name}_median"), pl.col(column).min().alias(f"{name}_min"),
+                  pl.col(column).max().alias(f"{name}_max")]
+    return (sweep.done.group_by("family", "model.temperature")
+            .agg(pl.len().alias("configs"), *stats)
+            .sort("model.temperature", pl.col("family").replace_strict(
+                {f: i for i, f in enumerate(sweep.families)}, default=len(sweep.families))))
+
+
+def key_spread(sweep: Sweep) -> pl.DataFrame:
+    """Per picked configuration, its re-evaluations with fresh seeds and keys (reevaluations.parquet): how many
+    finished, and the median, min and max of the full-text FPR and of the size across those keys."""
+    reevaluations = sweep.extras.get("reevaluations")
+    if reevaluations is None or "config_id" not in reevaluations.columns:
+        return pl.DataFrame()
+    frame = _with_columns(reevaluations, {"status": pl.String(), "all.fpr": pl.Float64(),
+                                          "all.size": pl.Float64()}).with_columns(pl.col("status").fill_null("done"))
+    # As in the re-evaluated median (mmw.selection.reeval): a finished run without a size was not detected.
+    frame = frame.with_columns(pl.col("all.size").fill_null(float("inf")))
+    labels = sweep.results.select("config_id", "family", "model.temperature")
+    return (frame.filter(pl.col("status") == "done").group_by("config_id")
+            .agg(pl.len().alias("keys"), pl.col("all.fpr").median().alias("fpr_median"),
+                 pl.col("all.fpr").min().alias("fpr_min"), pl.col("all.fpr").max().alias("fpr_max"),
+                 pl.col("all.size").median().alias("size_median"), pl.col("all.size").min().alias("size_min"),
+                 pl.col("all.size").max().alias("size_max"))
+            .join(labels, on="config_id", how="left").sort("model.temperature", "family", "config_id"))
+
+
+def stage_totals(sweep: Sweep) -> list[tuple[str, float, int]]:
+    """(stage, summed wall seconds, runs) over the sweep's experiments (timings.parquet), largest first."""
+    timings = sweep.extras.get("timings")
+    if timings is None or not {"stage", "wall_s"} <= set(timings.columns):
+        return []
+    totals = timings.group_by("stage").agg(pl.col("wall_s").sum(), pl.len().alias("runs")).sort(
+        "wall_s", descending=True)
+    return [(r["stage"], float(r["wall_s"] or 0.0), int(r["runs"])) for r in totals.iter_rows(named=True)]
+
+
+def _single(frame: pl.DataFrame, column: str) -> str | None:
+    """The distinct values of a column, joined (None when the column is all null)."""
+    values = frame[column].drop_nulls().unique().sort().to_list()
+    if not values:
+        return None
+    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def sweep_scale(sweep: Sweep) -> str:
+    """'<generations> generations × ≤<tokens> tokens (mean <m>), <model>' from the results (what is known)."""
+    done = sweep.done
+    parts = []
+    generations = _single(done, "all.generations")
+    tokens = _single(done, "model.max_new_tokens")
+    if generations:
+        parts.append(f"{generations} prompts")
+    if tokens:
+        parts.append(f"≤ {tokens} new tokens")
+    mean_tokens = done["all.mean_tokens"].drop_nulls()
+    if len(mean_tokens):
+        parts.append(f"(mean {mean_tokens.mean():.0f} tokens)")
+    model = _single(done, "model.name")
+    scale = " × ".join(parts[:2]) + (f" {parts[2]}" if len(parts) > 2 else "") if parts else "scale unknown"
+    return f"{scale}, model {model}" if model else scale
+
+
+def sweep_provenance(sweep: Sweep, commit: str | None, generated: str) -> list[tuple[str, str]]:
+    counts = {s: sweep.results.filter(pl.col("status") == s).height for s in ("done", "failed", "missing")}
+    wall = sweep.results["wall_s"].drop_nulls()
+    rows = [("sweep", sweep.name), ("model", _single(sweep.done, "model.name") or "–"),
+            ("scale", sweep_scale(sweep)),
+            ("configurations", f"{sweep.results.height} ({counts['done']} done, {counts['failed']} failed, "
+                               f"{counts['missing']} missing)"),
+            ("temperatures", ", ".join(f"{t:g}" for t in sweep.temperatures) or "–"),
+            ("seeds", _single(sweep.results, "seed") or "–"),
+            ("compute wall time", f"{wall.sum() / 3600:.2f} h summed over configurations "
+                                  f"(median {wall.median():.0f} s each)" if len(wall) else "–"),
+            ("commit", commit or "–"), ("report generated", generated)]
+    rows += [(k, str(v)) for k, v in sweep.meta.items() if "key" not in k.lower()]
+    return rows
+
+
+# --- one run (reports/metrics.json) ------------------------------------------------------------------------------
+
+@dataclass
+class SingleRun:
+    """One pipeline run: ``reports/metrics.json`` and what lies next to it."""
+
+    metrics: dict[str, Any]
+    judge: dict[str, Any] | None
+    params: dict[str, Any] | None
+    timings: list[dict[str, Any]]
+    attacks: pl.DataFrame  # attack, in_R, quality_retained, watermarked (pooled over tasks)
+    size_curves: dict[str, pl.DataFrame]  # baseline/watermarked -> tokens, detected_share
+
+    @property
+    def groups(self) -> list[str]:
+        return [g for g, v in self.metrics.items() if g not in ("attacks", "judge") and isinstance(v, dict)]
+
+
+def _json_number(value: Any) -> Any:
+    """metrics.json of older runs wrote infinity as the string "inf"."""
+    if value == "inf":
+        return math.inf
+    return value
+
+
+def load_single_run(reports: Path, params_path: Path) -> SingleRun:
+    """Read ``reports/metrics.json`` (SpecError when absent), judge.json, timings, plots and params.yaml."""
+    import yaml
+
+    metrics_path = reports / "metrics.json"
+    if not metrics_path.is_file():
+        raise SpecError("report", f"nothing to report: no sweep under {reports / 'sweeps'} and no {metrics_path} "
+                        "(run `dvc repro` or `mmw sweep NAME`)")
+    metrics = json.loads(metrics_path.read_text(), object_hook=lambda d: {k: _json_number(v) for k, v in d.items()})
+    for name, group in metrics.items():
+        if not isinstance(group, dict):
+            continue
+        for size in ("size", "size_valid"):  # null + undetected share >= 1/2: the median is +inf
+            if group.get(size) is None and (group.get(f"{size}_undetected_share") or 0) >= 0.5:
+                group[size] = math.inf
+        if name == "attacks":
+            for attack in group.values():  # E_A is +inf when at most half of the attacked texts are detected
+                if isinstance(attack, dict) and attack.get("size") is None and \
+                        attack.get("watermarked") is not None and attack["watermarked"] <= 0.5:
+                    attack["size"] = math.inf
+    judge = json.loads((reports / "judge.json").read_text()) if (reports / "judge.json").is_file() else None
+    params = yaml.safe_load(params_path.read_text()) if params_path.is_file() else None
+    if params and isinstance(params.get("scheme"), dict):
+        params["scheme"].pop("key", None)  # the key never appears in a report
+    params = {k: v for k, v in (params or {}).items() if k != "key"} or None
+    timings = [json.loads(p.read_text()) for p in sorted((reports / "timings").glob("*.json"))]
+    plots = reports / "plots"
+    attacks_csv = plots / "attacks.csv"
+    if attacks_csv.is_file():
+        attacks = pl.read_csv(attacks_csv)
+    else:
+        attacks = pl.DataFrame([{"attack": name, **values} for name, values in metrics.get("attacks", {}).items()
+                                if isinstance(values, dict)])
+    attacks = _with_columns(attacks, {k: v for k, v in ATTACK_COLUMNS.items() if k != "config_id"})
+    attacks = attacks.with_columns(pl.col("in_R").fill_null(~pl.col("attack").str.starts_with("paraphrase")))
+    curves = {source: pl.read_csv(plots / f"size_{source}.csv") for source in ("baseline", "watermarked")
+              if (plots / f"size_{source}.csv").is_file()}
+    return SingleRun(metrics, judge, params, timings, attacks, curves)
+
+
+def single_scale(run: SingleRun) -> str:
+    """'<n> generations × ≤ <max_new_tokens> new tokens (mean <m>), model <name>, T = <t>'."""
+    overall = run.metrics.get("all", {})
+    model = (run.params or {}).get("model", {}) or {}
+    parts = [f"{overall.get('generations', '?')} generations"]
+    if model.get("max_new_tokens"):
+        parts[0] += f" × ≤ {model['max_new_tokens']} new tokens"
+    if overall.get("mean_tokens") is not None:
+        parts.append(f"mean {overall['mean_tokens']:.0f} tokens")
+    if model.get("name"):
+        parts.append(f"model {model['name']}")
+    if model.get("temperature") is not None:
+        parts.append(f"T = {model['temperature']:g}")
+    return ", ".join(parts)

@@ -1,0 +1,82 @@
+"""Sweeps: the paper's design space as data (``sweeps/<name>.yaml``), run as DVC experiments, collected into
+tables that live in git. See docs/SWEEP.md.
+
+* :mod:`~mmw.sweep.definition` — load, expand and validate a definition into configs (stable ``config_id``);
+* :mod:`~mmw.sweep.runner` — jobs, the pluggable executor (local ``dvc exp run --temp``), the run log,
+  progress and ETA;
+* :mod:`~mmw.sweep.collect` — the results / attacks / paper tables under ``reports/sweeps/<name>/``.
+
+``run_sweep`` is what ``mmw sweep NAME`` does: run the configs that are not done (failed and missing ones),
+then pick per temperature x family x constraint among the finished ones and re-evaluate each pick with the
+definition's K seeds, each run under a fresh key that only its environment holds (``MMW_KEY``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from mmw.errors import SpecError
+from mmw.sweep.collect import experiment_name, picked_config_ids, read_sweep, reevaluation_name
+from mmw.sweep.definition import Sweep, expand
+from mmw.sweep.runner import Executor, Job, LocalDvcExecutor, Progress, head_commit, run_jobs
+
+
+def load_sweep(repo: Path, name: str, validate: bool = True) -> Sweep:
+    """Expand ``repo/sweeps/<name>.yaml`` against ``repo/params.yaml`` (SpecError naming the bad entry)."""
+    params = repo / "params.yaml"
+    if not params.is_file():
+        raise SpecError("sweep", f"no params.yaml in {repo}", "run in the repository root or pass --repo")
+    return expand(name, yaml.safe_load(params.read_text()), repo / "sweeps", validate=validate)
+
+
+def pool_jobs(sweep: Sweep) -> list[Job]:
+    """One job per config, interleaved over the cells of the paper's table (temperature x sampler): the first
+    value of every cell, then the second, ...; within a round, temperature by temperature in the definition's
+    order (one baseline at a time). A sweep cut short thus still covers whole rows of the table."""
+    temperatures = list(dict.fromkeys(c.overrides.get("model.temperature") for c in sweep.configs))
+    rank: dict[tuple[object, object], int] = {}
+    ordered = []
+    for index, config in enumerate(sweep.configs):
+        temperature = config.overrides.get("model.temperature")
+        cell = (temperature, config.overrides.get("scheme.sampler"))
+        rank[cell] = rank.get(cell, -1) + 1
+        ordered.append(((rank[cell], temperatures.index(temperature), index), config))
+    return [Job(name=experiment_name(sweep.name, c.config_id), config_id=c.config_id, overrides=c.overrides)
+            for _, c in sorted(ordered, key=lambda item: item[0])]
+
+
+def reevaluation_jobs(sweep: Sweep, config_ids: list[str]) -> list[Job]:
+    """K runs per picked config: its overrides with each re-evaluation seed, a fresh key in the environment.
+
+    Seed-major order (every pick's first seed, then every pick's second, ...): a cut-short run leaves every pick
+    with about the same number of re-evaluations, and the runs of one seed share its baselines."""
+    overrides = {c.config_id: c.overrides for c in sweep.configs}
+    return [Job(name=reevaluation_name(sweep.name, cid, seed), config_id=cid,
+                overrides={**overrides[cid], "seed": seed}, env={"MMW_KEY": secrets.token_hex(16)})
+            for seed in sweep.reevaluate.seeds for cid in config_ids]
+
+
+def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, configs: bool = True,
+              reevaluate: bool = True, echo: Callable[[str], None] = print) -> tuple[Progress | None, Progress | None]:
+    """Run ``sweep`` in ``repo``: its configs (``configs``), then (``reevaluate``) the re-evaluations of the picks
+    made among the finished configs.
+
+    Returns the progress counts of both phases (None for a phase not run); failures are logged and do not stop
+    the sweep.
+    """
+    head_commit(repo)  # fails early outside a committed repository
+    executor = executor or LocalDvcExecutor(repo)
+    pool = run_jobs(repo, sweep.name, f"{sweep.name}: configs", pool_jobs(sweep), executor, echo) if configs else None
+    if not reevaluate:
+        return pool, None
+    results, _, _ = read_sweep(repo, sweep)
+    picked = picked_config_ids(results)
+    echo(f"[{sweep.name}] {len(picked)} distinct picks over temperature x family x 4 constraints; "
+         f"re-evaluating each with {sweep.reevaluate.k} fresh seeds and keys")
+    rerun = run_jobs(repo, sweep.name, f"{sweep.name}: re-evaluations", reevaluation_jobs(sweep, picked),
+                     executor, echo)
+    return pool, rerun

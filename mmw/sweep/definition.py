@@ -1,0 +1,217 @@
+"""Sweep definitions (``sweeps/<name>.yaml``): a version-controlled grid that expands to validated configs.
+
+A definition file holds::
+
+    description: one line
+    base: {dotted.param: value, ...}        # set on every config (the scale: prompts, tokens, attacks, judge)
+    temperatures: [0.0, 0.3, 0.7, 1.0]      # crossed with every grid (model.temperature)
+    grids:                                  # a union of Cartesian products, one per entry
+      - name: ds-sum-window
+        scheme.sampler: distribution_shift  # a scalar is one value, a list is an axis
+        scheme.window: [1, 2, 3]
+    reevaluate: {k: 5, first_seed: 1000}    # each pick is re-run with seeds first_seed .. first_seed+k-1
+
+Every config sets the whole ``scheme`` section (keys a grid does not name are set to null, so one config never
+inherits another's parameters) except the key, which is never a param of a sweep. A config's identity,
+``config_id``, is a stable hash of its overrides (sorted JSON), so a rerun of the sweep recognises finished
+configs whatever order the grid is written in.
+
+Everything is validated before anything is queued: unknown sweep name, a key that is not a param of the
+repository's ``params.yaml``, a value the params or :class:`mmw.scheme.SchemeSpec` reject. Errors are
+:class:`SpecError` naming the file and the entry (``sweeps/small.yaml: grids[2] (ds-sum): scheme.delta: ...``).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmw.errors import SpecError
+from mmw.scheme import KNOWN_KEYS, SchemeSpec
+
+SWEEPS_DIR = Path("sweeps")
+TEMPERATURE = "model.temperature"
+#: Scheme keys a sweep sets on every config (all but the key, which only ever comes from the environment).
+SCHEME_KEYS = tuple(f"scheme.{k}" for k in KNOWN_KEYS if k != "key")
+#: Params a sweep must never set: the watermark key (either layout: ``scheme.key`` or the top-level ``key``).
+FORBIDDEN = frozenset({"scheme.key", "key"})
+TOP_KEYS = frozenset({"description", "base", "temperatures", "grids", "reevaluate"})
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the sweep. ``overrides``: dotted param -> value (what ``dvc exp run -S`` sets), sorted.
+
+    ``grid``: the name of the grid entry it came from; ``config_id``: 10 hex digits of a hash of ``overrides``.
+    """
+
+    config_id: str
+    grid: str
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Reevaluation:
+    """How picks are re-evaluated: ``k`` runs with seeds ``first_seed .. first_seed + k - 1`` and fresh keys."""
+
+    k: int
+    first_seed: int
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(range(self.first_seed, self.first_seed + self.k))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """An expanded, validated sweep: ``configs`` in definition order (duplicates removed)."""
+
+    name: str
+    description: str
+    configs: list[Config]
+    reevaluate: Reevaluation
+
+
+def config_id(overrides: Mapping[str, Any]) -> str:
+    """Stable identity of a config: blake2b of its overrides as sorted, compact JSON (10 hex digits)."""
+    text = json.dumps(dict(overrides), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.blake2b(text.encode(), digest_size=5).hexdigest()
+
+
+def available(sweeps_dir: Path) -> list[str]:
+    """Names of the sweep definitions in ``sweeps_dir`` (``<name>.yaml``)."""
+    return sorted(p.stem for p in sweeps_dir.glob("*.yaml"))
+
+
+def _lookup(board: Mapping[str, Any], dotted: str) -> bool:
+    """Whether ``dotted`` names an existing entry of the params mapping ``board``."""
+    node: Any = board
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def apply_overrides(board: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``board`` with each dotted override set (the entries must exist; see :func:`_lookup`)."""
+    merged = copy.deepcopy(dict(board))
+    for dotted, value in overrides.items():
+        *parents, leaf = dotted.split(".")
+        node = merged
+        for part in parents:
+            node = node[part]
+        node[leaf] = copy.deepcopy(value)
+    return merged
+
+
+def _params_keys(board: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Every dotted path of ``board`` down to non-mapping values (shown as the allowed keys in errors)."""
+    keys: list[str] = []
+    for key, value in board.items():
+        dotted = f"{prefix}{key}"
+        keys += _params_keys(value, f"{dotted}.") if isinstance(value, Mapping) else [dotted]
+    return keys
+
+
+def _check_keys(where: str, mapping: Mapping[str, Any], board: Mapping[str, Any]) -> None:
+    for dotted in mapping:
+        if dotted in FORBIDDEN:
+            raise SpecError(f"{where}: {dotted}", "the watermark key is never a sweep param (it would be stored "
+                            "with the experiment); set MMW_KEY in the environment instead")
+        if not _lookup(board, dotted):
+            raise SpecError(f"{where}: {dotted}", "not a param of params.yaml",
+                            ", ".join(k for k in _params_keys(board) if k not in FORBIDDEN))
+
+
+def _axis(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def load_definition(name: str, sweeps_dir: Path = SWEEPS_DIR) -> tuple[Path, dict[str, Any]]:
+    """Read ``sweeps_dir/<name>.yaml``; an unknown name is a SpecError listing the available ones."""
+    path = sweeps_dir / f"{name}.yaml"
+    if not path.is_file():
+        raise SpecError("sweep", f"unknown sweep {name!r} (no {path})", available(sweeps_dir) or "none found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError(str(path), f"not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise SpecError(str(path), "expected a mapping at the top level", sorted(TOP_KEYS))
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise SpecError(f"{path}: {key}", "unknown top-level key", sorted(TOP_KEYS))
+    return path, raw
+
+
+def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, validate: bool = True) -> Sweep:
+    """Expand the sweep ``name`` against the params mapping ``board`` (the repository's params.yaml).
+
+    Returns every config, in definition order: for each grid entry, each temperature, the Cartesian product of
+    its lists. Raises SpecError naming the entry for any key that is not a param, any value the params
+    validation or SchemeSpec rejects, and for an empty grid. ``validate=False`` skips the params validation
+    (SchemeSpec still runs) for callers that only count.
+    """
+    from mmw.params import parse_params
+
+    path, raw = load_definition(name, sweeps_dir)
+    base = raw.get("base") or {}
+    if not isinstance(base, dict):
+        raise SpecError(f"{path}: base", "expected a mapping of dotted params to values")
+    _check_keys(f"{path}: base", base, board)
+    temperatures = _axis(raw.get("temperatures", board.get("model", {}).get("temperature")))
+    grids = raw.get("grids")
+    if not isinstance(grids, list) or not grids:
+        raise SpecError(f"{path}: grids", "expected a non-empty list of grid entries")
+    re_raw = raw.get("reevaluate") or {}
+    if not isinstance(re_raw, dict) or set(re_raw) - {"k", "first_seed"}:
+        raise SpecError(f"{path}: reevaluate", "expected {k: int >= 1, first_seed: int >= 0}")
+    k, first_seed = re_raw.get("k", 5), re_raw.get("first_seed", 1000)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise SpecError(f"{path}: reevaluate.k", f"expected an integer >= 1, got {k!r}")
+    if not isinstance(first_seed, int) or isinstance(first_seed, bool) or first_seed < 0:
+        raise SpecError(f"{path}: reevaluate.first_seed", f"expected an integer >= 0, got {first_seed!r}")
+    configs: dict[str, Config] = {}
+    validated: set[str] = set()
+    for index, grid in enumerate(grids):
+        if not isinstance(grid, dict):
+            raise SpecError(f"{path}: grids[{index}]", "expected a mapping of dotted params to values")
+        label = grid.get("name", f"#{index}")
+        where = f"{path}: grids[{index}] ({label})"
+        axes = {key: _axis(value) for key, value in grid.items() if key != "name"}
+        _check_keys(where, axes, board)
+        if TEMPERATURE in axes:
+            raise SpecError(f"{where}: {TEMPERATURE}", "set temperatures at the top level (crossed with every grid)")
+        for key, values in axes.items():
+            if not values:
+                raise SpecError(f"{where}: {key}", "empty list (the grid would have no config)")
+        for temperature in temperatures:
+            for values in itertools.product(*axes.values()):
+                point = dict(zip(axes, values, strict=True))
+                overrides = {**base, **{key: None for key in SCHEME_KEYS}, TEMPERATURE: temperature, **point}
+                overrides = dict(sorted(overrides.items()))
+                merged = apply_overrides(board, overrides)
+                scheme = {k: v for k, v in merged["scheme"].items() if k != "key"}
+                try:
+                    SchemeSpec.from_params(scheme)
+                    rest = json.dumps({k: v for k, v in merged.items() if k != "scheme"}, sort_keys=True, default=str)
+                    if validate and rest not in validated:
+                        parse_params(merged)
+                        validated.add(rest)
+                except SpecError as err:
+                    shown = ", ".join(f"{k}={v}" for k, v in point.items())
+                    raise SpecError(f"{where} [{TEMPERATURE}={temperature}, {shown}]: {err.key}", err.problem,
+                                    err.allowed) from None
+                cid = config_id(overrides)
+                configs.setdefault(cid, Config(config_id=cid, grid=str(label), overrides=overrides))
+    return Sweep(name=name, description=str(raw.get("description", "")), configs=list(configs.values()),
+                 reevaluate=Reevaluation(k=k, first_seed=first_seed))

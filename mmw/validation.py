@@ -1,0 +1,99 @@
+"""One validation dialect for params sections, the watermark scheme and attack parameters: pydantic models whose
+errors become the project's one-line :class:`~mmw.errors.SpecError` ("<key>: <problem>; allowed: <values>").
+
+A section is a :class:`Section` model: unknown keys are rejected, types are strict (``p: true`` or ``p: "0.1"``
+are mistakes, not 1 and 0.1), and every field says what it accepts with :func:`allowed` (the text after
+"allowed:"). Rules that span fields raise ``SpecError`` themselves, naming the key they blame (a validator's
+``SpecError`` passes through unchanged; a plain ``ValueError`` becomes the problem of the field it checks).
+This module is light on purpose (pydantic only): every stage imports it before any heavy work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Self, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from mmw.errors import SpecError
+
+__all__ = ["Integer", "Section", "allowed", "validate"]
+
+#: Pydantic error types that mean "right type, value out of its range".
+_RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"})
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _integral(value: Any) -> Any:
+    """YAML and ``dvc exp run -S`` may give ``2.0`` for an integer knob: accept whole floats, nothing else."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A strict integer that also accepts whole floats (never bools or strings).
+Integer = Annotated[int, BeforeValidator(_integral)]
+
+
+class Section(BaseModel):
+    """Base of every validated mapping: strict types, no unknown keys, immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+    @classmethod
+    def from_params(cls, data: Any, prefix: str) -> Self:
+        """This section validated from the mapping ``data`` (as ``mmw.scheme.SchemeSpec.from_params``)."""
+        return validate(cls, data, prefix)
+
+
+def allowed(text: str, **constraints: Any) -> Any:
+    """A pydantic ``Field`` whose accepted values read ``text`` in errors; ``constraints`` are Field's (ge=, ...)."""
+    default = constraints.pop("default", ...)
+    return Field(default, json_schema_extra={"allowed": text}, **constraints)
+
+
+def _key(prefix: str, loc: tuple[int | str, ...]) -> str:
+    key = prefix
+    for part in loc:
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key
+
+
+def _field_allowed(model: type[BaseModel], loc: tuple[int | str, ...]) -> str | None:
+    field = model.model_fields.get(str(loc[0])) if loc else None
+    extra = field.json_schema_extra if field is not None else None
+    return extra.get("allowed") if isinstance(extra, dict) else None  # type: ignore[return-value]
+
+
+def _to_spec_error(error: ValidationError, model: type[BaseModel], prefix: str) -> SpecError:
+    errors = error.errors(include_url=False)
+    # A typo shows as both an unknown and a missing key: the unknown one is the useful message.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    kind, loc, value = first["type"], tuple(first["loc"]), first.get("input")
+    original = (first.get("ctx") or {}).get("error")
+    if isinstance(original, SpecError):  # a cross-field rule that named its key itself
+        return original
+    key = _key(prefix, loc)
+    if kind == "extra_forbidden":
+        return SpecError(key, "unknown key", list(model.model_fields))
+    shown = _field_allowed(model, loc)
+    if kind == "missing":
+        return SpecError(key, "missing", shown)
+    if kind == "literal_error":
+        return SpecError(key, f"unknown value {value!r}", shown or first["ctx"]["expected"])
+    if kind in _RANGE_ERRORS:
+        return SpecError(key, f"{value!r} is out of range", shown)
+    if original is not None:  # a field validator's ValueError: its message is the problem
+        return SpecError(key, str(original), shown)
+    return SpecError(key, f"expected {shown or first['msg'].lower()}, got {value!r}", shown)
+
+
+def validate(model: type[M], data: Any, prefix: str) -> M:
+    """``model`` validated from the mapping ``data``; raises SpecError naming ``<prefix>.<key>``."""
+    if not isinstance(data, Mapping):
+        raise SpecError(prefix, f"expected a mapping, got {type(data).__name__}", list(model.model_fields))
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as error:
+        raise _to_spec_error(error, model, prefix) from None

@@ -1,0 +1,142 @@
+"""Params: one validation dialect (pydantic, errors "<key>: <problem>; allowed: ..."), sections a stage declares,
+the key outside ``scheme:``, and the launcher that lets DVC's stage commands find ``mmw`` without a venv."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mmw.attacks import build_attacks
+from mmw.board import check_board
+from mmw.errors import SpecError
+from mmw.params import DETECT_DEVICES, ModelParams, parse_params
+from mmw.scheme import SchemeSpec
+from mmw.validation import Section, allowed, validate
+
+REPO = Path(__file__).resolve().parents[1]
+BASH = shutil.which("bash") or "/bin/bash"
+
+
+@pytest.fixture(scope="module")
+def board() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+class _Demo(Section):
+    count: int = allowed("an integer >= 1", ge=1)
+    share: float = allowed("a number in [0, 1]", ge=0.0, le=1.0)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"count": 0, "share": 0.5}, "demo.count: 0 is out of range; allowed: an integer >= 1"),
+    ({"count": True, "share": 0.5}, "demo.count: expected an integer >= 1, got True; allowed: an integer >= 1"),
+    ({"count": 2, "share": "0.5"}, "demo.share: expected a number in [0, 1], got '0.5'; allowed: a number in [0, 1]"),
+    ({"count": 2, "share": float("nan")}, "demo.share: nan is out of range; allowed: a number in [0, 1]"),
+    ({"count": 2}, "demo.share: missing; allowed: a number in [0, 1]"),
+    ({"count": 2, "share": 0.5, "shares": 1}, "demo.shares: unknown key; allowed: count, share"),
+    ([1, 2], "demo: expected a mapping, got list; allowed: count, share"),
+])
+def test_pydantic_errors_read_key_problem_allowed(data: Any, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        validate(_Demo, data, "demo")
+    assert str(caught.value) == message
+
+
+def test_a_typo_reports_the_unknown_key_not_the_missing_one() -> None:
+    with pytest.raises(SpecError, match=r"^demo\.cuont: unknown key"):
+        validate(_Demo, {"cuont": 2, "share": 0.5}, "demo")
+
+
+def test_whole_floats_count_as_integers_but_fractions_do_not(board: dict[str, Any]) -> None:
+    model = dict(board["model"], batch_size=4.0)
+    assert validate(ModelParams, model, "model").batch_size == 4
+    with pytest.raises(SpecError, match=r"^model\.batch_size: expected an integer >= 1, got 4\.5"):
+        validate(ModelParams, dict(model, batch_size=4.5), "model")
+
+
+def test_scheme_and_attack_params_use_the_same_dialect() -> None:
+    base = dict(sampler="distribution_shift", randomness="window", window=1, score="sum")
+    with pytest.raises(SpecError) as scheme_error:
+        SchemeSpec.from_params(dict(base, delta="2"))
+    assert str(scheme_error.value) == "scheme.delta: expected a number > 0, got '2'; allowed: a number > 0"
+    with pytest.raises(SpecError) as attack_error:
+        build_attacks([{"name": "swap", "p": "0.2"}])
+    assert str(attack_error.value) == ("attacks.specs[0].p: expected a number in [0.0, 1.0], got '0.2'; "
+                                       "allowed: a number in [0.0, 1.0]")
+
+
+def test_duplicate_attacks_are_rejected_where_they_are_built() -> None:
+    with pytest.raises(SpecError, match=r"^attacks\.specs\[1\]: duplicate of attacks\.specs\[0\]"):
+        build_attacks([{"name": "typo", "p": 0.1}, {"name": "typo", "p": 0.1}])
+
+
+def test_a_stage_reads_only_the_sections_it_declared(board: dict[str, Any]) -> None:
+    params = parse_params(board, ("seed", "model"))
+    assert params.seed == board["seed"] and params.model.name == board["model"]["name"]
+    with pytest.raises(KeyError, match="rate"):
+        _ = params.rate
+
+
+def test_a_stage_does_not_validate_sections_it_does_not_read(board: dict[str, Any]) -> None:
+    broken = copy.deepcopy(board)
+    broken["rate"]["mode"] = "median"
+    assert parse_params(broken, ("seed", "model")).seed == board["seed"]
+    with pytest.raises(SpecError, match=r"^rate\.mode: unknown value 'median'"):
+        check_board(broken)  # the key stage checks the whole board first
+
+
+def test_the_key_is_top_level_and_not_part_of_the_scheme(board: dict[str, Any]) -> None:
+    assert isinstance(board["key"], str) and "key" not in board["scheme"]
+    full = yaml.safe_load((REPO / "params-full.yaml").read_text())
+    assert isinstance(full["key"], str) and "key" not in full["scheme"]
+    old_layout = copy.deepcopy(board)
+    old_layout["scheme"]["key"] = old_layout.pop("key")
+    with pytest.raises(SpecError, match=r"^scheme\.key: the watermark key is the top-level `key:`"):
+        check_board(old_layout)
+
+
+def test_no_stage_copies_the_key_into_dvc_lock_and_scheme_users_take_the_whole_section() -> None:
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        params = [p for p in stage.get("params", []) if isinstance(p, str)]
+        assert not any(p == "key" or p.startswith(("key.", "scheme.")) for p in params), name
+
+
+def test_detect_devices_agree_with_the_detector() -> None:
+    from mmw.detector import DEVICES
+
+    assert set(DETECT_DEVICES) == set(DEVICES)
+
+
+# --- scripts/mmw: the stage commands' launcher --------------------------------------------------------------------
+
+
+def _plain_path() -> str:
+    return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                           if p and not Path(p, "mmw").exists())
+
+
+def test_launcher_runs_the_checkouts_venv_without_an_activated_venv(tmp_path: Path) -> None:
+    env = {"PATH": _plain_path(), "HOME": os.environ.get("HOME", "/tmp")}
+    completed = subprocess.run([BASH, "-c", "scripts/mmw --help"], cwd=REPO, env=env, capture_output=True,
+                               text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert "aggregate" in completed.stdout
+    bare = subprocess.run([BASH, "-c", "mmw --help"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert bare.returncode == 127  # what dvc.yaml's commands met before the launcher
+
+
+def test_launcher_without_any_mmw_says_how_to_install_it(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy2(REPO / "scripts/mmw", tmp_path / "scripts/mmw")
+    completed = subprocess.run([BASH, "-c", "scripts/mmw key"], cwd=tmp_path, env={"PATH": _plain_path()},
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 127
+    assert "scripts/setup.sh" in completed.stderr and len(completed.stderr.strip().splitlines()) == 1

@@ -1,0 +1,149 @@
+"""The sandbox for generated code: ordinary programs pass or fail by their exit status; hostile programs (busy
+loop, sleep, fork bomb, huge allocation, writes outside the directory, network, subprocess, endless output) are
+stopped, counted as not passed, leave nothing behind, and never raise into the caller."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from mmw.sandbox import SandboxLimits, isolation, run_python
+
+FAST = SandboxLimits(timeout_s=3.0, memory_mb=256, file_mb=1)
+
+
+def test_a_correct_program_passes_and_a_wrong_one_fails():
+    ok = run_python("import math, collections\nassert math.gcd(12, 18) == 6\nprint('done')", FAST)
+    assert ok.status == "passed" and ok.passed and ok.returncode == 0 and ok.stdout.strip() == "done"
+    wrong = run_python("assert sorted([3, 1, 2]) == [3, 2, 1], 'not sorted descending'", FAST)
+    assert wrong.status == "failed" and not wrong.passed
+    assert "AssertionError: not sorted descending" in wrong.stderr
+    syntax = run_python("def f(:\n    pass", FAST)
+    assert syntax.status == "failed" and "SyntaxError" in syntax.stderr
+
+
+def test_the_program_sees_only_the_standard_library():
+    # -I -S: no site-packages, so a module of this environment (polars) cannot be imported by generated code.
+    result = run_python("import polars", FAST)
+    assert result.status == "failed" and "ModuleNotFoundError" in result.stderr
+
+
+@pytest.mark.parametrize("source", ["while True:\n    pass", "import time\ntime.sleep(60)"], ids=["busy", "sleep"])
+def test_a_program_that_never_ends_is_killed_at_the_timeout(source):
+    started = time.perf_counter()
+    result = run_python(source, SandboxLimits(timeout_s=1.5))
+    elapsed = time.perf_counter() - started
+    assert result.status in ("timeout", "failed") and not result.passed
+    assert elapsed < 1.5 + 5  # killed near the limit, not left running
+
+
+def _sandbox_processes() -> list[str]:
+    """Command lines of live processes that run the sandbox runner (its argv carries the RUNNER source)."""
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in listing.splitlines() if "sys.addaudithook(_hook)" in line]
+
+
+@pytest.mark.parametrize("source", [
+    "import os\nwhile True:\n    os.fork()",
+    "import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(30,)).start()",
+    "import multiprocessing\nmultiprocessing.Process(target=print).start()",
+    "import subprocess\nsubprocess.run(['sleep', '30'])",
+    "import os\nos.system('sleep 30 &')",
+], ids=["fork-bomb", "thread-bomb", "multiprocessing", "subprocess", "system"])
+def test_no_new_process_or_thread_and_nothing_left_behind(source):
+    result = run_python(source, FAST)
+    assert result.status == "failed"  # refused at once (audit hook, RLIMIT_NPROC), not running until the timeout
+    assert _sandbox_processes() == []
+
+
+@pytest.mark.parametrize("source", [
+    "x = bytearray(4 * 1024**3)",
+    "x = [0] * (2 * 10**9)",
+    "chunks = []\nwhile True:\n    chunks.append(bytearray(64 * 1024**2))",
+], ids=["one-block", "list", "growing"])
+def test_a_huge_allocation_fails_instead_of_exhausting_memory(source):
+    result = run_python(source, FAST)
+    assert result.status == "failed" and "MemoryError" in result.stderr
+
+
+def test_memory_within_the_limit_is_allowed():
+    assert run_python("x = bytearray(50 * 1024**2)\nassert len(x) == 50 * 1024**2", FAST).passed
+
+
+@pytest.fixture
+def open_dir():
+    """A directory anyone can reach and write (under /tmp, not pytest's 0700 tmp_path), so that only the sandbox
+    can stop a write there, whichever user the program runs as."""
+    path = Path(tempfile.mkdtemp(prefix="mmw-escape-", dir="/tmp"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("template", [
+    "open({path!r}, 'w').write('escaped')",
+    "import os\nfd = os.open({path!r}, os.O_WRONLY | os.O_CREAT)\nos.write(fd, b'escaped')",
+    "import pathlib\npathlib.Path({path!r}).write_text('escaped')",
+    "import os\nopen('inside.txt', 'w').write('escaped')\nos.rename('inside.txt', {path!r})",
+    "import os\nos.symlink({path!r}, 'link')\nopen('link', 'w').write('escaped')",
+    "import shutil\nopen('inside.txt', 'w').write('escaped')\nshutil.copy('inside.txt', {path!r})",
+], ids=["open", "os.open", "pathlib", "rename", "symlink", "shutil.copy"])
+def test_writing_outside_the_sandbox_directory_fails(template, open_dir):
+    target = open_dir / f"escape-{uuid.uuid4().hex}.txt"
+    result = run_python(template.format(path=str(target)), FAST)
+    assert not result.passed
+    assert not target.exists()
+
+
+def test_deleting_outside_the_sandbox_directory_fails(open_dir):
+    victim = open_dir / "keep.txt"
+    victim.write_text("keep")
+    victim.chmod(0o666)
+    result = run_python(f"import os\nos.remove({str(victim)!r})", FAST)
+    assert not result.passed and victim.read_text() == "keep"
+
+
+def test_files_inside_the_sandbox_directory_work_and_vanish_afterwards():
+    result = run_python("import os\nopen('a.txt', 'w').write('x')\nos.mkdir('d')\nos.rename('a.txt', 'd/b.txt')\n"
+                        "assert open('d/b.txt').read() == 'x'\nprint(os.getcwd())", FAST)
+    assert result.passed, result.stderr
+    assert not Path(result.stdout.strip()).exists()
+
+
+def test_a_file_larger_than_the_limit_cannot_be_written_and_output_is_capped():
+    big = run_python("open('big.bin', 'wb').write(b'x' * (8 * 1024**2))", FAST)  # 8 MiB > file_mb = 1
+    assert not big.passed
+    chatty = run_python("while True:\n    print('y' * 1000)", FAST)
+    assert not chatty.passed and len(chatty.stdout) <= 2000
+
+
+@pytest.mark.parametrize("source", [
+    "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)",
+    "import _socket\ns = _socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', 22))",
+    "import urllib.request\nurllib.request.urlopen('http://pypi.org', timeout=2)",
+], ids=["socket", "raw-socket", "urllib"])
+def test_network_access_fails(source):
+    result = run_python(source, FAST)
+    assert result.status == "failed"
+
+
+def test_network_namespace_when_unshare_works_here():
+    """Below the audit hook, the network namespace is what stops native code; CI machines (root) have it."""
+    usable = subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0 \
+        if os.geteuid() == 0 else None
+    if not usable:
+        pytest.skip("no network namespace on this machine (unshare unavailable or not root)")
+    assert "--net" in isolation().prefix and "network namespace" in isolation().describe()
+
+
+def test_exit_status_zero_from_an_early_exit_is_still_reported_as_such():
+    """The sandbox reports what happened; the caller's marker check (task measures) decides what a pass is."""
+    result = run_python("import sys\nsys.exit(0)\nprint('unreached')", FAST)
+    assert result.passed and "unreached" not in result.stdout

@@ -1,0 +1,297 @@
+"""Sweeps: definitions expand to the intended grid and bad entries are refused before anything runs (fast);
+a real smoke sweep through DVC is interrupted, resumed and collected (heavy).
+
+Expected counts are derived by hand from the grids in the definition files (products of list lengths), not
+from the expansion code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+import yaml
+from pipeline_repo import BIN, REPO, make_pipeline_repo, plain_shell_env, run, tiny_board
+from typer.testing import CliRunner
+
+from mmw.cli import app
+from mmw.errors import SpecError
+from mmw.sweep.definition import SCHEME_KEYS, config_id, expand
+from mmw.sweep.runner import set_args
+
+BOARD = yaml.safe_load((REPO / "params.yaml").read_text())
+SWEEPS = REPO / "sweeps"
+
+
+# ------------------------------------------------------------------------------------------ fast: expansion
+
+
+def test_the_paper_grid_has_the_hand_counted_size() -> None:
+    """Per temperature: DS sum window 6 windows x 7 deltas = 42, DS min-hash 4 x 7 = 28, distortion-free sum
+    window 3 samplers x 5 windows x 4 skips = 60, min-hash 3 x 4 x 4 = 48, DS align 10 key lengths x 4 deltas
+    = 40, distortion-free align 3 x 10 x 2 = 60, DS edit 10: 288; x 4 temperatures = 1,152."""
+    sweep = expand("paper", BOARD, SWEEPS)
+    assert len(sweep.configs) == 1152
+    per_grid: dict[str, int] = {}
+    for config in sweep.configs:
+        per_grid[config.grid] = per_grid.get(config.grid, 0) + 1
+    assert per_grid == {"ds-sum-window": 168, "ds-sum-minhash": 112, "df-sum-window": 240, "df-sum-minhash": 192,
+                        "ds-align-fixed": 160, "df-align-fixed": 240, "ds-edit-fixed": 40}
+    temperatures = {c.overrides["model.temperature"] for c in sweep.configs}
+    assert temperatures == {0.0, 0.3, 0.7, 1.0}
+    # The paper's table of tested combinations: sum with window/min-hash and align with fixed randomness for all
+    # four samplers, edit with fixed randomness for distribution shift only.
+    combos = {(c.overrides["scheme.sampler"], c.overrides["scheme.score"], c.overrides["scheme.randomness"])
+              for c in sweep.configs}
+    samplers = {"distribution_shift", "exponential", "inverse_transform", "binary"}
+    assert combos == ({(s, "sum", r) for s in samplers for r in ("window", "minhash")}
+                      | {(s, "align", "fixed") for s in samplers} | {("distribution_shift", "edit", "fixed")})
+    assert max(c.overrides["scheme.key_length"] or 0 for c in sweep.configs) == 1024
+
+
+def test_every_config_sets_the_whole_scheme_but_never_the_key() -> None:
+    for config in expand("smoke", BOARD, SWEEPS).configs:
+        assert set(SCHEME_KEYS) <= set(config.overrides)
+        assert "scheme.key" not in config.overrides and "key" not in config.overrides
+
+
+def test_small_and_smoke_grids_cover_what_they_promise() -> None:
+    small = expand("small", BOARD, SWEEPS)
+    cells = {(c.overrides["model.temperature"], c.overrides["scheme.sampler"]) for c in small.configs}
+    assert cells == {(t, s) for t in (0.0, 0.3, 0.7, 1.0)
+                     for s in ("distribution_shift", "exponential", "inverse_transform", "binary")}
+    assert small.reevaluate.k >= 5
+    assert len(expand("smoke", BOARD, SWEEPS).configs) == 3
+
+
+def test_config_ids_are_stable_and_distinct(tmp_path: Path) -> None:
+    a = {"scheme.delta": 2.5, "model.temperature": 0.7}
+    assert config_id(a) == config_id(dict(reversed(list(a.items()))))
+    assert config_id(a) != config_id({**a, "scheme.delta": 5.0})
+    # Reordering a definition's keys and grids keeps every id.
+    raw = yaml.safe_load((SWEEPS / "smoke.yaml").read_text())
+    raw["grids"] = [dict(reversed(list(g.items()))) for g in reversed(raw["grids"])]
+    (tmp_path / "smoke.yaml").write_text(yaml.safe_dump(raw))
+    ids = {c.config_id for c in expand("smoke", BOARD, SWEEPS).configs}
+    assert {c.config_id for c in expand("smoke", BOARD, tmp_path).configs} == ids and len(ids) == 3
+
+
+def _definition(tmp_path: Path, grid: dict[str, Any], **top: Any) -> Path:
+    (tmp_path / "sweeps").mkdir(exist_ok=True)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(BOARD))
+    (tmp_path / "sweeps" / "bad.yaml").write_text(yaml.safe_dump({"temperatures": [0.7], **top,
+                                                                   "grids": [{"name": "g0", **grid}]}))
+    return tmp_path
+
+
+DS = {"scheme.sampler": "distribution_shift", "scheme.score": "sum", "scheme.randomness": "window",
+      "scheme.window": 1, "scheme.delta": 2.5}
+
+
+@pytest.mark.parametrize(("grid", "top", "names"), [
+    ({**DS, "scheme.windoww": [1, 2]}, {}, ["grids[0] (g0)", "scheme.windoww", "not a param"]),
+    ({**DS, "scheme.skip_prob": 0.05}, {}, ["grids[0] (g0)", "scheme.skip_prob", "distribution-shift"]),
+    ({**DS, "scheme.score": "align"}, {}, ["grids[0] (g0)", "scheme.score"]),
+    ({**DS, "scheme.delta": [2.5, -1.0]}, {}, ["scheme.delta=-1.0", "scheme.delta", "out of range"]),
+    ({**DS, "scheme.key": "k"}, {}, ["scheme.key", "MMW_KEY"]),
+    (DS, {"base": {"model.max_new_tokenz": 16}}, ["base", "model.max_new_tokenz", "not a param"]),
+    (DS, {"temperatures": [0.7, -1.0]}, ["model.temperature=-1.0", "model.temperature"]),
+    (DS, {"reevaluate": {"k": 0}}, ["reevaluate.k"]),
+])
+def test_bad_entries_are_refused_naming_the_entry(tmp_path: Path, grid: dict[str, Any], top: dict[str, Any],
+                                                  names: list[str]) -> None:
+    repo = _definition(tmp_path, grid, **top)
+    with pytest.raises(SpecError) as caught:
+        expand("bad", BOARD, repo / "sweeps")
+    for name in names:
+        assert name in str(caught.value)
+    # The command: exit 2, one line on stderr, nothing run (no experiment log written).
+    result = CliRunner().invoke(app, ["sweep", "bad", "--repo", str(repo)])
+    assert result.exit_code == 2 and names[-1] in result.output
+    assert not (repo / ".dvc").exists()
+
+
+def test_an_unknown_sweep_lists_the_available_ones() -> None:
+    result = CliRunner().invoke(app, ["sweep", "nonesuch", "--repo", str(REPO)])
+    assert result.exit_code == 2
+    assert "nonesuch" in result.output and "smoke" in result.output and "paper" in result.output
+
+
+def test_set_args_round_trip_through_dvcs_override_parser(tmp_path: Path) -> None:
+    """What the runner passes to `dvc exp run -S` is what DVC writes into params.yaml (lists of mappings,
+    nulls, strings with a colon, floats)."""
+    from dvc.utils.hydra import apply_overrides
+
+    overrides = {"attacks.specs": [{"name": "swap", "p": 0.1}, {"name": "lowercase"}], "scheme.delta": None,
+                 "rate.judge": "embedded:smollm2-135m", "model.temperature": 0.0, "scheme.window": 3}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(BOARD))
+    args = set_args(overrides)
+    assert args[0::2] == ["-S"] * len(overrides)
+    apply_overrides(path, args[1::2])
+    written = yaml.safe_load(path.read_text())
+    assert written["attacks"]["specs"] == overrides["attacks.specs"]
+    assert written["scheme"]["delta"] is None and written["scheme"]["window"] == 3
+    assert written["rate"]["judge"] == "embedded:smollm2-135m" and written["model"]["temperature"] == 0.0
+
+
+# ------------------------------------------------------------------------------------------ heavy: real DVC
+
+#: A two-config sweep at the tiny board's scale plus one config that passes validation but fails at run time
+#: (a CUDA generator on a machine without one; it fails at its first generation): 1 prompt per task, 16 tokens,
+#: the small judge, 2 cheap attacks.
+TEST_SWEEP = {
+    "description": "test", "temperatures": [0.7], "reevaluate": {"k": 1, "first_seed": 1000},
+    "grids": [
+        {"name": "ds", "scheme.sampler": "distribution_shift", "scheme.score": "sum", "scheme.randomness": "window",
+         "scheme.window": 1, "scheme.delta": 5.0},
+        {"name": "exp", "scheme.sampler": "exponential", "scheme.score": "sum", "scheme.randomness": "window",
+         "scheme.window": 1, "scheme.skip_prob": 0.05},
+        {"name": "broken", "scheme.sampler": "distribution_shift", "scheme.score": "sum",
+         "scheme.randomness": "window", "scheme.window": 1, "scheme.delta": 2.5, "model.device": "cuda"},
+    ]}
+
+
+def _outcomes(repo: Path) -> list[dict[str, Any]]:
+    path = repo / ".dvc/tmp/sweeps/t/runs.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="the failing config needs a machine without CUDA")
+def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -> None:
+    board = tiny_board()
+    board["rate"]["judge"] = "embedded:smollm2-135m"
+    repo = make_pipeline_repo(tmp_path / "repo", board)
+    (repo / "sweeps").mkdir(exist_ok=True)
+    (repo / "sweeps/t.yaml").write_text(yaml.safe_dump(TEST_SWEEP, sort_keys=False))
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "pipeline")
+    # From a plain shell (no venv on PATH), the environment's `mmw` by path, as a user runs it.
+    mmw = [str(BIN / "mmw"), "sweep"]
+    env = plain_shell_env()
+
+    # 1. Start, and kill the whole process group while the second config runs.
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen([*mmw, "t", "--no-reevaluate"], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    deadline = time.monotonic() + 3000  # a loaded 2-core machine took 990 s for a first config
+    while not _outcomes(repo) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(2)
+    assert first.poll() is None, (tmp_path / "first.log").read_text()
+    time.sleep(15)  # well into the second config
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    done_before = [o for o in _outcomes(repo) if o["status"] == "done"]
+    assert len(done_before) == 1, _outcomes(repo)
+    assert "generate_baseline" in done_before[0]["ran"]
+
+    # 2. Resume: only what is not done runs; the failing config is recorded, does not stop the sweep, and the
+    # exit code says something failed. The baseline is never regenerated for the second config.
+    resumed = subprocess.run([*mmw, "t"], cwd=repo, env=env, capture_output=True, text=True, timeout=2400)
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 1, output
+    assert "done 1/3" in output and "queued 2" in output, output
+    outcomes = _outcomes(repo)
+    by_name: dict[str, dict[str, Any]] = {}
+    for outcome in outcomes:
+        by_name[outcome["name"]] = outcome
+    assert sum(o["name"] == done_before[0]["name"] for o in outcomes) == 1  # the finished one was not rerun
+    pool = {n: o for n, o in by_name.items() if not n.startswith("reeval-")}
+    failed = [o for o in pool.values() if o["status"] == "failed"]
+    assert len(pool) == 3 and len(failed) == 1 and "generate_baseline" in failed[0]["error"], pool
+    second = next(o for o in pool.values() if o["status"] == "done" and o["name"] != done_before[0]["name"])
+    for stage in ("generate_baseline", "rate_baseline", "prompts"):
+        assert stage not in second["ran"] and stage in second["restored"], second
+    # Re-evaluations: one per pick (k=1), under a reeval- name, with a new seed: a new baseline for that seed,
+    # generated once and shared by the second pick.
+    reevals = [o for n, o in by_name.items() if n.startswith("reeval-t-")]
+    assert 1 <= len(reevals) <= 2 and all(o["status"] == "done" for o in reevals), reevals
+    assert "generate_baseline" in reevals[0]["ran"]
+    if len(reevals) == 2:
+        assert "generate_baseline" in reevals[1]["restored"]
+
+    # 3. A rerun retries only the failed config.
+    again = subprocess.run([*mmw, "t", "--no-reevaluate"], cwd=repo, env=env, capture_output=True, text=True,
+                           timeout=1200)
+    assert "done 2/3, failed 1, queued 1" in again.stdout, again.stdout
+    assert len(_outcomes(repo)) == len(outcomes) + 1
+
+    # 4. Collect: tables that need no DVC cache.
+    collected = subprocess.run([*mmw, "collect", "t", "--out", str(tmp_path / "out")], cwd=repo, env=env,
+                               capture_output=True, text=True, timeout=600)
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    out = tmp_path / "out" / "t"
+    results = pl.read_parquet(out / "results.parquet")
+    assert sorted(results["status"].to_list()) == ["done", "done", "failed"]
+    assert set(results.columns) >= {"config_id", "status", "error", "model.temperature", "scheme.sampler",
+                                    "scheme.delta", "family", "randomness_kind", "all.size", "wall_s"}
+    assert results.filter(pl.col("status") == "failed")["error"][0]
+    done = results.filter(pl.col("status") == "done")
+    assert set(done["family"]) == {"distribution_shift", "exponential"}
+    assert (done["randomness_kind"] == "text-dependent").all()
+    assert pl.read_csv(out / "results.csv").height == 3
+    attacks = pl.read_parquet(out / "attacks.parquet")
+    assert set(attacks["config_id"]) <= set(done["config_id"]) and attacks.height >= 2
+    table = pl.read_parquet(out / "table.parquet")
+    assert table.height == 2 * 4  # two families at one temperature x the paper's four constraints
+    picked = table.filter(pl.col("config_id").is_not_null())
+    assert (picked["k"] <= 1).all() and set(picked["config_id"]) <= set(done["config_id"])
+    assert "| constraint | T |" in (out / "table.md").read_text()
+    reevaluations = pl.read_parquet(out / "reevaluations.parquet")
+    assert set(reevaluations["config_id"]) <= set(done["config_id"]) and (reevaluations["seed"] == 1000).all()
+    # The re-evaluation runs never enter the pool: the results hold the three configs only.
+    assert not any(str(n).startswith("reeval-") for n in results["experiment"])
+
+
+# ------------------------------------------------------------------------------------------ fast: the tables
+
+
+def _results(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    defaults = {"status": "done", "seed": 0, "model.name": "m", "scheme.alpha": 0.02, "all.fpr_ci_high": 0.1,
+                "scheme.randomness": "window", "scheme.window": 1, "scheme.delta": None}
+    frame = pl.DataFrame([{**defaults, **row} for row in rows], infer_schema_length=None)
+    return frame.with_columns(pl.col("scheme.sampler").alias("family"),
+                              pl.col("experiment").alias("experiment"))
+
+
+def test_the_paper_table_picks_per_cell_and_summarises_the_reevaluations() -> None:
+    """Hand-built pool at T = 0.7: distribution shift a (size 10, quality 0.95, R 0.5) and b (size 20, quality
+    0.995, R 0.1); exponential c (size 30, quality 1.0, R 0.3). Picks by hand: 1 % + R 0.2 -> DS none (a fails
+    quality, b fails R), exp c; 1 % no R -> DS b, exp c; 10 % + R 0.2 -> DS a, exp c; 10 % no R -> DS a, exp c.
+    Re-evaluations of a: 12, 14, 11, 30, undetected -> median 14, |x - 14| = 2, 0, 3, 16, inf -> MAD 3."""
+    results = _results([
+        {"config_id": "a", "experiment": "s-a", "model.temperature": 0.7, "scheme.sampler": "distribution_shift",
+         "all.size": 10.0, "all.relative_quality": 0.95, "all.tamper_resistance": 0.5},
+        {"config_id": "b", "experiment": "s-b", "model.temperature": 0.7, "scheme.sampler": "distribution_shift",
+         "all.size": 20.0, "all.relative_quality": 0.995, "all.tamper_resistance": 0.1},
+        {"config_id": "c", "experiment": "s-c", "model.temperature": 0.7, "scheme.sampler": "exponential",
+         "all.size": 30.0, "all.relative_quality": 1.0, "all.tamper_resistance": 0.3},
+        {"config_id": "d", "experiment": "s-d", "model.temperature": 0.7, "scheme.sampler": "exponential",
+         "status": "failed", "all.size": None, "all.relative_quality": None, "all.tamper_resistance": None},
+    ])
+    reevaluations = pl.DataFrame({"config_id": ["a"] * 5, "seed": [1000, 1001, 1002, 1003, 1004],
+                                  "status": ["done"] * 5, "all.size": [12.0, 14.0, 11.0, 30.0, None]})
+    from mmw.sweep.collect import paper_table, picked_config_ids, table_markdown
+
+    table = paper_table(results, reevaluations, k=5)
+    got = {(r["family"], r["max_quality_loss"], r["min_tamper_resistance"]): r for r in table.iter_rows(named=True)}
+    expected = {("distribution_shift", 0.01, 0.2): None, ("distribution_shift", 0.01, 0.0): "b",
+                ("distribution_shift", 0.1, 0.2): "a", ("distribution_shift", 0.1, 0.0): "a",
+                ("exponential", 0.01, 0.2): "c", ("exponential", 0.01, 0.0): "c", ("exponential", 0.1, 0.2): "c",
+                ("exponential", 0.1, 0.0): "c"}
+    assert {k: v["config_id"] for k, v in got.items()} == expected
+    a = got[("distribution_shift", 0.1, 0.2)]
+    assert (a["size_median"], a["size_mad"], a["k"], a["pick_size"]) == (14.0, 3.0, 5, 10.0)
+    assert got[("exponential", 0.1, 0.0)]["k"] == 0  # picked, not re-evaluated yet
+    assert sorted(picked_config_ids(results)) == ["a", "b", "c"]
+    markdown = table_markdown(table, "test scale")
+    assert "14 (3) k=5" in markdown and "∞" in markdown and "no re-eval" in markdown
