@@ -80,15 +80,6 @@ def tiny_judge(digits_split: bool) -> Judge:
     return Judge(tokenizer, LlamaForCausalLM(config).eval(), batch_size=2)
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models run faster on one thread (no OpenMP spin-waits on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_grade_trie_for_digit_and_whole_number_tokenizers():
     digits = grade_trie(word_tokenizer(WORDS + [str(d) for d in range(10)], digits_split=True))
     assert [len(p) for p in digits.paths] == [1] * 10 + [2] * 90 + [3]

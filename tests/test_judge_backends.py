@@ -157,16 +157,6 @@ def test_failures_are_missing_not_zero_and_not_cached(tmp_path):
     assert not list(tmp_path.rglob("*.json"))
 
 
-@pytest.fixture
-def one_thread():
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # --------------------------------------------------------------------------------------------- params
 BOARD_RATE = {"judge": SMOLLM2, "device": "cpu", "dtype": "float32", "batch_size": 2, "mode": "expected",
               "max_new_tokens": 8}
