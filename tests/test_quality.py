@@ -281,4 +281,5 @@ def test_quality_stage_with_the_embedded_scorer(tmp_path, monkeypatch):
     report = json.loads((tmp_path / "reports/quality.json").read_text())
     scores = pl.read_parquet(tmp_path / "data/quality/scores.parquet")
     assert scores["perplexity"].is_finite().all() and scores["task_score"].null_count() == 4
-    assert 0 < report["mauve"]["value"] <= 1 and report["mauve"]["wall_s"] > 0
+    assert 0 < report["mauve"]["value"] <= 1
+    assert "wall_s" not in report["mauve"]  # wall times are a log, never in a DVC output that aggregate reads
