@@ -115,6 +115,8 @@ def _generate_local(
     """Greedy paraphrases of ``chunks``; batches group chunks of similar length so padding stays small."""
     import torch
 
+    from mmw.engines.attention import grouped_query_sdpa
+
     prompts = [tokenizer.apply_chat_template(messages_for(c), add_generation_prompt=True, tokenize=False)
                for c in chunks]
     lengths = [len(tokenizer.encode(c, add_special_tokens=False)) for c in chunks]
@@ -125,7 +127,7 @@ def _generate_local(
         # The chat template already holds the special tokens; add_special_tokens would add a second BOS.
         encoded = tokenizer([prompts[i] for i in batch], return_tensors="pt", padding=True,
                             add_special_tokens=False).to(model.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), grouped_query_sdpa(model):
             generated = model.generate(
                 **encoded, do_sample=False, temperature=None, top_p=None, top_k=None,
                 max_new_tokens=max_new_tokens_for(max(lengths[i] for i in batch)),

@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
+from mmw.engines.attention import grouped_query_sdpa
 from mmw.io import write_table
 
 GENERATION_SCHEMA = {
@@ -129,7 +130,7 @@ def generate_batch(
     )
     batch = {name: tensor.to(model.device) for name, tensor in batch.items()}
     config = neutral_generation_config(tokenizer, model, max_new_tokens)
-    with torch.inference_mode(), neutral_model_defaults(model):
+    with torch.inference_mode(), neutral_model_defaults(model), grouped_query_sdpa(model):
         output = model.generate(**batch, generation_config=config, logits_processor=LogitsProcessorList([processor]))
     tokens = strip_after_eos(output[:, batch["input_ids"].shape[1]:], config.eos_token_id)
     lengths = [len(row) for row in tokens]
