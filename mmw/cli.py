@@ -210,7 +210,8 @@ def sweep(
     """Run a sweep as DVC experiments (`mmw sweep NAME`) or collect it (`mmw sweep collect NAME`).
 
     Running skips finished configs (retries failed and missing ones), prints done / queued / failed and an ETA,
-    then re-evaluates the picks. Collecting writes reports/sweeps/<name>/ (results, attacks, the paper's table).
+    then re-evaluates the picks, then collects it and writes reports/index.html. Collecting writes
+    reports/sweeps/<name>/ (results, attacks, the paper's table).
     Exit code 2 on an unknown sweep or an invalid entry (before anything runs), 1 when some config failed.
     """
     from mmw.sweep import load_sweep, run_sweep
@@ -254,6 +255,14 @@ def sweep(
     except SpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
+    if reruns is not None:  # the sweep has its answer: write its tables (reports/sweeps/<name>/) and the report
+        from mmw.reporting.page import build_report
+        from mmw.sweep.collect import collect
+
+        collect(repo, definition, repo / "reports" / "sweeps" / sweep_name, scale or _scale_of(definition),
+                with_timings=timings, echo=typer.echo)
+        info = build_report(repo, sweep_name, repo / "reports" / "index.html", repo / "params.yaml")
+        typer.echo(f"wrote {repo / 'reports' / 'sweeps' / sweep_name}/ and {info.path}")
     if any(p is not None and p.failed for p in (pool, reruns)):
         raise typer.Exit(1)
 

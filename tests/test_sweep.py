@@ -218,6 +218,9 @@ def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -
     assert "generate_baseline" in reevals[0]["ran"]
     if len(reevals) == 2:
         assert "generate_baseline" in reevals[1]["restored"]
+    # ... and the sweep ends with its answer written: its tables and the report page.
+    assert (repo / "reports/sweeps/t/table.md").is_file() and (repo / "reports/index.html").is_file(), output
+    assert "| constraint | T |" in (repo / "reports/sweeps/t/table.md").read_text()
 
     # 3. A rerun retries only the failed config.
     again = subprocess.run([*mmw, "t", "--no-reevaluate"], cwd=repo, env=env, capture_output=True, text=True,
@@ -294,4 +297,7 @@ def test_the_paper_table_picks_per_cell_and_summarises_the_reevaluations() -> No
     assert got[("exponential", 0.1, 0.0)]["k"] == 0  # picked, not re-evaluated yet
     assert sorted(picked_config_ids(results)) == ["a", "b", "c"]
     markdown = table_markdown(table, "test scale")
-    assert "14 (3) k=5" in markdown and "∞" in markdown and "no re-eval" in markdown
+    assert "14 (3) k=5" in markdown and "no re-eval" in markdown
+    # DS at 1% quality, R >= 0.2: nothing feasible -> "none" (as reports/index.html prints it), not "∞" (undetected)
+    ds_row = next(line for line in markdown.splitlines() if line.startswith("| 1% quality, R ≥ 0.2 | 0.7 |"))
+    assert ds_row.split(" | ")[2] == "none"

@@ -59,6 +59,16 @@ class Sampler(ABC):
     def prepare(self, device: torch.device) -> None:
         """Build device constants (lookup tables) before ``choose`` runs, possibly inside a compiled graph."""
 
+    _token_ids: torch.Tensor | None = None
+
+    def token_ids(self, device: torch.device) -> torch.Tensor:
+        """The token ids 0..V-1, int64 [V] on ``device``, as a stored table built once: Inductor folds an in-graph
+        ``arange + constant`` into int32 index arithmetic, and the PRF's 64-bit constants then fail Triton's
+        compile (torch 2.11). Samplers that hash every token id call this from ``prepare``."""
+        if self._token_ids is None or self._token_ids.device != device:
+            self._token_ids = torch.arange(self.vocab_size, dtype=torch.int64, device=device)
+        return self._token_ids
+
     @abstractmethod
     def choose(self, logits: torch.Tensor, seeds: torch.Tensor, temperature: float,
                plain_u: torch.Tensor) -> torch.Tensor:

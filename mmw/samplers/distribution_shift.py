@@ -16,18 +16,12 @@ class DistributionShift(Sampler):
     name = "distribution_shift"
     distortion_free = False
 
-    _vocab: torch.Tensor | None = None
-
     def prepare(self, device):
-        """The token ids as a stored table: Inductor folds an in-graph ``arange + constant`` into int32 index
-        arithmetic, and the PRF's 64-bit constants then fail Triton's compile (torch 2.11)."""
-        if self._vocab is None or self._vocab.device != device:
-            self._vocab = torch.arange(self.vocab_size, dtype=torch.int64, device=device)
-        return self._vocab
+        self.token_ids(device)
 
     def green_t(self, seeds: torch.Tensor) -> torch.Tensor:
         """seeds int64 [B] -> bool [B, V]."""
-        vocab = self.prepare(seeds.device)
+        vocab = self.token_ids(seeds.device)
         return prf.unit_t(prf.prf_t(seeds.unsqueeze(-1), vocab.unsqueeze(0))) < self.spec.gamma
 
     def choose(self, logits, seeds, temperature, plain_u):

@@ -211,10 +211,12 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 def table_markdown(table: pl.DataFrame, scale: str) -> str:
     """The paper's layout: constraint blocks x temperature rows x family columns, ``median (MAD)`` cells;
-    ``∞`` when nothing in the cell is feasible, ``pick N (no re-eval)`` when the pick was not re-evaluated."""
+    ``none`` when nothing in the cell is feasible, ``∞`` when the pick's median size is undetected (as the paper
+    prints it and as reports/index.html shows it), ``pick N (no re-eval)`` when the pick was not re-evaluated."""
     families = ["distribution_shift", "exponential", "inverse_transform", "binary"]
     lines = [f"Size of the ideal watermark under four constraints ({scale}). Cells: median (MAD) of the pick's "
-             "size over its re-evaluations with fresh seeds and keys; ∞: no feasible setting in the cell.", "",
+             "size over its re-evaluations with fresh seeds and keys; ∞: undetected in half or more of the texts; "
+             "none: no evaluated setting meets the constraint.", "",
              "| constraint | T | " + " | ".join(families) + " |", "|---|---|" + "---|" * len(families)]
     if table.height == 0:
         return "\n".join(lines) + "\n"
@@ -229,7 +231,7 @@ def table_markdown(table: pl.DataFrame, scale: str) -> str:
                     continue
                 r = row.row(0, named=True)
                 if r["config_id"] is None:
-                    cells.append("∞")
+                    cells.append("none")
                 elif r["k"]:
                     cells.append(f"{_fmt(r['size_median'])} ({_fmt(r['size_mad'])}) k={r['k']}")
                 else:
