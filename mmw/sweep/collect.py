@@ -232,6 +232,8 @@ def table_markdown(table: pl.DataFrame, scale: str) -> str:
                 r = row.row(0, named=True)
                 if r["config_id"] is None:
                     cells.append("none")
+                elif r["k"] and r["size_median"] is not None and math.isinf(r["size_median"]):
+                    cells.append(f"∞ k={r['k']}")  # a MAD around an undetected median means nothing
                 elif r["k"]:
                     cells.append(f"{_fmt(r['size_median'])} ({_fmt(r['size_mad'])}) k={r['k']}")
                 else:

@@ -260,7 +260,7 @@ def run_jobs(repo: Path, sweep: str, label: str, jobs: Sequence[Job], executor: 
     progress = Progress(total=len(jobs), done=len(jobs) - len(todo),
                         failed=sum(1 for j in todo if j.name in previous and previous[j.name].status == "failed"),
                         queued=len(todo))
-    echo(progress.line(label) + (" (retrying failed and missing)" if progress.done else ""))
+    echo(progress.line(label) + (" (retrying failed and missing)" if progress.done and progress.queued else ""))
 
     def record(outcome: Outcome) -> None:
         append_log(repo, sweep, outcome)
