@@ -369,3 +369,23 @@ def test_audit_keys_are_deterministic_distinct_and_not_the_key() -> None:
     assert len(set(keys)) == 16 and key not in keys
     assert set(keys).isdisjoint(audit_keys(key + 1, 16))
     assert all(0 <= k < 2**64 for k in keys)
+
+
+def test_an_attack_that_always_failed_or_was_never_rated_keeps_its_row() -> None:
+    """An attack whose every text failed (no detection, no rating) still has its row, with n = 0 and no W_A;
+    NaN ratings (a failed judgement) count as missing, never as numbers."""
+    detections, ratings, perturbed = _toy_tables()
+    broken = pl.DataFrame([("b0", "books", "broken", "swap", True, False), ("s0", "stories", "broken", "swap", True,
+                                                                           False)],
+                          schema=perturbed.columns, orient="row")
+    ratings = ratings.with_columns(pl.when(pl.col("attack") == "lower").then(float("nan")).otherwise(pl.col("rating"))
+                                   .alias("rating"))
+    table = attack_points(detections, ratings, pl.concat([perturbed, broken]), by_task=False)
+    rows = {row["attack"]: row for row in table.iter_rows(named=True)}
+    assert set(rows) == {"broken", "lower", "swap", "para"}
+    assert (rows["broken"]["n"], rows["broken"]["n_failed"], rows["broken"]["n_rated"]) == (0, 2, 0)
+    assert rows["broken"]["watermarked"] is None and rows["broken"]["family"] == "swap"
+    lower = rows["lower"]
+    assert (lower["n"], lower["n_rated"]) == (4, 0)
+    assert lower["quality_attacked"] is None and lower["quality_retained"] is None
+    assert rows["swap"]["n_rated"] == 2  # the others are untouched
