@@ -389,3 +389,18 @@ def test_an_attack_that_always_failed_or_was_never_rated_keeps_its_row() -> None
     assert (lower["n"], lower["n_rated"]) == (4, 0)
     assert lower["quality_attacked"] is None and lower["quality_retained"] is None
     assert rows["swap"]["n_rated"] == 2  # the others are untouched
+
+
+def test_a_nan_reference_rating_is_missing_and_a_task_without_anchor_keeps_its_rows() -> None:
+    detections, ratings, perturbed = _toy_tables()
+    nan_b1 = (pl.col("prompt_id") == "b1") & (pl.col("source") == "watermarked")
+    ratings = ratings.with_columns(pl.when(nan_b1).then(float("nan")).otherwise(pl.col("rating")).alias("rating"))
+    lower = attack_points(detections, ratings, perturbed, by_task=False).filter(pl.col("attack") == "lower").row(
+        0, named=True)
+    assert lower["n_rated"] == 2 and math.isfinite(lower["quality_reference"])  # b1 left the pairs (b0 was out)
+    # By task: no re-tokenized row for the stories: their attack rows stay, with no anchor (so no R).
+    no_story_anchor = detections.filter(~((pl.col("source") == "retokenized") & (pl.col("task") == "stories")))
+    table = attack_points(no_story_anchor, ratings, perturbed, by_task=True)
+    stories = table.filter(pl.col("task") == "stories")
+    assert stories.height == 3 and stories["no_attack_watermarked"].is_null().all()
+    assert tamper_resistance_of(stories) is None
