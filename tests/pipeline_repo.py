@@ -161,3 +161,13 @@ def traced_tiny_pipeline(base: Path) -> TracedRun:
         run(repo, "git", "commit", "-qm", "baseline run")
         _TRACED["run"] = TracedRun(repo, traces, completed.stdout + completed.stderr, seconds)
     return _TRACED["run"]
+
+
+#: Two CPU configs at the tiny board's scale for real sweep tests (tests/test_sweep.py, tests/test_ray.py): distribution
+#: shift delta 5 and exponential with skip 0.05, both window 1.
+TWO_CONFIG_GRIDS = [
+    {"name": "ds", "scheme.sampler": "distribution_shift", "scheme.score": "sum", "scheme.randomness": "window",
+     "scheme.window": 1, "scheme.delta": 5.0},
+    {"name": "exp", "scheme.sampler": "exponential", "scheme.score": "sum", "scheme.randomness": "window",
+     "scheme.window": 1, "scheme.skip_prob": 0.05},
+]

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from pipeline_repo import BIN, make_pipeline_repo, plain_shell_env, run, tiny_board
+from pipeline_repo import BIN, TWO_CONFIG_GRIDS, make_pipeline_repo, plain_shell_env, run, tiny_board
 
 from mmw.keys import key_fingerprint, resolve_key
 from mmw.sweep import load_sweep, pool_jobs
@@ -36,14 +36,8 @@ JOB_KEY = "ray-job-key-" + hashlib.sha256(b"test_ray job key").hexdigest()[:20]
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 
 #: Two CPU configs at the tiny board's scale (the same pair as tests/test_sweep.py's good configs).
-SWEEP = {
-    "description": "ray test", "temperatures": [0.7], "reevaluate": {"k": 1, "first_seed": 1000},
-    "grids": [
-        {"name": "ds", "scheme.sampler": "distribution_shift", "scheme.score": "sum", "scheme.randomness": "window",
-         "scheme.window": 1, "scheme.delta": 5.0},
-        {"name": "exp", "scheme.sampler": "exponential", "scheme.score": "sum", "scheme.randomness": "window",
-         "scheme.window": 1, "scheme.skip_prob": 0.05},
-    ]}
+SWEEP = {"description": "ray test", "temperatures": [0.7], "reevaluate": {"k": 1, "first_seed": 1000},
+         "grids": TWO_CONFIG_GRIDS}
 
 
 def _free_port() -> int:

@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 import pytest
 import yaml
-from pipeline_repo import BIN, REPO, make_pipeline_repo, plain_shell_env, run, tiny_board
+from pipeline_repo import BIN, REPO, TWO_CONFIG_GRIDS, make_pipeline_repo, plain_shell_env, run, tiny_board
 from typer.testing import CliRunner
 
 from mmw.cli import app
@@ -151,10 +151,7 @@ def test_set_args_round_trip_through_dvcs_override_parser(tmp_path: Path) -> Non
 TEST_SWEEP = {
     "description": "test", "temperatures": [0.7], "reevaluate": {"k": 1, "first_seed": 1000},
     "grids": [
-        {"name": "ds", "scheme.sampler": "distribution_shift", "scheme.score": "sum", "scheme.randomness": "window",
-         "scheme.window": 1, "scheme.delta": 5.0},
-        {"name": "exp", "scheme.sampler": "exponential", "scheme.score": "sum", "scheme.randomness": "window",
-         "scheme.window": 1, "scheme.skip_prob": 0.05},
+        *TWO_CONFIG_GRIDS,
         {"name": "broken", "scheme.sampler": "distribution_shift", "scheme.score": "sum",
          "scheme.randomness": "window", "scheme.window": 1, "scheme.delta": 2.5, "model.device": "cuda"},
     ]}
