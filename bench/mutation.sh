@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Mutation testing of the statistical core with mutmut 3 (not run in CI: it is slow). One command:
 #
-#   bench/mutation.sh [--rev REV] [TARGET ...]
+#   bench/mutation.sh [--rev REV] [--jobs N] [TARGET ...]
 #
 # TARGET: prf randomness samplers scores nulls detector metrics, or several joined by commas for one mutmut run
 # (default: all seven, as one run).
 # --rev REV: mutate and test the tree of git revision REV (e.g. HEAD: the score "before" a change) instead of the
-# working tree. Every run works in a throw-away copy under $MMW_MUTATION_DIR (default /tmp/mmw-mutation): mutmut
+# working tree. --jobs N: mutants tested at once (default 1; one per core is the most that helps, each worker runs
+# single-threaded). Every run works in a throw-away copy under $MMW_MUTATION_DIR (default /tmp/mmw-mutation): mutmut
 # never touches the repository, and other processes using it never see a mutant.
 #
 # Each mutant runs only the fast tests that cover the mutated function (mutmut records coverage per test first),
 # chosen from FAST_TESTS below: no heavy tests, and not the false-positive-rate sweeps (2,000 texts per case, minutes
 # each; they guard calibration, which the hand-computed null tests pin much faster). Scores and surviving mutants
 # go to bench/results/mutation/<label>/<target>.txt; docs/TESTING.md lists the survivors and why they live.
-# Needs: pip install mutmut==3.8.1 (into .venv). Runs niced, single-threaded BLAS/numba, one mutant at a time.
+# Needs: pip install mutmut==3.8.1 (into .venv). Runs niced, single-threaded BLAS/numba, --jobs mutants at a time.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,14 +22,22 @@ PY="$ROOT/.venv/bin/python"
 MUTMUT="$ROOT/.venv/bin/mutmut"
 WORK=${MMW_MUTATION_DIR:-/tmp/mmw-mutation}
 REV=""
-if [[ "${1:-}" == "--rev" ]]; then REV=$2; shift 2; fi
+JOBS=1
+while [[ "${1:-}" == --* ]]; do
+  case $1 in
+    --rev) REV=$2; shift 2 ;;
+    --jobs) JOBS=$2; shift 2 ;;
+    *) echo "unknown option $1 (allowed: --rev REV, --jobs N)" >&2; exit 2 ;;
+  esac
+done
+[[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || { echo "--jobs must be a positive integer, got '$JOBS'" >&2; exit 2; }
 TARGETS=("$@")
 [[ ${#TARGETS[@]} -eq 0 ]] && TARGETS=(prf,randomness,samplers,scores,nulls,detector,metrics)
 LABEL=${REV:-worktree}
 OUT="$ROOT/bench/results/mutation/$LABEL"
 mkdir -p "$OUT"
 
-FAST_TESTS="tests/test_prf.py tests/test_scheme.py tests/test_statistics.py tests/test_power.py tests/test_kernels.py
+FAST_TESTS="tests/test_prf.py tests/test_randomness.py tests/test_scheme.py tests/test_statistics.py tests/test_power.py tests/test_kernels.py
 tests/test_metrics.py tests/test_size.py"
 DESELECT="not false_positive_rate and not cuda_twin_in_simulator and not gpu_matches"
 
@@ -83,7 +92,7 @@ for target in "${TARGETS[@]}"; do
   } > "$dir/setup.cfg"
   echo "== $LABEL/$target: mutating $(echo $pattern) against: $(echo $present)"
   started=$(date +%s)
-  (cd "$dir" && PYTHONPATH="$dir" nice -n 10 "$MUTMUT" run --max-children 1 > "$dir/run.log" 2>&1) || true
+  (cd "$dir" && PYTHONPATH="$dir" nice -n 10 "$MUTMUT" run --max-children "$JOBS" > "$dir/run.log" 2>&1) || true
   (cd "$dir" && "$MUTMUT" results --all true > "$dir/results.txt" 2>&1) || true
   "$PY" "$ROOT/bench/mutation_summary.py" "$dir/results.txt" "$target" "$(( $(date +%s) - started ))" \
     > "$OUT/$target.txt"
