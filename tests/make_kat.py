@@ -112,7 +112,10 @@ def build() -> dict[str, Any]:
         "unit": {"h": _u64(unit_in), "out": _floats(prf.unit_np(unit_in))},
         "seeds": seeds,
         "fixed": {"key_length": FIXED_LENGTH, "shift": FIXED_SHIFT, "sequence": _u64(fixed.key_sequence(key)),
-                  "seeds": _u64(fixed.seeds_np(tokens, key, shift=FIXED_SHIFT))},
+                  "seeds": _u64(fixed.seeds_np(tokens, key, shift=FIXED_SHIFT)),
+                  # per-generation offsets prf(row_seed, SHIFT) mod L of the row seeds 0, 1, 2^64 - 1, key
+                  "row_seeds": [0, 1, 2**64 - 1, key],
+                  "row_shifts": [int(s) for s in fixed.shifts_for_rows([0, 1, 2**64 - 1, key])]},
         "trial_keys": [int(k) for k in trial_keys(key, TRIALS)],
         "statistics": statistics,
     }

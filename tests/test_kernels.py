@@ -308,12 +308,15 @@ def test_kat_torch_twin():
             context = tokens[:, None]
         else:  # the seed of position n from the h tokens before it
             context = torch.stack([tokens[n - h: n] for n in range(h, len(tokens))])
-        got = from_t(source.seeds_t(context, key, 0, torch.zeros(len(context), dtype=torch.int64)))
-        np.testing.assert_array_equal(got, _u64(KAT["seeds"][name]), err_msg=name)
+        seeds = source.seeds_t(context, key, 0, torch.zeros(len(context), dtype=torch.int64))
+        assert seeds.dtype == torch.int64, name  # uint64 bits in int64: the dtype every torch op supports on CUDA
+        np.testing.assert_array_equal(from_t(seeds), _u64(KAT["seeds"][name]), err_msg=name)
     fixed = FixedKey(kind="fixed", key_length=KAT["fixed"]["key_length"])
     shift = torch.tensor([KAT["fixed"]["shift"]])
+    assert fixed.seeds_t(tokens[None, :1], key, 0, shift).dtype == torch.int64
     got = [int(from_t(fixed.seeds_t(tokens[None, :1], key, n, shift))[0]) for n in range(len(tokens))]
     assert got == KAT["fixed"]["seeds"]
+    assert fixed.shifts_for_rows(KAT["fixed"]["row_seeds"]).tolist() == KAT["fixed"]["row_shifts"]
     seeds_t = as_t(KAT_SEEDS)
     scored = torch.from_numpy(KAT_SCORED)
     rows = torch.arange(len(scored))

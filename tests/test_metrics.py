@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from mmw.audit import audit_keys
 from mmw.metrics import (
     PairedRatio,
+    RateEstimate,
     attack_points,
     detection_rate,
     paired_relative_quality,
@@ -123,6 +125,8 @@ def test_r_matches_brute_force_lower_envelope() -> None:
 def test_points_outside_unit_square_rejected() -> None:
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         tamper_resistance([(1.2, 0.3)], no_attack=1.0)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        tamper_resistance([(0.5, -0.1)], no_attack=1.0)
     with pytest.raises(ValueError, match="finite"):
         tamper_resistance([(math.nan, 0.3)], no_attack=1.0)
 
@@ -154,6 +158,9 @@ def test_relative_quality_and_quality_retained() -> None:
     assert quality_retained(0.9, 0.8) == 1.0  # clipped: attacks that "improve" quality count as 1
     assert quality_retained(-0.1, 0.8) == 0.0
     assert quality_retained(None, 0.8) is None
+    # An unknown or zero reference quality has no ratio (never a crash, never a division by zero).
+    assert quality_retained(0.4, None) is None and quality_retained(0.4, 0.0) is None
+    assert relative_quality(0.72, 1.0) == pytest.approx(0.72) and relative_quality(0.72, 0.0) is None
 
 
 def test_detection_rate_clopper_pearson() -> None:
@@ -165,6 +172,18 @@ def test_detection_rate_clopper_pearson() -> None:
     assert zero.low == 0.0
     assert zero.high == pytest.approx(1 - 0.025 ** (1 / 50))
     assert detection_rate(pl.Series([], dtype=pl.Boolean)).rate is None
+
+
+def test_detection_rate_reports_its_counts_and_confidence() -> None:
+    # Hand-computed: 2 of 10 at 99%: the exact interval solves P(X >= 2 | p_low) = 0.005 and P(X <= 2 | p_high) =
+    # 0.005 (scipy.stats.beta quantiles of the Clopper-Pearson construction, checked against the binomial cdf).
+    from scipy.stats import binom
+    estimate = detection_rate(pl.Series([True, True] + [False] * 8 + [None]), confidence=0.99)
+    assert (estimate.k, estimate.n, estimate.confidence, estimate.rate) == (2, 10, 0.99, 0.2)
+    assert binom.sf(1, 10, estimate.low) == pytest.approx(0.005, rel=1e-6)
+    assert binom.cdf(2, 10, estimate.high) == pytest.approx(0.005, rel=1e-6)
+    assert detection_rate(pl.Series([], dtype=pl.Boolean), confidence=0.9) == RateEstimate(
+        rate=None, low=None, high=None, k=0, n=0, confidence=0.9)
 
 
 def test_fpr_interval_covers_alpha_for_a_calibrated_detector() -> None:
@@ -312,6 +331,54 @@ def test_relative_quality_without_pairs_is_unknown() -> None:
     few = pl.DataFrame({"prompt_id": list("abcd") * 2, "source": ["baseline"] * 4 + ["watermarked"] * 4,
                         "rating": [0.5, 0.6, 0.7, 0.8, 0.4, 0.6, 0.7, 0.9]})
     assert paired_relative_quality(few) == PairedRatio(pytest.approx(2.6 / 2.6), None, None, 4)
+
+
+def _pairs(baseline: Sequence[float], watermarked: Sequence[float], **other: Sequence[Any]) -> pl.DataFrame:
+    ids = [f"p{i}" for i in range(len(baseline))]
+    return pl.DataFrame({"prompt_id": ids * 2, "source": ["baseline"] * len(ids) + ["watermarked"] * len(ids),
+                         "rating": [*baseline, *watermarked], **other})
+
+
+def test_relative_quality_interval_resamples_pairs() -> None:
+    # Watermarked = 0.9 x baseline up to a tiny per-prompt noise, across very different prompts. Resampling pairs,
+    # every resample's ratio stays within ~0.5% of 0.9; resampling the two sides independently (or holding one
+    # side's mean fixed) lets prompt difficulty into the ratio: an interval ~40x wider.
+    rng = np.random.default_rng(3)
+    baseline = rng.uniform(20, 95, size=40)
+    watermarked = 0.9 * baseline + rng.normal(0, 0.2, size=40)
+    estimate = paired_relative_quality(_pairs(baseline, watermarked))
+    assert estimate.low < estimate.ratio < estimate.high
+    assert estimate.high - estimate.low < 0.005
+    assert estimate.low < 0.9 < estimate.high
+    # The same ratings, different confidence: 50% nested strictly inside 99% (the level reaches scipy).
+    narrow = paired_relative_quality(_pairs(baseline, watermarked), confidence=0.5)
+    wide = paired_relative_quality(_pairs(baseline, watermarked), confidence=0.99)
+    assert wide.low < estimate.low < narrow.low < narrow.high < estimate.high < wide.high
+    # Deterministic: the report must not change from run to run (fixed bootstrap seed), bit for bit.
+    assert paired_relative_quality(_pairs(baseline, watermarked)) == estimate
+
+
+def test_relative_quality_interval_with_one_constant_side_or_identical_sides() -> None:
+    varied = [50.0, 60.0, 70.0, 80.0, 90.0, 55.0]
+    constant = [70.0] * 6
+    # One side without spread still leaves a ratio that varies across resamples: an interval.
+    for baseline, watermarked in ((varied, constant), (constant, varied)):
+        estimate = paired_relative_quality(_pairs(baseline, watermarked))
+        assert estimate.low is not None and estimate.low < estimate.ratio < estimate.high, (baseline, watermarked)
+    # Both sides constant: nothing to resample. Identical sides: every resample's ratio is exactly 1 and BCa has no
+    # spread to correct (scipy returns NaN): no interval either, never a NaN.
+    assert paired_relative_quality(_pairs(constant, [60.0] * 6)) == PairedRatio(pytest.approx(60 / 70), None, None, 6)
+    assert paired_relative_quality(_pairs(varied, varied)) == PairedRatio(1.0, None, None, 6)
+
+
+def test_relative_quality_nan_is_missing_and_other_columns_nulls_do_not_matter() -> None:
+    baseline = [50.0, 60.0, 70.0, 80.0, 90.0, 55.0, 65.0]
+    watermarked = [45.0, 60.0, 60.0, 75.0, 80.0, 50.0, float("nan")]
+    # The attack column is null on these rows (no attack): a null elsewhere must not drop a rating.
+    estimate = paired_relative_quality(_pairs(baseline, watermarked, attack=[None] * 14))
+    assert estimate.n == 6
+    assert estimate.ratio == pytest.approx(sum(watermarked[:6]) / sum(baseline[:6]))
+    assert estimate.low is not None and math.isfinite(estimate.low) and math.isfinite(estimate.high)
 
 
 # --- metrics.json ------------------------------------------------------------------------------------------------

@@ -145,3 +145,16 @@ def test_key_from_string_is_blake2b_of_the_utf8_key():
 
     digest = hashlib.blake2b("mmw-benchmark-public-key".encode(), digest_size=8).digest()
     assert prf.key_from_string("mmw-benchmark-public-key") == sum(b << (8 * i) for i, b in enumerate(digest))
+
+
+def test_python_int_inputs_at_the_sign_boundary():
+    """prf_t reads python ints as uint64 values: 2^63 (the first value whose int64 bit pattern is negative) and
+    2^64 - 1 must give the numpy reference's outputs, as seed and as input."""
+    for value in (2**63 - 1, 2**63, 2**63 + 1, 2**64 - 1):
+        want = int(prf.prf_np(np.uint64(value), np.uint64(5)))
+        got = prf.prf_t(value, torch.tensor([5], dtype=torch.int64)).numpy().view(np.uint64)[0]
+        assert int(got) == want, value
+        want = int(prf.prf_np(np.uint64(7), np.uint64(value)))
+        got = prf.prf_t(torch.tensor([7], dtype=torch.int64), value).numpy().view(np.uint64).reshape(-1)[0]
+        assert int(got) == want, value
+        assert prf.to_signed(value) == int(np.uint64(value).view(np.int64))

@@ -24,3 +24,31 @@ def test_seeds_for_every_scored_position_and_none_before(source, length: int) ->
         context = torch.from_numpy(tokens[i:i + source.window]).unsqueeze(0)
         expected = int(source.seeds_t(context, KEY, 0, torch.zeros(1, dtype=torch.int64))[0]) & MASK64
         assert int(seed) == expected, (length, i)
+
+
+def test_the_spec_builds_the_source_it_names() -> None:
+    """randomness/window in params pick the seeds: window H hashes the H previous tokens in order, minhash H takes
+    the minimum of their hashes, and min-hash over one token is built as the window of one (the same scheme; the
+    seeds of a MinHash of width 1 would differ by their domain tag). Checked against the committed known-answer seeds, so a swapped branch cannot pass."""
+    import json
+    from pathlib import Path
+
+    from mmw.randomness import FixedKey, RandomnessSource
+    from mmw.scheme import SchemeSpec
+
+    kat = json.loads((Path(__file__).with_name("data") / "kat.json").read_text())
+    tokens = np.array(kat["tokens"], dtype=np.int64)
+    cases = {"window_0": ("window", 0), "window_1": ("window", 1), "window_3": ("window", 3),
+             "minhash_2": ("minhash", 2), "minhash_4": ("minhash", 4)}
+    for name, (randomness, window) in cases.items():
+        spec = SchemeSpec.from_params({"sampler": "exponential", "randomness": randomness, "window": window,
+                                       "score": "sum"})
+        seeds = RandomnessSource.from_spec(spec).seeds_np(tokens, kat["key"])
+        assert [int(s) for s in seeds] == kat["seeds"][name], name
+    one = SchemeSpec.from_params({"sampler": "exponential", "randomness": "minhash", "window": 1, "score": "sum"})
+    assert [int(s) for s in RandomnessSource.from_spec(one).seeds_np(tokens, kat["key"])] == kat["seeds"]["window_1"]
+    fixed = SchemeSpec.from_params({"sampler": "exponential", "randomness": "fixed", "key_length": 7,
+                                    "score": "align"})
+    source = RandomnessSource.from_spec(fixed)
+    assert isinstance(source, FixedKey) and source.key_length == 7
+    assert [int(s) for s in source.key_sequence(kat["key"])] == kat["fixed"]["sequence"]

@@ -340,6 +340,79 @@ def test_size_counts_the_unscored_context_tokens():
     assert res.pvalues[0] == 1.0 and res.pvalues[6] == pytest.approx(2.0**-6)
 
 
+def test_scored_token_counts_and_empty_texts():
+    """n_scored counts what the test statistic used: the exact (sum) null counts each (context, token) pair once, so
+    0 5 0 5 0 5 under window 1 scores 2 pairs, not 5; the empirical nulls score every token that has a seed (all
+    of them with a fixed key, all but the first with window 1). An empty text: nothing scored, p = 1, no size."""
+    texts = [np.array([0, 5, 0, 5, 0, 5]), np.array([], dtype=np.int64), np.arange(7)]
+    cases = [(dict(randomness="window", window=1), {}, [2, 0, 6]),
+             (dict(randomness="window", window=1), dict(score="edit", psi=0.5), [5, 0, 6]),
+             (dict(randomness="fixed", key_length=4), dict(score="align"), [6, 0, 7])]
+    for source, extra, want in cases:
+        spec = spec_of("distribution_shift", source, delta=2.0, gamma=0.5, **extra)
+        results = Detector(spec, KEY, VOCAB, device="reference").detect(texts)
+        assert [r.n_scored for r in results] == want, (source, extra)
+        empty = results[1]
+        assert (empty.n_tokens, empty.pvalue, empty.size, empty.detected, empty.score) == (0, 1.0, None, False, 0.0)
+
+
+def test_detector_rejects_token_ids_outside_the_vocabulary_and_unknown_devices():
+    spec = spec_of("distribution_shift", dict(randomness="window", window=1), delta=2.0, gamma=0.5)
+    detector = Detector(spec, KEY, VOCAB, device="reference")
+    assert detector.detect([np.array([0, VOCAB - 1])])[0].n_tokens == 2  # both ends of the vocabulary are fine
+    for bad, shown in (([3, -1], "-1..3"), ([VOCAB, 3], f"3..{VOCAB}")):
+        with pytest.raises(ValueError, match=rf"token ids must lie in \[0, {VOCAB}\); got {shown}$"):
+            detector.detect([np.array([1, 2]), np.array(bad)])
+    with pytest.raises(SpecError, match=r"^detect\.device: unknown device 'tpu'") as err:
+        Detector(spec, KEY, VOCAB, device="tpu")
+    assert "allowed: auto, cpu, cuda, reference" in str(err.value)
+
+
+def test_valid_size_thins_the_checkpoints_only_for_permutation_nulls():
+    """size_valid tests checkpoints 16, 32, 64, ... and the full text at alpha / m. A permutation p-value is a
+    multiple of 1 / (T + 1) = 0.01 (T = 99), so over 100 tokens the detector keeps the last floor(0.02 * 100) = 2
+    checkpoints {64, 100} (level 0.01, reachable); with all four (level 0.005) nothing could ever pass. The exact
+    binomial null keeps all five checkpoints of a 200-token text: all green reaches 2^-16 < 0.02 / 5 at 16."""
+    from mmw import prf
+
+    logits = uniform_subset_model(VOCAB, support=16, rows=8, seed=6)
+    spec = spec_of("exponential", dict(randomness="fixed", key_length=8, score="align"))
+    toks = generate_synthetic(spec, KEY, logits, rows=8, length=100, vocab_size=VOCAB)
+    sizes = [r.size_valid for r in Detector(spec, KEY, VOCAB).detect(list(toks))]
+    assert set(sizes) <= {64, 100, None} and sizes.count(64) >= 6, sizes
+
+    exact = spec_of("distribution_shift", dict(randomness="window", window=0), delta=2.0, gamma=0.5)
+    green = green_tokens(prf.prf_int(KEY, prf.WINDOW), 0.5, True, 200)
+    result = Detector(exact, KEY, VOCAB, device="reference").detect([np.array(green)])[0]
+    assert (result.size_valid, result.size) == (16, 6)
+
+
+def test_probabilities_are_a_float64_softmax():
+    """Sampling reads a CDF over the whole vocabulary: float32 logits are promoted before the softmax, so the
+    row sums to 1 within float64 rounding (a float32 softmax over 50,000 tokens is off by ~1e-7 per entry)."""
+    from mmw.samplers.base import probabilities
+
+    logits = torch.randn(2, 50_000, generator=torch.Generator().manual_seed(0), dtype=torch.float32) * 3
+    probs = probabilities(logits, 0.7)
+    assert probs.dtype == torch.float64
+    reference = torch.softmax(logits.double() / 0.7, dim=-1)
+    assert torch.equal(probs, reference)
+
+
+def test_inverse_cdf_never_lands_on_a_zero_probability_tail():
+    """Ten tokens of 0.1 then two of probability 0: the float64 CDF ends at 0.9999999999999999, below the largest
+    PRF unit 1 - 2^-53 (docs/PRF.md). Scaling u by the row total keeps the target inside the mass (token 9);
+    an unscaled (or divided) target passes the total and would pick a zero-probability token."""
+    from mmw import prf
+    from mmw.samplers.base import inverse_cdf
+
+    largest_unit = float(prf.unit_np(np.array([2**64 - 1], dtype=np.uint64))[0])
+    assert largest_unit == 1 - 2.0**-53
+    probs = torch.tensor([[0.1] * 10 + [0.0, 0.0], [0.0, 0.25, 0.0, 0.75] + [0.0] * 8], dtype=torch.float64)
+    for u, want in ((largest_unit, [9, 3]), (0.5 * 2.0**-52, [0, 1]), (0.3, [2, 3])):
+        assert inverse_cdf(probs, torch.full((2,), u, dtype=torch.float64)).tolist() == want, u
+
+
 def test_temperature_zero_distribution_shift_is_argmax_of_shifted_logits():
     """Greedy on logits + delta * green, the green list read off the PRF spec (not argmin, not the plain max)."""
     from mmw import prf
@@ -402,7 +475,7 @@ def test_missing_kernels_are_an_error_not_a_silent_fallback(monkeypatch):
     for device in ("auto", "cpu"):
         with pytest.raises(SpecError, match=r"^detect\.device: .*numba kernels, which cannot be imported") as err:
             Detector(spec, KEY, VOCAB, device=device)
-        assert "allowed: reference" in str(err.value)
+        assert "allowed: reference" in str(err.value) and "(ModuleNotFoundError: " in str(err.value)
     assert Detector(spec, KEY, VOCAB, device="reference").detect([np.arange(5)])[0].n_tokens == 5
 
 
