@@ -366,6 +366,14 @@ def test_detector_rejects_token_ids_outside_the_vocabulary_and_unknown_devices()
     with pytest.raises(SpecError, match=r"^detect\.device: unknown device 'tpu'") as err:
         Detector(spec, KEY, VOCAB, device="tpu")
     assert "allowed: auto, cpu, cuda, reference" in str(err.value)
+    # The named device reaches the kernels: "cpu" is the CPU twin even where a GPU is visible, and "cuda" without a
+    # GPU is an error, never a quiet fall back to the CPU.
+    from mmw.kernels.backend import cuda_available
+
+    assert Detector(spec, KEY, VOCAB, device="cpu").backend.device == "cpu"
+    if not cuda_available():
+        with pytest.raises(SpecError, match="cuda requested but numba sees no CUDA GPU"):
+            Detector(spec, KEY, VOCAB, device="cuda")
 
 
 def test_valid_size_thins_the_checkpoints_only_for_permutation_nulls():
