@@ -341,8 +341,8 @@ def _pairs(baseline: Sequence[float], watermarked: Sequence[float], **other: Seq
 
 def test_relative_quality_interval_resamples_pairs() -> None:
     # Watermarked = 0.9 x baseline up to a tiny per-prompt noise, across very different prompts. Resampling pairs,
-    # every resample's ratio stays within ~0.5% of 0.9; resampling the two sides independently (or holding one
-    # side's mean fixed) lets prompt difficulty into the ratio: an interval ~40x wider.
+    # every resample's ratio stays within ~0.2% of 0.9 (interval width 0.0022); resampling the two sides
+    # independently (width 0.29) or holding one side's mean fixed (0.21) lets prompt difficulty into the ratio.
     rng = np.random.default_rng(3)
     baseline = rng.uniform(20, 95, size=40)
     watermarked = 0.9 * baseline + rng.normal(0, 0.2, size=40)
