@@ -29,7 +29,8 @@ def test_seeds_for_every_scored_position_and_none_before(source, length: int) ->
 def test_the_spec_builds_the_source_it_names() -> None:
     """randomness/window in params pick the seeds: window H hashes the H previous tokens in order, minhash H takes
     the minimum of their hashes, and min-hash over one token is built as the window of one (the same scheme; the
-    seeds of a MinHash of width 1 would differ by their domain tag). Checked against the committed known-answer seeds, so a swapped branch cannot pass."""
+    seeds of a MinHash of width 1 would differ by their domain tag). Checked against the committed known-answer
+    seeds, so a swapped branch cannot pass."""
     import json
     from pathlib import Path
 
