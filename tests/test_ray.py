@@ -97,6 +97,15 @@ def _node2_raylet() -> psutil.Process:
     raise AssertionError("no raylet with the node2 resource")
 
 
+def _cmdline(proc: psutil.Process) -> str:
+    """The command line of ``proc``, or "" when it has ended since it was listed (Ray's workers come and go
+    between ``children()`` and ``cmdline()``: a race that failed a CI run with NoSuchProcess)."""
+    try:
+        return " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
+
+
 def _metrics(repo: Path) -> dict[str, Any]:
     return {name: json.loads(run(repo, "git", "show", f"{sha}:reports/metrics.json").stdout)
             for name, sha in finished_experiments(repo).items()}
@@ -144,7 +153,7 @@ def test_a_ray_sweep_survives_a_dead_node_and_equals_the_local_run(cluster: dict
         raylet = _node2_raylet()
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and driver.poll() is None:
-            stages = [p for p in raylet.children(recursive=True) if "exp run" in " ".join(p.cmdline())]
+            stages = [p for p in raylet.children(recursive=True) if "exp run" in _cmdline(p)]
             if stages:
                 break
             time.sleep(2)
