@@ -130,10 +130,12 @@ class Isolation:
     as_nobody: bool
 
     def describe(self) -> str:
+        # The interpreter by its real path: a venv's python is a symlink inside the checkout, and the description
+        # lands in quality.json, which must not change with where the repository was cloned.
         network = "network namespace" if "--net" in self.prefix else "audit hook only (no network namespace)"
         user = "user nobody" if self.as_nobody else "the caller's user"
         return f"{network}, {'pid namespace' if '--pid' in self.prefix else 'no pid namespace'}, {user}, " \
-               f"rlimits AS/CPU/FSIZE/NPROC, audit hook, interpreter {self.python}"
+               f"rlimits AS/CPU/FSIZE/NPROC, audit hook, interpreter {os.path.realpath(self.python)}"
 
 
 def _works(command: list[str]) -> bool:

@@ -147,3 +147,20 @@ def test_exit_status_zero_from_an_early_exit_is_still_reported_as_such():
     """The sandbox reports what happened; the caller's marker check (task measures) decides what a pass is."""
     result = run_python("import sys\nsys.exit(0)\nprint('unreached')", FAST)
     assert result.passed and "unreached" not in result.stdout
+
+
+def test_the_provenance_names_the_interpreter_not_the_checkout(tmp_path):
+    """quality.json records the sandbox's description: the same interpreter reached through a venv symlink in two
+    checkouts must describe the same way, or a fresh clone's `dvc repro` changes a committed output (seen: the
+    fresh clone's venv python vs /usr/bin/python3, both /usr/bin/python3.11)."""
+    from mmw.sandbox import Isolation
+
+    real = os.path.realpath(shutil.which("python3") or "/usr/bin/python3")
+    described = set()
+    for checkout in ("a", "b"):
+        link = tmp_path / checkout / ".venv/bin/python"
+        link.parent.mkdir(parents=True)
+        link.symlink_to(real)
+        described.add(Isolation((), str(link), False).describe())
+    assert described == {Isolation((), real, False).describe()}
+    assert described.pop().endswith(f"interpreter {real}")
