@@ -236,13 +236,7 @@ def sweep(
     if dry_run:
         return
     if collecting:
-        from mmw.sweep.collect import collect
-
-        shown = scale or _scale_of(definition)
-        collected = collect(repo, definition, out / sweep_name, shown, with_timings=timings, echo=typer.echo)
-        counts = collected.results["status"].value_counts().sort("status").iter_rows()
-        typer.echo(f"collected {out / sweep_name}: " + ", ".join(f"{s} {n}" for s, n in counts)
-                   + f"; {collected.reevaluations.height} re-evaluation runs")
+        _collect_sweep(repo, definition, out / sweep_name, scale, timings)
         return
     try:
         executor = None
@@ -257,14 +251,23 @@ def sweep(
         raise typer.Exit(2) from None
     if reruns is not None:  # the sweep has its answer: write its tables (reports/sweeps/<name>/) and the report
         from mmw.reporting.page import build_report
-        from mmw.sweep.collect import collect
 
-        collect(repo, definition, repo / "reports" / "sweeps" / sweep_name, scale or _scale_of(definition),
-                with_timings=timings, echo=typer.echo)
+        _collect_sweep(repo, definition, repo / "reports" / "sweeps" / sweep_name, scale, timings)
         info = build_report(repo, sweep_name, repo / "reports" / "index.html", repo / "params.yaml")
         typer.echo(f"wrote {repo / 'reports' / 'sweeps' / sweep_name}/ and {info.path}")
     if any(p is not None and p.failed for p in (pool, reruns)):
         raise typer.Exit(1)
+
+
+def _collect_sweep(repo: Path, definition: Any, dest: Path, scale: str | None, timings: bool) -> None:
+    """Write a sweep's tables to ``dest`` (reports/sweeps/<name>/) and say what they hold."""
+    from mmw.sweep.collect import collect
+
+    collected = collect(repo, definition, dest, scale or _scale_of(definition), with_timings=timings,
+                        echo=typer.echo)
+    counts = collected.results["status"].value_counts().sort("status").iter_rows()
+    typer.echo(f"collected {dest}: " + ", ".join(f"{s} {n}" for s, n in counts)
+               + f"; {collected.reevaluations.height} re-evaluation runs")
 
 
 def _scale_of(definition: Any) -> str:

@@ -218,6 +218,7 @@ def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -
     # ... and the sweep ends with its answer written: its tables and the report page.
     assert (repo / "reports/sweeps/t/table.md").is_file() and (repo / "reports/index.html").is_file(), output
     assert "| constraint | T |" in (repo / "reports/sweeps/t/table.md").read_text()
+    assert f"collected reports/sweeps/t: done 2, failed 1; {len(reevals)} re-evaluation runs" in output, output
 
     # 3. A rerun retries only the failed config.
     again = subprocess.run([*mmw, "t", "--no-reevaluate"], cwd=repo, env=env, capture_output=True, text=True,
