@@ -11,6 +11,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 # Source folder -> the package it is installed as (pyproject.toml [tool.setuptools.package-dir]).
@@ -323,3 +325,21 @@ def test_the_checker_catches_a_drifted_signature():
     assert "has no method detect_all" in report
     assert "has no attribute p_value" in report
     assert len(checker.problems) == 5
+
+
+@pytest.mark.parametrize("doc", ["ARCHITECTURE.md", "TESTING.md", "DVC.md", "PRF.md"])
+def test_docs_speak_of_the_product_not_its_history(doc):
+    """No issue numbers, work sessions or helpers in the docs this test guards (bench/RESULTS.md too, below)."""
+    pattern = re.compile(r"\bissue [0-9]+|\b(this|first|second|third|earlier|last|previous|next) session|"
+                         r"\bsessions?\b|other helpers", re.I)
+    hits = [f"docs/{doc} line {n}: {line.strip()}" for n, line in
+            enumerate((ROOT / "docs" / doc).read_text().splitlines(), start=1) if pattern.search(line)]
+    assert not hits, "\n".join(hits)
+
+
+def test_results_log_speaks_of_the_product_not_its_history():
+    pattern = re.compile(r"\bissue [0-9]+|\bsessions?\b|\bhelpers?\b", re.I)
+    text = (ROOT / "bench" / "RESULTS.md").read_text()
+    hits = [f"bench/RESULTS.md line {n}: {line.strip()}" for n, line in enumerate(text.splitlines(), start=1)
+            if pattern.search(line)]
+    assert not hits, "\n".join(hits)
