@@ -1,5 +1,5 @@
 """Measure the validation tasks on a pipeline copy: size, detection rate and quality per task, baseline vs
-watermarked, for the default scheme and for exponential sampling (issue 13; docs/VALIDATION.md).
+watermarked, for the default scheme and for exponential sampling (docs/VALIDATION.md).
 
 Copies the pipeline (tests/pipeline_repo.py) into a fresh directory with a small board, runs `dvc repro`, then
 switches the scheme to exponential sampling and runs `dvc repro` again (only the watermarked side reruns), and

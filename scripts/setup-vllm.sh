@@ -3,7 +3,7 @@
 #
 # vLLM pins its own torch/transformers and would fight the main .venv, so it lives apart; the vLLM tests
 # (pytest -m vllm) and the vLLM judge run with .venv-vllm/bin/python. Idempotent: a second run only checks.
-# Concurrent runs (two helpers, or CI and a user) wait for each other on a lock.
+# Concurrent runs (two shells building one $MMW_VLLM_VENV, or CI and a user) wait for each other on a lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

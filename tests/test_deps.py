@@ -1,4 +1,4 @@
-"""Every DVC stage depends on exactly the repository files it executes or reads (issue 9, item 2).
+"""Every DVC stage depends on exactly the repository files it executes or reads.
 
 Two derivations of what a stage runs, checked against its ``deps`` in dvc.yaml:
 

@@ -20,7 +20,7 @@ from pipeline_repo import REPO, TracedRun, copy_checkout, plain_shell_env, run, 
 
 pytestmark = pytest.mark.heavy
 
-#: Hand-classified (issue 9): what a change of the watermark (scheme or key) must rerun, and what it must not.
+#: Hand-classified: what a change of the watermark (scheme or key) must rerun, and what it must not.
 #: A new stage fails test_every_stage_is_classified until it is added to one side.
 WATERMARK_SIDE = {"key", "generate_watermarked", "perturb", "detect_baseline", "detect_watermarked",
                   "rate_watermarked", "quality", "aggregate"}

@@ -160,7 +160,7 @@ def test_render_chat_with_the_embedded_model_tokenizer():
     assert chat.endswith("<|im_start|>assistant\n")
 
 
-# --- validation tasks (issue 13; docs/VALIDATION.md) -------------------------------------------------------------
+# --- validation tasks (docs/VALIDATION.md) -----------------------------------------------------------------------
 
 VALIDATION_FROM_DATA = ["rfc_summary", "legal_research", "book_report_fr", "humaneval", "news_highlights",
                         "multiple_choice"]
