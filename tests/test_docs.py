@@ -327,6 +327,31 @@ def test_the_checker_catches_a_drifted_signature():
     assert len(checker.problems) == 5
 
 
+def _listed_columns(cell: str) -> list[str]:
+    """``a str (note, with commas), b list[i64]`` -> ``["a", "b"]``: each comma-separated item's first word."""
+    cell = re.sub(r"\([^()]*\)", "", cell)
+    return [item.split()[0] for item in cell.split(",") if item.strip()]
+
+
+def test_tables_list_exactly_their_schemas_columns():
+    text = DOC.read_text()
+    rows = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.startswith("| ")]
+    problems, checked = [], 0
+    for number, line in rows:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        schema = re.fullmatch(r"`(mmw(?:\.\w+)+)`", cells[-1]) if len(cells) == 3 else None
+        if schema is None:
+            continue
+        checked += 1
+        actual = list(_resolve_dotted(schema.group(1)))
+        listed = _listed_columns(cells[1])
+        if listed != actual:
+            problems.append(f"docs/ARCHITECTURE.md line {number} ({cells[0]}) lists columns {listed}; "
+                            f"{schema.group(1)} has {actual}")
+    assert checked >= 5, "the Tables section names fewer schemas than it did"
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize("doc", ["ARCHITECTURE.md", "TESTING.md", "DVC.md", "PRF.md"])
 def test_docs_speak_of_the_product_not_its_history(doc):
     """No issue numbers, work sessions or helpers in the docs this test guards (bench/RESULTS.md too, below)."""
