@@ -151,6 +151,14 @@ def test_unsafe_mode_uses_the_network_namespace_when_unshare_works_here():
     assert run_python("print(6 * 7)", replace(FAST, mode="unsafe")).stdout.strip() == "42"
 
 
+def test_the_params_setting_offers_exactly_the_sandbox_modes():
+    from typing import get_args
+
+    from mmw.sandbox import MODES
+
+    assert get_args(QualityParams.model_fields["sandbox"].annotation) == MODES
+
+
 def test_bwrap_is_the_default_and_is_described_as_such():
     assert SandboxLimits().mode == "bwrap" and QualityParams().sandbox == "bwrap"
     described = isolation().describe()
