@@ -21,7 +21,15 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from mmw.sandbox import SandboxLimits, isolation, run_python  # noqa: E402
-from test_sandbox_escapes import BYPASS, LIMITS, PROVE_BYPASS, attempts, escaped, make_arena, run_as_caller  # noqa: E402
+from test_sandbox_escapes import (  # noqa: E402
+    BYPASS,
+    LIMITS,
+    PROVE_BYPASS,
+    attempts,
+    escaped,
+    make_arena,
+    run_as_caller,
+)
 
 MODES = ("bwrap", "unsafe")
 
@@ -57,7 +65,7 @@ def escapes() -> dict[str, tuple[int, int, list[str]]]:
                     for leftover in (arena.outside / "escaped.txt", arena.shm):
                         leftover.unlink(missing_ok=True)
                     if arena.victim.poll() is not None:
-                        raise SystemExit(f"{mode}: the victim was killed by {name}; the remaining counts would be wrong")
+                        raise SystemExit(f"{mode}: {name} killed the victim; the remaining counts would be wrong")
             counts[mode] = (tried, len(through), through)
     return counts
 

@@ -186,7 +186,7 @@ def reply_top(response: Any) -> dict[str, float] | None:
         return None
     pairs = [(getattr(t, "token", None), getattr(t, "logprob", None)) for t in top]
     if not all(isinstance(token, str) and isinstance(lp, (int, float)) and not isinstance(lp, bool)
-               and math.isfinite(lp) and lp <= 0 for token, lp in pairs):
+               and not math.isnan(lp) and lp != math.inf for token, lp in pairs):
         raise Malformed(f"top_logprobs are not (token, log-probability) pairs ({_preview(top)})")
     return _merge_top(pairs)
 

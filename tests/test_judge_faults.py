@@ -190,8 +190,9 @@ def test_the_rate_stage_finishes_with_every_fault_injected(server, tmp_path, mon
     n_good = 3
     texts = [f"text {i}" for i in range(len(FAULTS) + n_good)]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"seed": 0, "rate": {
-        "judge": MODEL, "device": "cpu", "dtype": "float32", "batch_size": 2, "backend": "openai", "base_url": server.base_url, "mode": "greedy", "max_retries": RETRIES,
-        "timeout_s": TIMEOUT_S, "concurrency": 1, "max_new_tokens": 8}}))
+        "judge": MODEL, "device": "cpu", "dtype": "float32", "batch_size": 2, "backend": "openai",
+        "base_url": server.base_url, "mode": "greedy", "max_retries": RETRIES, "timeout_s": TIMEOUT_S,
+        "concurrency": 1, "max_new_tokens": 8}}))
     (tmp_path / "data" / "generations").mkdir(parents=True)
     pl.DataFrame({"prompt_id": [f"p{i}" for i in range(len(texts))], "task": ["story"] * len(texts),
                   "prompt": ["Write a story."] * len(texts), "text": texts}
