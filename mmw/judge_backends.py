@@ -11,7 +11,7 @@ Backends (all rate with the paper's prompt, :func:`mmw.judge.rating_messages`, i
   ``concurrency`` requests in flight. ``expected`` mode needs a server that continues a final assistant message
   (the "Grade: " prefill; llama.cpp does, vLLM does with ``continue_final_message``, which is sent) and returns
   ``top_logprobs``; a probe before rating finds out, and without them the stage rates greedily and says so.
-  A reply is used only when it is well formed (:func:`reply_text`, :func:`reply_top`): a body that is not JSON,
+  A reply is used only when it is well formed (:mod:`mmw.openai_replies`): a body that is not JSON,
   truncated, of another schema, or with empty content is retried (at most ``max_retries`` times, like a
   connection error) and then becomes a :class:`Failure`.
 
@@ -43,6 +43,7 @@ import numpy as np
 from mmw.errors import SpecError
 from mmw.io import write_json
 from mmw.judge import GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
+from mmw.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text, reply_top
 
 if TYPE_CHECKING:
     from mmw.judge import Judge
@@ -151,58 +152,10 @@ def _merge_top(pairs: Sequence[tuple[str, float]]) -> dict[str, float]:
     return merged
 
 
-class Malformed(Exception):
-    """A server reply that is not a well-formed chat completion (never cached; retried, then a Failure)."""
-
-
-def reply_text(response: Any) -> str:
-    """The assistant's text in a chat-completion reply; :class:`Malformed` when the reply is not a chat
-    completion (a text body, another schema) or its content is missing or empty."""
-    from openai.types.chat import ChatCompletion
-
-    choices = getattr(response, "choices", None) if isinstance(response, ChatCompletion) else None
-    if not isinstance(choices, list) or not choices:
-        raise Malformed(f"not a chat completion ({_preview(response)})")
-    content = getattr(getattr(choices[0], "message", None), "content", None)
-    if not isinstance(content, str) or not content.strip():
-        raise Malformed(f"empty or non-text content ({_preview(content)})")
-    return content
-
-
-def reply_top(response: Any) -> dict[str, float] | None:
-    """``{token: logprob}`` of the first generated token's top log-probabilities; None when the reply is well
-    formed but carries none; :class:`Malformed` for anything else."""
-    from openai.types.chat import ChatCompletion
-
-    choices = getattr(response, "choices", None) if isinstance(response, ChatCompletion) else None
-    if not isinstance(choices, list) or not choices:
-        raise Malformed(f"not a chat completion ({_preview(response)})")
-    logprobs = getattr(choices[0], "logprobs", None)
-    content = getattr(logprobs, "content", None) if logprobs is not None else None
-    if not content:
-        return None
-    top = getattr(content[0], "top_logprobs", None) if isinstance(content, list) else None
-    if not top:
-        return None
-    pairs = [(getattr(t, "token", None), getattr(t, "logprob", None)) for t in top]
-    if not all(isinstance(token, str) and isinstance(lp, (int, float)) and not isinstance(lp, bool)
-               and not math.isnan(lp) and lp != math.inf for token, lp in pairs):
-        raise Malformed(f"top_logprobs are not (token, log-probability) pairs ({_preview(top)})")
-    return _merge_top(pairs)
-
-
-def _model_ids(listing: Any) -> list[str]:
-    """The model ids of a ``/models`` reply; :class:`Malformed` when it is not a model list."""
-    data = getattr(listing, "data", None)
-    ids = [getattr(m, "id", None) for m in data] if isinstance(data, list) else None
-    if ids is None or not all(isinstance(i, str) for i in ids):
-        raise Malformed(f"not a model list ({_preview(listing)})")
-    return ids
-
-
-def _preview(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+def _top(response: Any) -> dict[str, float] | None:
+    """``{token text: logprob}`` of a reply's first token (:func:`mmw.openai_replies.reply_top`), merged."""
+    pairs = reply_top(response)
+    return None if pairs is None else _merge_top(pairs)
 
 
 # --------------------------------------------------------------------------------------------- the cache
@@ -386,7 +339,7 @@ class ServerBackend:
         import openai
 
         try:
-            served = sorted(self._retrying(self._model_ids))
+            served = sorted(self._retrying(lambda: model_ids(self.client)))
         except openai.NotFoundError:
             served = None  # an endpoint without a model list is trusted
         except (openai.APIError, Malformed) as error:
@@ -398,7 +351,7 @@ class ServerBackend:
             return
         messages = rating_messages("Write one sentence about the sun.", "The sun is a star.")
         try:
-            top = self._retrying(lambda: reply_top(self._prefilled(messages, "")))
+            top = self._retrying(lambda: _top(self._prefilled(messages, "")))
         except openai.BadRequestError as error:
             self.note = f"the server refused a logprobs request with a prefilled reply ({error}); rated greedily"
             return
@@ -420,20 +373,13 @@ class ServerBackend:
             extra_body={"continue_final_message": True, "add_generation_prompt": False, "cache_prompt": True},
         )
 
-    def _model_ids(self) -> list[str]:
-        try:
-            listing = self.client.models.list()
-        except (AttributeError, TypeError) as error:  # the client cannot page through a body that is no list
-            raise Malformed(f"not a model list ({error})") from None
-        return _model_ids(listing)
-
     def _retrying(self, call: Callable[[], Any]) -> Any:
         """``call()``, tried again (at most ``max_retries`` times) while the reply is malformed; a body that is
         not JSON (or not text) surfaces from the client as a decoding error and counts as malformed."""
         for attempt in range(self.max_retries + 1):
             try:
                 return call()
-            except (Malformed, json.JSONDecodeError, UnicodeDecodeError) as error:
+            except (Malformed, *DECODE_ERRORS) as error:
                 if attempt == self.max_retries:
                     raise error if isinstance(error, Malformed) else Malformed(f"reply is not JSON ({error})") \
                         from None
@@ -449,7 +395,7 @@ class ServerBackend:
         def query(items: list[tuple[int, str]]) -> list[dict[str, float]]:
             tops = []
             for _, written in items:
-                top = self._retrying(lambda written=written: reply_top(self._prefilled(messages, written)))
+                top = self._retrying(lambda written=written: _top(self._prefilled(messages, written)))
                 if top is None:
                     raise _NoLogprobs()
                 tops.append(top)

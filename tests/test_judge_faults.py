@@ -1,4 +1,4 @@
-"""Faults of an OpenAI-compatible judge server: a small real HTTP server on 127.0.0.1 answers each chat request
+"""Faults of an OpenAI-compatible server (the judge's, and the paraphrase attack's): a small real HTTP server on 127.0.0.1 answers each chat request
 with the next fault of its schedule (garbage bytes, a truncated body, a non-JSON page, another schema, empty
 content, a reply slower than the timeout). Each must end as a missing rating (never 0) after a bounded number of
 requests, leave nothing in the judgement cache, and let the ``rate`` stage finish; a well-formed reply after the
@@ -214,6 +214,25 @@ def test_the_rate_stage_finishes_with_every_fault_injected(server, tmp_path, mon
     # (the judge's discrimination check also rates shuffled texts; a shuffle equal to its original shares its key)
     assert timing["judgements_failed"] == 0 and 0 < timing["judgements_made"] <= len(FAULTS), timing
     assert server.chat_requests == timing["judgements_made"]
+
+
+# --------------------------------------------------------------------------------------------- paraphrase
+@pytest.mark.parametrize("fault", FAULTS)
+def test_the_paraphrase_attack_records_a_faulty_reply_as_a_failed_outcome(fault, server):
+    """The paraphrase attack's endpoint: a persistent fault is a failed outcome naming the problem (the stage
+    records it and goes on), never an exception; after the server recovers the reply is used."""
+    from mmw.attacks import build_attack
+
+    attack = build_attack({"name": "paraphrase", "backend": "openai", "base_url": server.base_url, "model": MODEL,
+                           "max_retries": RETRIES, "timeout_s": TIMEOUT_S, "concurrency": 1}, "attacks[0]")
+    server.schedule = [fault] * (RETRIES + 1)
+    server.chat_requests = 0
+    [outcome] = attack.apply_batch(["A short text to rewrite."], [0])
+    assert not outcome.ok and outcome.text is None and "AttackError" in outcome.error
+    assert 1 <= server.chat_requests <= RETRIES + 1
+    server.schedule = []
+    [outcome] = attack.apply_batch(["A short text to rewrite."], [0])
+    assert outcome.ok and outcome.text == "Grade: 85"
 
 
 # --------------------------------------------------------------------------------------------- the local server
