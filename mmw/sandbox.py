@@ -256,6 +256,9 @@ def probe_bwrap(bwrap: str | None) -> Isolation:
         raise SpecError(SETTING, f"bubblewrap (bwrap) is not installed, so generated code cannot be isolated; "
                                  f"{INSTALL}, or set {SETTING}: unsafe to run it without OS isolation", MODES)
     problem = "no interpreter could be started"
+    # As root, the chain drops to the host's nobody before bubblewrap, which then needs unprivileged user
+    # namespaces. Where the kernel forbids them this refuses rather than run bubblewrap as root: the program would
+    # then be host root outside its namespaces, which RLIMIT_NPROC does not limit (50 forks got through).
     for python in _interpreters():
         where = Isolation((bwrap,), python, os.geteuid() == 0, "bwrap")
         workdir = _prepare(where, PROBE)
