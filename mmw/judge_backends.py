@@ -11,12 +11,16 @@ Backends (all rate with the paper's prompt, :func:`mmw.judge.rating_messages`, i
   ``concurrency`` requests in flight. ``expected`` mode needs a server that continues a final assistant message
   (the "Grade: " prefill; llama.cpp does, vLLM does with ``continue_final_message``, which is sent) and returns
   ``top_logprobs``; a probe before rating finds out, and without them the stage rates greedily and says so.
+  A reply is used only when it is well formed (:mod:`mmw.openai_replies`): a body that is not JSON,
+  truncated, of another schema, or with empty content is retried (at most ``max_retries`` times, like a
+  connection error) and then becomes a :class:`Failure`.
 
 Every judgement is written to a :class:`JudgementCache` as soon as it is made, keyed by sha256 of (the backend's
 judge id for the mode, the mode, the prompt, the text). A killed run therefore keeps what it finished, a re-run
 pays only for what is missing, and a changed judge, backend or rating setting never reuses another's ratings
 (it has another id). A judgement that failed (server down, timeout, retries spent) is a :class:`Failure`: it
-becomes a null rating in the table (never 0) and is not cached, so the next run retries it.
+becomes a null rating in the table (never 0) and is not cached, so the next run retries it. A well-formed reply
+without a grade ("I cannot rate this") is a None rating and is cached: asking again gives the same answer.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import numpy as np
 from mmw.errors import SpecError
 from mmw.io import write_json
 from mmw.judge import GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
+from mmw.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text, reply_top
 
 if TYPE_CHECKING:
     from mmw.judge import Judge
@@ -145,6 +150,12 @@ def _merge_top(pairs: Sequence[tuple[str, float]]) -> dict[str, float]:
     for token, logprob in pairs:
         merged[token] = float(np.logaddexp(merged[token], logprob)) if token in merged else float(logprob)
     return merged
+
+
+def _top(response: Any) -> dict[str, float] | None:
+    """``{token text: logprob}`` of a reply's first token (:func:`mmw.openai_replies.reply_top`), merged."""
+    pairs = reply_top(response)
+    return None if pairs is None else _merge_top(pairs)
 
 
 # --------------------------------------------------------------------------------------------- the cache
@@ -328,10 +339,10 @@ class ServerBackend:
         import openai
 
         try:
-            served = sorted(m.id for m in self.client.models.list())
+            served = sorted(self._retrying(lambda: model_ids(self.client)))
         except openai.NotFoundError:
             served = None  # an endpoint without a model list is trusted
-        except openai.APIError as error:
+        except (openai.APIError, Malformed) as error:
             raise self._unreachable(error) from None
         if served is not None and self.model not in served:
             # llama.cpp would answer with whatever model it has loaded: a wrong name must not go unnoticed.
@@ -340,13 +351,13 @@ class ServerBackend:
             return
         messages = rating_messages("Write one sentence about the sun.", "The sun is a star.")
         try:
-            response = self._prefilled(messages, "")
+            top = self._retrying(lambda: _top(self._prefilled(messages, "")))
         except openai.BadRequestError as error:
             self.note = f"the server refused a logprobs request with a prefilled reply ({error}); rated greedily"
             return
-        except openai.APIError as error:
+        except (openai.APIError, Malformed) as error:
             raise self._unreachable(error) from None
-        if self._top(response) is None:
+        if top is None:
             self.note = "the server returned no top_logprobs; rated greedily"
             return
         self.expected_via = "top-logprobs"
@@ -362,26 +373,29 @@ class ServerBackend:
             extra_body={"continue_final_message": True, "add_generation_prompt": False, "cache_prompt": True},
         )
 
-    @staticmethod
-    def _top(response: Any) -> dict[str, float] | None:
-        choice = response.choices[0] if response.choices else None
-        content = choice.logprobs.content if choice is not None and choice.logprobs is not None else None
-        if not content or not content[0].top_logprobs:
-            return None
-        return _merge_top([(t.token, t.logprob) for t in content[0].top_logprobs])
+    def _retrying(self, call: Callable[[], Any]) -> Any:
+        """``call()``, tried again (at most ``max_retries`` times) while the reply is malformed; a body that is
+        not JSON (or not text) surfaces from the client as a decoding error and counts as malformed."""
+        for attempt in range(self.max_retries + 1):
+            try:
+                return call()
+            except (Malformed, *DECODE_ERRORS) as error:
+                if attempt == self.max_retries:
+                    raise error if isinstance(error, Malformed) else Malformed(f"reply is not JSON ({error})") \
+                        from None
+                log.info("malformed reply from %s (%s); retrying", self.base_url, error)
+        raise AssertionError("unreachable")
 
     def _judge_one(self, prompt: str, text: str, mode: str) -> Outcome:
         messages = rating_messages(prompt, text)
         if mode == "greedy":
-            response = self.client.chat.completions.create(
-                model=self.model, messages=messages, max_tokens=self.max_new_tokens, temperature=0, seed=0)
-            content = response.choices[0].message.content if response.choices else None
-            return parse_grade(content or "")
+            return parse_grade(self._retrying(lambda: reply_text(self.client.chat.completions.create(
+                model=self.model, messages=messages, max_tokens=self.max_new_tokens, temperature=0, seed=0))))
 
         def query(items: list[tuple[int, str]]) -> list[dict[str, float]]:
             tops = []
             for _, written in items:
-                top = self._top(self._prefilled(messages, written))
+                top = self._retrying(lambda written=written: _top(self._prefilled(messages, written)))
                 if top is None:
                     raise _NoLogprobs()
                 tops.append(top)
@@ -407,6 +421,8 @@ class ServerBackend:
             return Failure(f"{self.base_url}: {type(error).__name__}: {error}")
         except openai.APIError as error:
             return Failure(f"{self.base_url}: {type(error).__name__}: {error}")
+        except Malformed as error:
+            outcome = Failure(f"{self.base_url}: malformed reply after {self.max_retries + 1} tries: {error}")
         with self._lock:
             self._connection_failures = 0
         return outcome

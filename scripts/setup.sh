@@ -16,6 +16,19 @@ pip_q() {
   rm -f "$log"
   return $rc
 }
+# The code sandbox isolates generated programs with bubblewrap (mmw/sandbox.py); without it the quality stage
+# refuses to run generated code unless quality.sandbox: unsafe. Installed here where this script runs as root.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing bubblewrap (the code sandbox)"
+    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null && \
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null; }) || \
+      echo "[setup] warning: could not install bubblewrap; generated code will be refused (see docs/VALIDATION.md)"
+  else
+    echo "[setup] note: bubblewrap (bwrap) is missing: install it as root (apt-get install bubblewrap) before" \
+         "scoring generated code, or set quality.sandbox: unsafe (docs/VALIDATION.md)"
+  fi
+fi
 stamp=.venv/.mmw-setup-$(sha1sum pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing into .venv (CPU torch 2.13.0, the package and its tools)"

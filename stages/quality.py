@@ -42,11 +42,13 @@ def run(params_path: Path) -> None:
     with timed("quality") as info:
         params = load_params(params_path, ("seed", "quality"), models={"quality": QualityParams})
         settings = params.quality
+        sandbox = isolation(settings.sandbox) if "task" in settings.metrics else None  # refuses before any work
         texts = pl.concat([read_table(GENERATIONS[source]).select("prompt_id", "task", "prompt", "text")
                            .with_columns(pl.lit(source).alias("source")) for source in ("baseline", "watermarked")])
         n = texts.height
         columns: dict[str, list] = {"measure": [MEASURES.get(t, JUDGE) for t in texts["task"].to_list()]}
-        verdicts = task_verdicts(texts, SandboxLimits(settings.sandbox_timeout_s, settings.sandbox_memory_mb)) \
+        verdicts = task_verdicts(texts, SandboxLimits(settings.sandbox_timeout_s, settings.sandbox_memory_mb,
+                                                    mode=settings.sandbox)) \
             if "task" in settings.metrics else [None] * n
         columns["task_score"] = [v.score if v else None for v in verdicts]
         columns["task_status"] = [v.status if v else None for v in verdicts]
@@ -75,7 +77,7 @@ def run(params_path: Path) -> None:
             *(pl.Series(name, values, dtype=SCORE_SCHEMA[name]) for name, values in columns.items())
         ).select(list(SCORE_SCHEMA))
         header = {"scorer": settings.scorer, "metrics": list(settings.metrics),
-                  "sandbox": isolation().describe() if "task" in settings.metrics else None}
+                  "sandbox": sandbox.describe() if sandbox else None}
         write_table(table, SCORES)
         write_json(quality_report(table, mauve, header), REPORT)
         info.update(rows=n, mauve_s=round(mauve.wall_s, 3) if mauve else None)

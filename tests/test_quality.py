@@ -233,7 +233,7 @@ def test_quality_and_low_entropy_sections_default_when_absent():
 
 # --- the stage -------------------------------------------------------------------------------------------------
 
-def _write_stage_inputs(root, metrics):
+def _write_stage_inputs(root, metrics, **quality):
     """Generations where the baseline solves HumanEval/0 and answers [D], and the watermarked texts do not."""
     import yaml
 
@@ -251,7 +251,7 @@ def _write_stage_inputs(root, metrics):
                       "prompt": ["Complete the function.", "Which is the largest ocean?"],
                       "text": texts}).write_parquet(path)
     (root / "params.yaml").write_text(yaml.safe_dump({"seed": 0, "quality": {
-        "metrics": metrics, "sandbox_timeout_s": 2, "batch_size": 2, "max_tokens": 64}}))
+        "metrics": metrics, "sandbox_timeout_s": 2, "batch_size": 2, "max_tokens": 64, **quality}}))
 
 
 def test_quality_stage_scores_code_and_answers_and_survives_a_hanging_program(tmp_path, monkeypatch):
@@ -267,7 +267,20 @@ def test_quality_stage_scores_code_and_answers_and_survives_a_hanging_program(tm
     report = json.loads((tmp_path / "reports/quality.json").read_text())
     assert report["groups"]["humaneval"]["task_score_delta"] == -1.0
     assert report["groups"]["multiple_choice"]["repetition_1_watermarked"] == pytest.approx(5 / 6)
-    assert report["mauve"] is None and "audit hook" in report["sandbox"]  # how the code was isolated
+    assert report["mauve"] is None and report["sandbox"].startswith("bubblewrap:")  # how the code was isolated
+
+
+def test_the_unsafe_sandbox_is_an_explicit_choice_recorded_in_the_report(tmp_path, monkeypatch):
+    """Same verdicts under the opt-in mode, and quality.json says the code ran without OS isolation."""
+    from mmw.stages import quality
+
+    _write_stage_inputs(tmp_path, ["task"], sandbox="unsafe")
+    monkeypatch.chdir(tmp_path)
+    quality.run(tmp_path / "params.yaml")
+    scores = pl.read_parquet(tmp_path / "data/quality/scores.parquet").sort("source", "prompt_id")
+    assert scores["task_status"].to_list() == ["passed", "correct", "timeout", "unparsed"]
+    report = json.loads((tmp_path / "reports/quality.json").read_text())
+    assert report["sandbox"].startswith("UNSAFE (quality.sandbox: unsafe)")
 
 
 @pytest.mark.heavy

@@ -10,11 +10,14 @@ import subprocess
 import tempfile
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from mmw.sandbox import SandboxLimits, isolation, run_python
+from mmw.errors import SpecError
+from mmw.quality.params import QualityParams
+from mmw.sandbox import SandboxLimits, isolation, probe_bwrap, run_python
 
 FAST = SandboxLimits(timeout_s=3.0, memory_mb=256, file_mb=1)
 
@@ -134,13 +137,61 @@ def test_network_access_fails(source):
     assert result.status == "failed"
 
 
-def test_network_namespace_when_unshare_works_here():
-    """Below the audit hook, the network namespace is what stops native code; CI machines (root) have it."""
+def test_unsafe_mode_uses_the_network_namespace_when_unshare_works_here():
+    """The explicit opt-in without bubblewrap: the network namespace still stops native code where it works
+    (root), and the description says the mode was unsafe."""
     usable = subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0 \
         if os.geteuid() == 0 else None
     if not usable:
         pytest.skip("no network namespace on this machine (unshare unavailable or not root)")
-    assert "--net" in isolation().prefix and "network namespace" in isolation().describe()
+    where = isolation("unsafe")
+    assert "--net" in where.prefix and where.describe().startswith("UNSAFE (quality.sandbox: unsafe)")
+    assert run_python("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=2)",
+                      replace(FAST, mode="unsafe")).status == "failed"
+    assert run_python("print(6 * 7)", replace(FAST, mode="unsafe")).stdout.strip() == "42"
+
+
+def test_the_params_setting_offers_exactly_the_sandbox_modes():
+    from typing import get_args
+
+    from mmw.sandbox import MODES
+
+    assert get_args(QualityParams.model_fields["sandbox"].annotation) == MODES
+
+
+def test_bwrap_is_the_default_and_is_described_as_such():
+    assert SandboxLimits().mode == "bwrap" and QualityParams().sandbox == "bwrap"
+    described = isolation().describe()
+    assert described.startswith("bubblewrap: user, mount, pid, network") and "UNSAFE" not in described
+
+
+@pytest.mark.parametrize("bwrap", [None, "/bin/false"], ids=["missing", "not-working"])
+def test_without_working_bubblewrap_generated_code_is_refused_naming_the_setting(bwrap):
+    with pytest.raises(SpecError) as info:
+        probe_bwrap(bwrap)
+    message = str(info.value)
+    assert message.startswith("quality.sandbox: bubblewrap") and "quality.sandbox: unsafe" in message
+    assert message.endswith("allowed: bwrap, unsafe") and "\n" not in message
+    with pytest.raises(SpecError, match="quality.sandbox: unknown sandbox mode 'none'"):
+        isolation("none")
+
+
+def test_the_quality_stage_refuses_before_reading_any_table(tmp_path, monkeypatch):
+    """No bubblewrap and no opt-in: one line naming the setting, before the generations are even read."""
+    import yaml
+
+    from mmw import sandbox
+    from mmw.stages import quality
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"seed": 0, "quality": {"metrics": ["task"]}}))
+    monkeypatch.chdir(tmp_path)  # no data/generations here: reading them would fail differently
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    sandbox.isolation.cache_clear()
+    try:
+        with pytest.raises(SpecError, match="^quality.sandbox: bubblewrap .bwrap. is not installed"):
+            quality.run(tmp_path / "params.yaml")
+    finally:
+        sandbox.isolation.cache_clear()
 
 
 def test_exit_status_zero_from_an_early_exit_is_still_reported_as_such():

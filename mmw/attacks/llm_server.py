@@ -8,10 +8,16 @@ greedy request could otherwise get a different reply the second time.
 
 Run it in the foreground with ``python -m mmw.attacks.llm_server --model embedded:smollm2-135m --port 8000``, or
 from Python as a child process with :class:`LocalLLMServer` (``with LocalLLMServer() as server: server.base_url``).
+
+It listens on loopback by default. Any other ``--host`` needs an API key, read from the environment variable named
+by ``--api-key-env`` (``MMW_LLM_SERVER_API_KEY``; never from the command line, where other users could read it):
+without one the server refuses to start (one line, exit code 2). Clients send the key as a bearer token (the
+``openai`` backends read it from their ``api_key_env``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import sys
@@ -29,6 +35,28 @@ from mmw.errors import SpecError
 
 DEFAULT_MODEL = "embedded:smollm2-135m"
 READY_PREFIX = "listening on "
+KEY_ENV = "MMW_LLM_SERVER_API_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` is a loopback address or ``localhost`` (names are not resolved: any other name is public)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def api_key_for(host: str, key_env: str) -> str | None:
+    """The API key the server requires (from ``key_env``), or None on loopback without one; a
+    :class:`SpecError` naming ``host`` for a non-loopback host without a key."""
+    key = os.environ.get(key_env) or None
+    if key is None and not is_loopback(host):
+        raise SpecError("host", f"{host!r} is reachable from other machines and {key_env} is not set; refusing to "
+                                f"serve without an API key (set {key_env}, or listen on loopback)",
+                        "127.0.0.1, ::1, localhost, or any host with an API key")
+    return key
 
 
 def gguf_path(model: str) -> Path:
@@ -51,14 +79,23 @@ def serve(
     ctx: int = typer.Option(8192, help="context tokens, shared by the slots"),
     threads: int = typer.Option(0, help="CPU threads; 0 = all cores"),
     exit_with_parent: bool = typer.Option(False, help="exit when stdin closes (the parent process ended)"),
+    api_key_env: str = typer.Option(KEY_ENV, help="environment variable holding the API key clients must send; "
+                                                  "required for a non-loopback host"),
 ) -> None:
     """Serve ``model`` until killed; prints ``listening on <url>`` once requests are accepted."""
+    try:
+        api_key = api_key_for(host, api_key_env)
+    except SpecError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from None
     import xllamacpp
 
     params = xllamacpp.CommonParams()
     params.model.path = str(gguf_path(model))
     params.model_alias = {model}
     params.hostnames = [host]
+    if api_key:
+        params.api_keys = [api_key]
     params.port = port
     params.n_parallel = parallel
     params.n_ctx = ctx

@@ -44,6 +44,7 @@ import numpy as np
 from mmw.attacks.base import Attack, AttackError, AttackOutcome, Param
 from mmw.attacks.chunks import ChunkedText, split_text
 from mmw.errors import SpecError
+from mmw.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text
 
 if TYPE_CHECKING:  # torch/transformers and openai are imported by the backend that needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -190,10 +191,10 @@ class _Endpoint:
             if self._model_checked:
                 return
             try:
-                served = sorted(m.id for m in self.client.models.list())
+                served = sorted(model_ids(self.client))
             except openai.NotFoundError:
                 served = None
-            except openai.APIError as error:
+            except (openai.APIError, Malformed, *DECODE_ERRORS) as error:
                 raise AttackError(f"{self.base_url}: {type(error).__name__}: {error}") from None
             if served is not None and self.model not in served:
                 raise AttackError(f"model {self.model!r} is not served at {self.base_url}; served: "
@@ -201,20 +202,19 @@ class _Endpoint:
             self._model_checked = True
 
     def paraphrase(self, chunk: str, seed: int, chunk_tokens: int) -> str:
-        """One chat completion; raise AttackError after the client's retries are spent."""
+        """One chat completion; raise AttackError after the client's retries are spent or for a malformed
+        reply (not JSON, another schema, empty content: :mod:`mmw.openai_replies`)."""
         import openai
 
         try:
-            response = self.client.chat.completions.create(
+            return reply_text(self.client.chat.completions.create(
                 model=self.model, messages=messages_for(chunk), temperature=0, seed=seed,
                 max_tokens=max_new_tokens_for(chunk_tokens),
-            )
+            ))
         except openai.APIError as error:
             raise AttackError(f"{self.base_url}: {type(error).__name__}: {error}") from None
-        content = response.choices[0].message.content if response.choices else None
-        if not content or not content.strip():
-            raise AttackError(f"{self.base_url}: empty reply from model {self.model!r}")
-        return content
+        except (Malformed, *DECODE_ERRORS) as error:
+            raise AttackError(f"{self.base_url}: malformed reply from model {self.model!r}: {error}") from None
 
 
 # --------------------------------------------------------------------------------------------- the attack

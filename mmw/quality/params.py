@@ -5,7 +5,7 @@ Both are optional in params.yaml: a board without them gets these defaults, so o
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, field_validator
 
@@ -27,7 +27,9 @@ def _metrics(value: list[str]) -> list[str]:
 
 class QualityParams(Section):
     """``scorer``: the local model whose log-probabilities give perplexity and whose last hidden states are the
-    MAUVE features (no hub download). ``max_tokens``: each text is scored on its first ``max_tokens`` tokens."""
+    MAUVE features (no hub download). ``max_tokens``: each text is scored on its first ``max_tokens`` tokens.
+    ``sandbox``: how generated code is isolated (:mod:`mmw.sandbox`): ``bwrap`` (OS namespaces; refused where
+    bubblewrap does not work) or ``unsafe`` (the explicit opt-in to weaker layers, recorded in quality.json)."""
 
     metrics: Annotated[list[str], AfterValidator(_metrics)] = allowed(
         f"a list of {', '.join(METRICS)}", default=list(METRICS))
@@ -39,6 +41,9 @@ class QualityParams(Section):
     mauve_buckets: int | str = allowed("auto or an integer >= 2", default="auto")
     sandbox_timeout_s: float = allowed("a number in (0, 600]", default=10.0, gt=0.0, le=600.0)
     sandbox_memory_mb: Integer = allowed("an integer in [64, 65536]", default=1024, ge=64, le=65536)
+    # The values of mmw.sandbox.MODES, spelled out so that validating params does not import the sandbox (a test
+    # keeps the two equal).
+    sandbox: Literal["bwrap", "unsafe"] = allowed("bwrap, unsafe", default="bwrap")
 
     @field_validator("mauve_buckets")
     @classmethod
