@@ -318,6 +318,22 @@ def test_load_tokenizer_gives_load_models_tokenizer_and_vocabulary_without_weigh
         load_tokenizer(str(tmp_path / "absent"))
 
 
+def test_fast_dtype_is_bf16_only_where_the_cpu_multiplies_bf16_natively(tmp_path, monkeypatch):
+    from mmw.engines import models
+
+    with_bf16, without = tmp_path / "bf16", tmp_path / "plain"
+    with_bf16.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n")
+    without.write_text("flags\t\t: fpu avx2 avx512f avx512_vnni avx512_bitalg\n")
+    assert models.native_bf16_cpu(with_bf16) and not models.native_bf16_cpu(without)
+    assert not models.native_bf16_cpu(tmp_path / "absent")
+    for native, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(models, "native_bf16_cpu", lambda native=native: native)
+        assert models.resolve_dtype("fast", torch.device("cpu")) == expected
+        assert models.resolve_dtype("fast", torch.device("cuda")) == torch.bfloat16
+    with pytest.raises(SpecError, match="fast"):
+        models.resolve_dtype("fastest", torch.device("cpu"))
+
+
 def _part_packages(root, name: str, chunks: list[bytes]) -> None:
     """Real importable packages ``<name>{i}`` holding ``data/part{i:02d}.bin``, the way the model parts ship."""
     for i, chunk in enumerate(chunks, start=1):

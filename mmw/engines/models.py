@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -87,17 +88,29 @@ def resolve_device(device: str) -> torch.device:
         raise SpecError("model.device", f"unknown device {device!r} ({err})", "auto, cpu, cuda, cuda:N") from None
 
 
+def native_bf16_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """The CPU multiplies bfloat16 in hardware (``avx512_bf16`` or AMX). Without it torch emulates bf16 matmuls,
+    and they run ~3x slower than float32 (bench/RESULTS.md, "The judge on a CPU without bf16")."""
+    try:
+        return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo.read_text()) is not None
+    except OSError:
+        return False
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``auto`` -> float32 on CPU (bf16 matmuls are slow there), bfloat16 on GPU."""
+    """``auto`` -> float32 on CPU (bf16 matmuls are slow on most), bfloat16 on GPU. ``fast`` -> bfloat16 on a GPU
+    or a CPU with native bf16 matmuls (:func:`native_bf16_cpu`), float32 on other CPUs."""
     import torch
 
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if dtype == "fast":
+        return torch.bfloat16 if device.type != "cpu" or native_bf16_cpu() else torch.float32
     allowed = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if dtype not in allowed:
-        raise SpecError("model.dtype", f"unknown dtype {dtype!r}", ["auto", *allowed])
+        raise SpecError("model.dtype", f"unknown dtype {dtype!r}", ["auto", "fast", *allowed])
     return allowed[dtype]
 
 
