@@ -41,7 +41,9 @@ def matmul_tflops() -> float:
 
 
 def main(tokenizer: Path = Path(".gpu/tokenizer"), texts: int = 160, words: int = 700, batches: str = "16,32",
-         load: bool = False, out: str = "") -> None:
+         pad_multiples: str = "128", load: bool = False, out: str = "") -> None:
+    """``pad_multiples``: the judge's ``CUDA_PAD_MULTIPLE`` values to time at each batch size (0 = no rounding,
+    every batch its own width)."""
     tok = AutoTokenizer.from_pretrained(tokenizer)
     tok.padding_side = "left"
     if tok.pad_token is None:
@@ -64,9 +66,11 @@ def main(tokenizer: Path = Path(".gpu/tokenizer"), texts: int = 160, words: int 
         if out:
             Path(out, "gpu_judge.json").write_text(json.dumps(result, indent=1))
 
-    for batch in [int(b) for b in batches.split(",") if b]:
+    for batch, multiple in [(int(b), int(m)) for b in batches.split(",") if b for m in pad_multiples.split(",")]:
         judge = Judge(tok, model, batch_size=batch)
-        judge.grade_distribution(prompts[:batch], responses[:batch])  # warm-up
+        judge.pad_multiple = multiple or None
+        # warm-up on other texts than the timed ones (their lengths, hence shapes, differ)
+        judge.grade_distribution(prompts[:batch], [r[: len(r) // 3] for r in responses[:batch]])
         chats = [judge._chat(p, r) for p, r in zip(prompts, responses, strict=True)]
         n_tokens = sum(len(ids) for ids in tok(chats, add_special_tokens=False)["input_ids"])
         torch.cuda.synchronize()
@@ -74,7 +78,7 @@ def main(tokenizer: Path = Path(".gpu/tokenizer"), texts: int = 160, words: int 
         judge.grade_distribution(prompts, responses)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-        row = dict(batch=batch, texts=texts, tokens=n_tokens, wall_s=round(wall, 2),
+        row = dict(batch=batch, pad_multiple=multiple, texts=texts, tokens=n_tokens, wall_s=round(wall, 2),
                    ms_per_judgement=round(1e3 * wall / texts, 1),
                    achieved_tflops=round(n_tokens * flop_per_token / wall / 1e12),
                    floor_ms_per_judgement=round(1e3 * n_tokens * flop_per_token / texts / (result["matmul_tflops"] * 1e12), 1))
