@@ -70,7 +70,8 @@ def main(tokenizer: Path = Path(".gpu/tokenizer"), batch: int = 296, new_tokens:
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     model.set_attn_implementation("sdpa")
-    result: dict = dict(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__, batch=batch,
+    result: dict = dict(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
+                        batch=batch,
                         new_tokens=new_tokens, model_init_s=round(time.perf_counter() - t0, 1), runs=[])
     vocab = len(tok)
     spec = SchemeSpec.from_params(C4)

@@ -81,7 +81,8 @@ def main(tokenizer: Path = Path(".gpu/tokenizer"), texts: int = 160, words: int 
         row = dict(batch=batch, pad_multiple=multiple, texts=texts, tokens=n_tokens, wall_s=round(wall, 2),
                    ms_per_judgement=round(1e3 * wall / texts, 1),
                    achieved_tflops=round(n_tokens * flop_per_token / wall / 1e12),
-                   floor_ms_per_judgement=round(1e3 * n_tokens * flop_per_token / texts / (result["matmul_tflops"] * 1e12), 1))
+                   floor_ms_per_judgement=round(
+                       1e3 * n_tokens * flop_per_token / texts / (result["matmul_tflops"] * 1e12), 1))
         result["runs"].append(row)
         print(json.dumps(row), flush=True)
         save()

@@ -42,8 +42,8 @@ PART_SCHEMA = {**GENERATION_SCHEMA, "row_key": pl.String}
 #: KV cache of batched generation on CUDA. "static" pre-allocates prompt + ``max_new_tokens`` positions, so every
 #: decoding step has the same shapes: torch's cuDNN attention (which SDPA picks for grouped heads under a padding
 #: mask) then builds its execution plan once instead of at every step, and no step copies the whole cache to grow
-#: it. Measured on one H100 (bench/gpu_gap.py, random-init Llama-3-8B shape, 296 rows x 1,024 new tokens): see
-#: bench/RESULTS.md, "Generation against plain generate". Uncompiled (``disable_compile``): transformers would
+#: it. Measured on one H100 (bench/gpu_gap.py, random-init Llama-3-8B shape, 296 rows x 1,024 new tokens, one run
+#: each in one process): 99.6 s -> 35.5 s (bench/RESULTS.md, "GPU generation: the per-step cuDNN plan"). Uncompiled (``disable_compile``): transformers would
 #: otherwise compile the decoding step, which was slower there. None = transformers' growing ``DynamicCache``.
 CACHE_IMPLEMENTATION: str | None = "static"
 #: Devices that get ``CACHE_IMPLEMENTATION`` (on a CPU the growing cache is cheap and attention reads only what

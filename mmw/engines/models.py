@@ -90,7 +90,7 @@ def resolve_device(device: str) -> torch.device:
 
 def native_bf16_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """The CPU multiplies bfloat16 in hardware (``avx512_bf16`` or AMX). Without it torch emulates bf16 matmuls,
-    and they run ~3x slower than float32 (bench/RESULTS.md, "The judge on a CPU without bf16")."""
+    and they run ~3x slower than float32 (bench/RESULTS.md, "CPU: the judge's floor")."""
     try:
         return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo.read_text()) is not None
     except OSError:
