@@ -36,14 +36,14 @@ DEFAULT_PARAMS = Path("params.yaml")
 #: Top-level entries of params.yaml. ``key`` is the watermark key (``$MMW_KEY`` wins): never a DVC param.
 SECTIONS = ("seed", "key", "model", "prompts", "scheme", "attacks", "detect", "rate", "low_entropy", "quality")
 DEVICES = "auto, cpu, cuda, cuda:N"
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", "fast", "float32", "float16", "bfloat16")
 RATE_MODES = ("auto", "greedy", "expected")
 #: detect.device; mmw.detector.DEVICES must list the same (tests/test_params.py checks it).
 DETECT_DEVICES = ("auto", "cpu", "cuda", "reference")
 MODEL_SPECS = ("embedded:<name>, a local HF model folder, a local .gguf file, or a Hugging Face hub id "
                "(cached or online)")
 
-Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+Dtype = Literal["auto", "fast", "float32", "float16", "bfloat16"]
 
 
 def _device(value: str) -> str:

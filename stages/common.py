@@ -8,21 +8,22 @@ from typing import TYPE_CHECKING
 from mmw.params import ModelParams
 
 if TYPE_CHECKING:  # transformers is imported by the stages that load a model, not by every command
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 
-def generator_vocab_size(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> int:
-    """Token ids the watermark ranges over: model output rows the tokenizer can also produce.
+def generator_vocab_size(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | PretrainedConfig) -> int:
+    """Token ids the watermark ranges over: model output rows the tokenizer can also produce (``model``: the
+    model or its config).
 
     Generation (processor) and detection (detector) must agree on it, so both stages call this.
     Models often pad their output layer beyond the tokenizer; ids past ``len(tokenizer)`` are never text.
     """
-    return min(len(tokenizer), int(model.config.vocab_size))
+    return min(len(tokenizer), int(getattr(model, "config", model).vocab_size))
 
 
 def load_generator_vocabulary(model: ModelParams) -> tuple[PreTrainedTokenizerBase, int]:
-    """The generator's tokenizer and :func:`generator_vocab_size`, loaded on the CPU."""
-    from mmw.engines.models import load_model
+    """The generator's tokenizer and :func:`generator_vocab_size`, from its tokenizer and config (no weights)."""
+    from mmw.engines.models import load_tokenizer
 
-    tokenizer, weights = load_model(model.name, device="cpu", dtype="float32")
-    return tokenizer, generator_vocab_size(tokenizer, weights)
+    tokenizer, config = load_tokenizer(model.name)
+    return tokenizer, generator_vocab_size(tokenizer, config)

@@ -124,6 +124,22 @@ def test_left_padded_batches_give_the_tokens_of_single_row_runs(tiny):
     np.testing.assert_allclose(batched["mean_entropy"].to_numpy(), single["mean_entropy"].to_numpy(), rtol=1e-5)
 
 
+def test_the_preallocated_cache_gives_the_tokens_of_the_growing_cache(tiny, monkeypatch):
+    """The static KV cache used on CUDA (same shapes every step) is the same attention as transformers' growing
+    cache: forced onto the CPU, a left-padded batch generates the same tokens and entropies with either."""
+    import mmw.engines.generate as engine
+
+    tokenizer, model = tiny
+    chats, ids = tiny_chats(6)
+    monkeypatch.setattr(engine, "CACHE_IMPLEMENTATION", None)
+    growing = generate(model, tokenizer, chats, SeededSampler, 16, 6, prompt_ids=ids, progress=False)
+    monkeypatch.setattr(engine, "CACHE_IMPLEMENTATION", "static")
+    monkeypatch.setattr(engine, "CACHE_DEVICES", ("cpu",))
+    static = generate(model, tokenizer, chats, SeededSampler, 16, 6, prompt_ids=ids, progress=False)
+    assert static["tokens"].to_list() == growing["tokens"].to_list()
+    np.testing.assert_allclose(static["mean_entropy"].to_numpy(), growing["mean_entropy"].to_numpy(), rtol=1e-5)
+
+
 class StopAt(SeededSampler):
     """Samples like SeededSampler but emits EOS at a chosen step per row seed (never before it)."""
 
@@ -284,6 +300,38 @@ def test_load_model_reads_a_local_hf_folder(tiny, tmp_path):
     ids = torch.tensor([[4, 5, 6]])
     with torch.inference_mode():
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_load_tokenizer_gives_load_models_tokenizer_and_vocabulary_without_weights(tiny, tmp_path):
+    from mmw.engines.models import load_tokenizer
+    from mmw.stages.common import generator_vocab_size
+
+    tokenizer, model = tiny
+    tokenizer.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    full_tokenizer, full = load_model(str(tmp_path), device="cpu")
+    light_tokenizer, config = load_tokenizer(str(tmp_path))
+    assert light_tokenizer.padding_side == "left" and light_tokenizer.pad_token == full_tokenizer.pad_token
+    assert light_tokenizer("a b c")["input_ids"] == full_tokenizer("a b c")["input_ids"]
+    assert generator_vocab_size(light_tokenizer, config) == generator_vocab_size(full_tokenizer, full)
+    with pytest.raises(SpecError, match="model.name"):
+        load_tokenizer(str(tmp_path / "absent"))
+
+
+def test_fast_dtype_is_bf16_only_where_the_cpu_multiplies_bf16_natively(tmp_path, monkeypatch):
+    from mmw.engines import models
+
+    with_bf16, without = tmp_path / "bf16", tmp_path / "plain"
+    with_bf16.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n")
+    without.write_text("flags\t\t: fpu avx2 avx512f avx512_vnni avx512_bitalg\n")
+    assert models.native_bf16_cpu(with_bf16) and not models.native_bf16_cpu(without)
+    assert not models.native_bf16_cpu(tmp_path / "absent")
+    for native, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(models, "native_bf16_cpu", lambda native=native: native)
+        assert models.resolve_dtype("fast", torch.device("cpu")) == expected
+        assert models.resolve_dtype("fast", torch.device("cuda")) == torch.bfloat16
+    with pytest.raises(SpecError, match="fast"):
+        models.resolve_dtype("fastest", torch.device("cpu"))
 
 
 def _part_packages(root, name: str, chunks: list[bytes]) -> None:

@@ -133,6 +133,20 @@ def test_grade_distribution_matches_brute_force(digits_split, one_thread):
             assert probs[row, grade] == pytest.approx(expected, rel=1e-3, abs=1e-9)
 
 
+def test_padding_batches_to_a_multiple_of_tokens_keeps_the_grade_distribution(one_thread):
+    """What the judge does on CUDA (batch widths rounded up so shapes repeat), forced on the CPU: extra masked
+    pad positions change no probability (brute force is per text, unpadded)."""
+    judge = tiny_judge(digits_split=True)
+    prompts, texts = [p for p, _ in PAIRS], [t for _, t in PAIRS]
+    unpadded = judge.grade_distribution(prompts, texts)
+    judge.pad_multiple = 16
+    padded = judge.grade_distribution(prompts, texts)
+    np.testing.assert_allclose(padded, unpadded, rtol=1e-4, atol=1e-9)
+    for row in range(3):
+        expected = brute_force_grade_probability(judge, prompts[row], texts[row], 7)
+        assert padded[row, 7] == pytest.approx(expected, rel=1e-3, abs=1e-9)
+
+
 def test_expected_rating_is_in_range_and_none_without_mass(one_thread):
     judge = tiny_judge(digits_split=True)
     prompts, texts = [p for p, _ in PAIRS], [t for _, t in PAIRS]

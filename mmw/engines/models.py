@@ -4,6 +4,9 @@ A GGUF file is dequantized by transformers on every load (SmolLM2-135M: ~20 s on
 included). The first load therefore saves the dequantized weights and the converted tokenizer as an HF-format
 folder under the cache dir; later loads read that folder (~1 s). The cache entry is keyed by the GGUF file's
 content hash, so a changed file never reuses stale weights.
+
+torch and transformers are imported inside the functions that need them: board validation (the ``key`` stage)
+and the stages that only tokenize import this module without paying for them (seconds per process).
 """
 
 from __future__ import annotations
@@ -12,16 +15,19 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from mmw.errors import SpecError
 from mmw.io import atomic_path, write_text
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +78,8 @@ def default_cache_dir() -> Path:
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` -> cuda when available, else cpu; anything else is passed to torch.device."""
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -80,15 +88,29 @@ def resolve_device(device: str) -> torch.device:
         raise SpecError("model.device", f"unknown device {device!r} ({err})", "auto, cpu, cuda, cuda:N") from None
 
 
+def native_bf16_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """The CPU multiplies bfloat16 in hardware (``avx512_bf16`` or AMX). Without it torch emulates bf16 matmuls,
+    and they run ~3x slower than float32 (bench/RESULTS.md, "CPU: the judge's floor")."""
+    try:
+        return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo.read_text()) is not None
+    except OSError:
+        return False
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``auto`` -> float32 on CPU (bf16 matmuls are slow there), bfloat16 on GPU."""
+    """``auto`` -> float32 on CPU (bf16 matmuls are slow on most), bfloat16 on GPU. ``fast`` -> bfloat16 on a GPU
+    or a CPU with native bf16 matmuls (:func:`native_bf16_cpu`), float32 on other CPUs."""
+    import torch
+
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if dtype == "fast":
+        return torch.bfloat16 if device.type != "cpu" or native_bf16_cpu() else torch.float32
     allowed = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if dtype not in allowed:
-        raise SpecError("model.dtype", f"unknown dtype {dtype!r}", ["auto", *allowed])
+        raise SpecError("model.dtype", f"unknown dtype {dtype!r}", ["auto", "fast", *allowed])
     return allowed[dtype]
 
 
@@ -155,6 +177,9 @@ def _gguf_to_hf_folder(gguf: Path, cache_dir: Path) -> Path:
     target = cache_dir / "models" / f"{gguf.stem}-{_file_digest(gguf)[:16]}"
     if (target / "config.json").is_file():
         return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     log.info("dequantizing %s into %s (once)", gguf, target)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -199,6 +224,30 @@ def _resolve_source(spec: str, cache_dir: Path) -> str:
     return spec
 
 
+def _padding_left(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Pad on the left (batched decoding appends on the right) and always have a pad token."""
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        # Pad positions are masked out, so any existing token will do; EOS is the conventional choice.
+        tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
+    return tokenizer
+
+
+def load_tokenizer(
+    spec: str = DEFAULT_MODEL, cache_dir: Path | None = None
+) -> tuple[PreTrainedTokenizerBase, PretrainedConfig]:
+    """``(tokenizer, config)`` of a model without its weights (for stages that only tokenize): the same tokenizer
+    as :func:`load_model`'s, and the model's config (``vocab_size`` etc.)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
+    source = _resolve_source(spec, cache_dir)
+    try:
+        return _padding_left(AutoTokenizer.from_pretrained(source)), AutoConfig.from_pretrained(source)
+    except OSError as err:
+        raise SpecError(SPEC_KEY, f"cannot load {spec!r} ({str(err).splitlines()[0]})", ALLOWED_SPECS) from None
+
+
 def load_model(
     spec: str = DEFAULT_MODEL,
     device: str = "auto",
@@ -210,6 +259,8 @@ def load_model(
     The tokenizer pads on the left (batched decoding appends on the right) and always has a pad token.
     The model is in eval mode on ``device``.
     """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
     source = _resolve_source(spec, cache_dir)
     torch_device = resolve_device(device)
@@ -218,10 +269,7 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(dtype, torch_device))
     except OSError as err:
         raise SpecError(SPEC_KEY, f"cannot load {spec!r} ({str(err).splitlines()[0]})", ALLOWED_SPECS) from None
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        # Pad positions are masked out, so any existing token will do; EOS is the conventional choice.
-        tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
+    _padding_left(tokenizer)
     model.to(torch_device)
     model.eval()
     return tokenizer, model

@@ -80,6 +80,10 @@ class VllmGenerator:
         except OSError:
             pass
         vllm_dtype = dtype if dtype != "auto" else ("float32" if on_cpu else "bfloat16")
+        if dtype == "fast":  # vLLM has no "fast": load_model's rule, as a dtype name
+            from mmw.engines.models import resolve_dtype
+
+            vllm_dtype = str(resolve_dtype(dtype, torch.device("cpu" if on_cpu else "cuda"))).removeprefix("torch.")
         self.name, self.dtype = name, vllm_dtype
         self.llm = LLM(model=folder, tokenizer=folder, dtype=vllm_dtype, seed=0, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, logits_processors=[vllm_processor.WatermarkLogitsProcessor],
