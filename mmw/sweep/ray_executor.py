@@ -51,7 +51,7 @@ from typing import Any
 import yaml
 
 from mmw.errors import SpecError
-from mmw.sweep.runner import Job, Outcome, _error_text, dvc_executable, head_commit, set_args
+from mmw.sweep.runner import Job, Outcome, error_text, dvc_executable, head_commit, set_args
 
 #: The Ray task's name (the dashboard's task list, and the state-API filter of the progress view).
 TASK_NAME = "mmw-sweep-config"
@@ -110,7 +110,7 @@ def _run_job(source: str, baseline: str, cache_dir: str, name: str, config_id: s
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return {"name": name, "config_id": config_id, "status": "done" if code == 0 else "failed",
-            "error": None if code == 0 else _error_text(output, code),
+            "error": None if code == 0 else error_text(output, code),
             "wall_s": round(time.perf_counter() - started, 1),
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
             "ran": re.findall(r"Running stage '([^']+)'", output),
