@@ -304,6 +304,12 @@ class RayExecutor:
             self.echo(f"[ray] cluster {self.address}: {len(ray.nodes())} nodes, "
                       f"{ray.cluster_resources().get('CPU', 0):g} CPUs, {gpus:g} GPUs"
                       + (f"; dashboard http://{url}" if url else ""))
+            host = str(url or "").rsplit(":", 1)[0]
+            if url and host not in ("127.0.0.1", "localhost", "::1", "[::1]") \
+                    and os.environ.get("RAY_AUTH_MODE") != "token":
+                self.echo(f"[ray] warning: the dashboard listens on {host} without authentication: anyone who "
+                          "reaches it can run code on the cluster (docs/RAY.md: 127.0.0.1 + SSH tunnel, "
+                          "RAY_AUTH_MODE=token)")
             checked = self.check_node_keys(ray, driver_key, driver_has_env)
             self.echo(f"[ray] key checked on {checked} nodes: the same as the driver's")
             task = ray.remote(_run_job)
