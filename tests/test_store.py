@@ -93,3 +93,44 @@ def test_opening_the_store_removes_a_dead_writers_temporary_file(tmp_path: Path)
     live.write_bytes(b"being written")
     PartsStore(parts, SCHEMA)
     assert not dead.exists() and live.exists()
+
+
+class _CharTokenizer:
+    def __call__(self, texts: list[str], add_special_tokens: bool = False) -> dict[str, list[list[int]]]:
+        return {"input_ids": [[ord(c) for c in text] for text in texts]}
+
+    def batch_decode(self, tokens: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return ["".join(map(chr, row)) for row in tokens]
+
+
+def test_the_vllm_engine_resumes_through_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """VllmGenerator.generate_table without vLLM: its requests replaced by a fake; a run killed after the first
+    chunk resumes with the second chunk only and writes the uninterrupted run's bytes."""
+    from mmw.engines.vllm_engine import VllmGenerator
+
+    calls: list[list[int]] = []
+
+    def fake_generate_ids(self, prompts, seeds, spec, temperature, max_new_tokens, n=1):  # type: ignore[no-untyped-def]
+        if fail_on is not None and len(calls) == fail_on:
+            raise KeyboardInterrupt
+        calls.append(seeds)
+        return [[{"tokens": list(p[:3]), "mean_entropy": 1.0, "mean_spike_entropy": 0.5}] for p in prompts]
+
+    monkeypatch.setattr(VllmGenerator, "generate_ids", fake_generate_ids)
+    engine = VllmGenerator.__new__(VllmGenerator)
+    engine.tokenizer, engine.name, engine.dtype = _CharTokenizer(), "fake", "float32"
+    prompts = pl.DataFrame({"prompt_id": [f"p{i}" for i in range(5)], "task": "story",
+                            "prompt": [f"prompt {i}" for i in range(5)], "chat": [f"chat {i}" for i in range(5)]})
+    out = tmp_path / "gen" / "watermarked.parquet"
+    fail_on: int | None = 1
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate_table(prompts, out, None, 1.0, 4, 0, "fp", chunk=3)
+    assert len(calls) == 1 and not out.exists()
+    fail_on = None
+    calls.clear()
+    resumed = engine.generate_table(prompts, out, None, 1.0, 4, 0, "fp", chunk=3)
+    assert [len(c) for c in calls] == [2]  # only the unfinished chunk
+    assert not out.with_name(out.name + ".parts").exists()
+    engine.generate_table(prompts, tmp_path / "fresh.parquet", None, 1.0, 4, 0, "fp", chunk=3)
+    assert out.read_bytes() == (tmp_path / "fresh.parquet").read_bytes()
+    assert resumed["text"].to_list() == ["cha"] * 5
