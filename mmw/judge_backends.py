@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from mmw.errors import SpecError
-from mmw.io import write_json
+from mmw.io import plan_units, write_json
 from mmw.judge import GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
 
 if TYPE_CHECKING:
@@ -230,37 +230,53 @@ class CachedRater:
         return {mode: self._rate_mode(prompts, texts, mode) for mode in modes}
 
     def _rate_mode(self, prompts: Sequence[str], texts: Sequence[str], mode: str) -> list[float | None]:
+        """Ratings of every row. Identical (prompt, text) pairs are judged once. A backend with a ``plan`` (batches
+        whose members change the numbers) is asked for whole batches of its plan over every distinct pair, and
+        only for batches with a judgement missing from the cache: a run resumed after a kill rates the same
+        batches as an uninterrupted run."""
         from tqdm.auto import tqdm
 
         judge_id = self.backend.cache_id(mode)
         out: list[float | None] = [None] * len(texts)
-        todo: dict[str, list[int]] = {}  # cache key -> rows with that (prompt, text)
+        rows_of: dict[str, list[int]] = {}  # cache key -> rows with that (prompt, text)
         for row, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
-            key = self.cache.key(judge_id, mode, prompt, text)
+            rows_of.setdefault(self.cache.key(judge_id, mode, prompt, text), []).append(row)
+        keys = list(rows_of)
+        cached: dict[str, float | None] = {}
+        for key in keys:
             found, rating = self.cache.get(key)
             if found:
-                out[row] = rating
-                self.stats.cached += 1
-            else:
-                todo.setdefault(key, []).append(row)
-        if not todo:
+                cached[key] = rating
+                for row in rows_of[key]:
+                    out[row] = rating
+                self.stats.cached += len(rows_of[key])
+        missing = [i for i, key in enumerate(keys) if key not in cached]
+        if not missing:
             return out
-        keys = list(todo)
-        firsts = [todo[k][0] for k in keys]
-        with tqdm(total=len(keys), desc=f"judge {mode}", unit="text", disable=not self.progress) as bar:
-            for index, outcome in self.backend.rate_stream([prompts[r] for r in firsts], [texts[r] for r in firsts],
-                                                           mode):
-                rows = todo[keys[index]]
-                if isinstance(outcome, Failure):
-                    self.stats.failed += len(rows)
-                    if len(self.stats.errors) < 5:
-                        self.stats.errors.append(outcome.error)
-                else:
-                    self.cache.put(keys[index], outcome)
-                    self.stats.computed += len(rows)
-                    for row in rows:
-                        out[row] = outcome
-                bar.update(1)
+        firsts = [rows_of[key][0] for key in keys]
+        plan = getattr(self.backend, "plan", None)
+        units = [u for u in plan([texts[r] for r in firsts]) if any(keys[i] not in cached for i in u)] \
+            if plan is not None else [missing]
+        with tqdm(total=len(missing), desc=f"judge {mode}", unit="text", disable=not self.progress) as bar:
+            for unit in units:
+                stream = self.backend.rate_stream([prompts[firsts[i]] for i in unit], [texts[firsts[i]] for i in unit],
+                                                  mode)
+                for index, outcome in stream:
+                    key = keys[unit[index]]
+                    rows = rows_of[key]
+                    if isinstance(outcome, Failure):
+                        if key in cached:  # rated before, in this same batch: keep that judgement
+                            continue
+                        self.stats.failed += len(rows)
+                        if len(self.stats.errors) < 5:
+                            self.stats.errors.append(outcome.error)
+                    else:
+                        if key not in cached:
+                            self.stats.computed += len(rows)
+                            bar.update(1)
+                        self.cache.put(key, outcome)
+                        for row in rows:
+                            out[row] = outcome
         return out
 
 
@@ -279,11 +295,13 @@ class TransformersBackend:
                    else f"min_mass={self.judge.min_mass}")
         return f"transformers|{model_fingerprint(self.spec)}|{self.judge.model.dtype}|{setting}"
 
+    def plan(self, texts: Sequence[str]) -> list[list[int]]:
+        """The batches :meth:`rate_stream` forms for ``texts`` (indices): a left-padded batch's ratings depend on
+        its members, so :class:`CachedRater` rates whole batches of this plan, made over every text."""
+        return plan_units(sorted(range(len(texts)), key=lambda i: -len(texts[i])), self.judge.batch_size)
+
     def rate_stream(self, prompts: Sequence[str], texts: Sequence[str], mode: str) -> Iterator[tuple[int, Outcome]]:
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        step = self.judge.batch_size
-        for start in range(0, len(order), step):
-            rows = order[start:start + step]
+        for rows in self.plan(texts):
             ratings = self.judge.rate([prompts[i] for i in rows], [texts[i] for i in rows], [mode])[mode]
             yield from zip(rows, ratings, strict=True)
 

@@ -106,7 +106,7 @@ def test_tiny_judge_resumes_from_the_cache(tmp_path, one_thread):
 
     cache = JudgementCache(tmp_path)
     first = CachedRater(Counting(judge, "tiny"), cache)
-    stream = first.backend.rate_stream(prompts[:3], texts[:3], "expected")
+    stream = first.backend.rate_stream(prompts, texts, "expected")
     for done, (index, rating) in enumerate(stream, 1):  # a run killed after its first batch (2 texts)
         cache.put(cache.key(first.backend.cache_id("expected"), "expected", prompts[index], texts[index]), rating)
         if done == judge.batch_size:
@@ -115,7 +115,10 @@ def test_tiny_judge_resumes_from_the_cache(tmp_path, one_thread):
     second = CachedRater(Counting(judge, "tiny"), cache)
     ratings = second.rate(prompts, texts, ["expected"])["expected"]
     assert ratings == pytest.approx(whole, rel=1e-5)
-    assert second.stats.cached == 2 and second.stats.computed == 4 and asked == [4]
+    assert second.stats.cached == 2 and second.stats.computed == 4 and asked == [2, 2]  # the unfinished batches
+    # the batches of an uninterrupted run: the same numbers exactly
+    assert CachedRater(TransformersBackend(judge, "tiny"), JudgementCache(tmp_path / "fresh")).rate(
+        prompts, texts, ["expected"])["expected"] == ratings
     third = CachedRater(Counting(judge, "tiny"), cache)
     assert third.rate(prompts, texts, ["expected"])["expected"] == ratings and third.stats.computed == 0
     # another setting (greedy mode, another judge id) never reuses these judgements
