@@ -230,10 +230,11 @@ class CachedRater:
         return {mode: self._rate_mode(prompts, texts, mode) for mode in modes}
 
     def _rate_mode(self, prompts: Sequence[str], texts: Sequence[str], mode: str) -> list[float | None]:
-        """Ratings of every row. Identical (prompt, text) pairs are judged once. A backend with a ``plan`` (batches
-        whose members change the numbers) is asked for whole batches of its plan over every distinct pair, and
-        only for batches with a judgement missing from the cache: a run resumed after a kill rates the same
-        batches as an uninterrupted run."""
+        """Ratings of every row. Identical (prompt, text) pairs are judged once, and a cached judgement is never
+        replaced. A backend with a ``plan`` (batches whose members change the numbers) is asked for whole batches
+        of its plan over every distinct pair, and only for batches with a judgement missing from the cache (the
+        cached members are rated again for their batch-mates' sake, their new numbers dropped): a run resumed after
+        a kill rates the same batches as an uninterrupted run."""
         from tqdm.auto import tqdm
 
         judge_id = self.backend.cache_id(mode)
@@ -263,17 +264,16 @@ class CachedRater:
                                                   mode)
                 for index, outcome in stream:
                     key = keys[unit[index]]
+                    if key in cached:  # a judgement is made once: the cached one stands (its batch-mates need it)
+                        continue
                     rows = rows_of[key]
                     if isinstance(outcome, Failure):
-                        if key in cached:  # rated before, in this same batch: keep that judgement
-                            continue
                         self.stats.failed += len(rows)
                         if len(self.stats.errors) < 5:
                             self.stats.errors.append(outcome.error)
                     else:
-                        if key not in cached:
-                            self.stats.computed += len(rows)
-                            bar.update(1)
+                        self.stats.computed += len(rows)
+                        bar.update(1)
                         self.cache.put(key, outcome)
                         for row in rows:
                             out[row] = outcome
