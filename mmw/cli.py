@@ -206,6 +206,11 @@ def sweep(
         "--ray", metavar="ADDRESS",
         help="run the configs as Ray tasks on the cluster at ADDRESS (`auto`: the one `ray start` made here, "
              "`ray://HEAD:10001`: a remote one); see docs/RAY.md")] = None,
+    task_timeout: Annotated[float | None, typer.Option(
+        "--task-timeout", metavar="SECONDS", help="with --ray: a config's wall-time limit on its worker; past it "
+        "the config is killed and recorded as failed (timed out)")] = None,
+    timeout_retries: Annotated[int, typer.Option(
+        help="with --ray: how often a timed-out config is submitted again before it stays failed")] = 1,
 ) -> None:
     """Run a sweep as DVC experiments (`mmw sweep NAME`) or collect it (`mmw sweep collect NAME`).
 
@@ -240,10 +245,13 @@ def sweep(
         return
     try:
         executor = None
+        if task_timeout is not None and ray is None:
+            raise SpecError("--task-timeout", "only applies to Ray tasks", "--ray ADDRESS --task-timeout SECONDS")
         if ray is not None:
             from mmw.sweep.ray_executor import RayExecutor
 
-            executor = RayExecutor(repo, address=ray, echo=typer.echo)
+            executor = RayExecutor(repo, address=ray, echo=typer.echo, task_timeout_s=task_timeout,
+                                   timeout_retries=timeout_retries)
         pool, reruns = run_sweep(repo, definition, executor=executor, configs=configs, reevaluate=reevaluate,
                                  echo=typer.echo)
     except SpecError as err:

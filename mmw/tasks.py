@@ -36,6 +36,7 @@ import numpy as np
 import polars as pl
 
 from mmw.errors import SpecError
+from mmw.io import LOW_ENTROPY_INPUTS, InputError, read_table
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "tasks"
 NEWS_CAP = 100
@@ -244,7 +245,6 @@ TASKS: dict[str, Callable[[Path], list[str]]] = {
 
 #: V3 (low entropy): prompts built from the pipeline's own T = 1 book reports (stage ``low_entropy_inputs``),
 #: not from data/tasks. Builders take that table (source_id, text).
-LOW_ENTROPY_INPUTS = Path("data/low_entropy/inputs.parquet")
 LOW_ENTROPY_TASKS: dict[str, Callable[[pl.DataFrame], list[str]]] = {
     "paraphrase": lambda inputs: [f"Paraphrase the following text. Keep its meaning, its structure and its "
                                   f"length.\n\nText:\n{text}" for text in inputs["text"].to_list()],
@@ -269,11 +269,11 @@ def needs_low_entropy_inputs(tasks: Sequence[str]) -> bool:
 
 
 def read_low_entropy_inputs(path: Path = LOW_ENTROPY_INPUTS) -> pl.DataFrame:
-    if not path.is_file():
-        raise SpecError("prompts.tasks", f"the low-entropy tasks ({', '.join(LOW_ENTROPY_TASKS)}) need {path}: it "
-                        "is written by the stage low_entropy_inputs (dvc repro runs it; alone: mmw "
-                        "low-entropy-inputs)")
-    return pl.read_parquet(path)
+    """The low-entropy tasks' inputs (stage ``low_entropy_inputs``), checked like every input table."""
+    inputs = read_table(path)
+    if inputs.height == 0:
+        raise InputError(path, "the table has 0 rows, but a low-entropy task is selected")
+    return inputs
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,12 @@ import polars as pl
 
 from mmw.audit import audit_keys
 from mmw.detector import DetectionResult, Detector
-from mmw.io import DETECTIONS, GENERATIONS, PERTURBED, read_table, write_table
+from mmw.io import DETECTION_SCHEMA, DETECTIONS, GENERATIONS, PERTURBED, read_table, write_table
 from mmw.keys import resolve_key
 from mmw.params import Params, load_params
 from mmw.scheme import SchemeSpec
 from mmw.stages.common import load_generator_vocabulary
 from mmw.stages.timing import timed
-
-DETECTION_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "source": pl.String, "attack": pl.String,
-                    "n_tokens": pl.Int64, "pvalue": pl.Float64, "detected": pl.Boolean, "size": pl.Int64,
-                    "size_valid": pl.Int64, "audit_pvalues": pl.List(pl.Float64)}
 
 
 def detection_rows(texts: pl.DataFrame, source: str, results: list[DetectionResult],
@@ -58,14 +54,14 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     with timed(f"detect_{which}") as info:
         params = load_params(params_path, ("model", "scheme", "detect", "key"), models={"scheme": SchemeSpec})
         key = resolve_key(params.key)
-        generations = read_table(GENERATIONS[which])
+        generations = read_table(GENERATIONS[which], columns=("prompt_id", "task", "text", "tokens"))
+        perturbed = read_table(PERTURBED) if which == "watermarked" else None  # every input checked before the model
         tokenizer, vocab_size = load_generator_vocabulary(params.model)
         detector = Detector(params.scheme, key, vocab_size, device=params.detect.device)
         stored = [np.asarray(tokens, dtype=np.int64) for tokens in generations["tokens"].to_list()]
         audit = audit_pvalues(params, vocab_size, key, stored) if which == "baseline" else None
         frames = [detection_rows(generations, which, detector.detect(stored), audit)]
-        if which == "watermarked":
-            perturbed = read_table(PERTURBED)
+        if perturbed is not None:
             attacked = perturbed.filter(pl.col("ok"))
             verdicts = detector.detect_text(tokenizer, attacked["text"].to_list())
             frames.append(detection_rows(attacked, "attack", verdicts))

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import polars as pl
 
-from mmw.io import write_table
+from mmw.io import LOW_ENTROPY_SCHEMA, write_table
 from mmw.params import derive_seed, load_params
 from mmw.quality.params import LowEntropyParams
 from mmw.stages.timing import timed
 from mmw.tasks import LOW_ENTROPY_INPUTS, LOW_ENTROPY_SOURCE_TASK, build_prompts, needs_low_entropy_inputs, \
     render_chat
 
-SCHEMA = {"source_id": pl.String, "text": pl.String}
+SCHEMA = LOW_ENTROPY_SCHEMA
 #: The full generations table (tokens, entropies) next to the inputs, kept for inspection and resumption.
 GENERATIONS = LOW_ENTROPY_INPUTS.parent / "generations.parquet"
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,12 +9,10 @@ from pathlib import Path
 import polars as pl
 
 from mmw.attacks import Attack, build_attacks
-from mmw.io import GENERATIONS, PERTURBED, read_table, write_table
+from mmw.io import GENERATIONS, PERTURBED, PERTURBED_SCHEMA, PartsStore, plan_units, read_table, write_table
+from mmw.io import row_key as store_row_key
 from mmw.params import derive_seed, load_params
 from mmw.stages.timing import timed
-
-PERTURBED_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "attack": pl.String, "family": pl.String,
-                    "in_R": pl.Boolean, "text": pl.String, "ok": pl.Boolean, "error": pl.String}
 
 
 def attacked_subset(generations: pl.DataFrame, fraction: float) -> pl.DataFrame:
@@ -47,68 +43,53 @@ def attack_fingerprint(attack: Attack, seed: int) -> str:
 
 def row_key(fingerprint: str, prompt_id: str, text: str) -> str:
     """Identity of one attacked text: the attack fingerprint, the prompt and the exact input text."""
-    return hashlib.sha256("\x00".join([fingerprint, prompt_id, text]).encode()).hexdigest()
-
-
-def _stored(parts: Path) -> pl.DataFrame:
-    """Rows of every finished chunk (empty when there are none)."""
-    files = sorted(parts.glob("*.parquet")) if parts.exists() else []
-    return pl.concat([pl.read_parquet(f) for f in files]) if files else pl.DataFrame(
-        schema={**PERTURBED_SCHEMA, "row_key": pl.String})
+    return store_row_key(fingerprint, prompt_id, text)
 
 
 def run(params_path: Path, on_chunk_done: Callable[[int], None] | None = None) -> None:
     """Write ``data/perturbed.parquet``: one row per (attacked prompt, attack); ``text`` null when ``ok`` is false.
 
     Each text's attack seed hashes (seed, prompt_id, attack name), so results do not depend on batching, on
-    which other attacks run, or on the process. Resumable like generation: every finished chunk of ``CHUNK`` texts
-    is stored (atomically) under ``parts_dir()`` keyed by ``row_key``; a rerun reuses exactly the rows whose attack,
-    parameters, seed, prompt and input text match, and attacks only the rest. ``on_chunk_done(rows_stored)`` runs
-    after each stored chunk (tests use it to interrupt a run).
+    which other attacks run, or on the process. Resumable like generation (``mmw.io.PartsStore``): per attack,
+    the texts are cut into chunks of ``CHUNK`` planned over every text, and each finished chunk is stored
+    (atomically) under ``parts_dir()``; a rerun reuses exactly the chunks whose attack, parameters, seed, prompts
+    and input texts match, and attacks only the rest. ``on_chunk_done(rows_stored)`` runs after each stored chunk
+    (tests use it to interrupt a run).
     """
     with timed("perturb") as info:
         params = load_params(params_path, ("seed", "attacks"))
-        attacks = build_attacks(params.attacks.specs)
-        subset = attacked_subset(read_table(GENERATIONS["watermarked"]), params.attacks.fraction)
-        texts, prompt_ids = subset["text"].to_list(), subset["prompt_id"].to_list()
-        parts = parts_dir()
-        stored = _stored(parts)
-        stored_keys = set(stored["row_key"].to_list())
+        attacks = build_attacks(params.attacks.specs)  # validates only: models load on first use
+        generations = read_table(GENERATIONS["watermarked"], columns=("prompt_id", "task", "text"))
+        subset = attacked_subset(generations, params.attacks.fraction)
+        texts, prompt_ids, tasks = subset["text"].to_list(), subset["prompt_id"].to_list(), subset["task"].to_list()
+        store = PartsStore(parts_dir(), PERTURBED_SCHEMA, "chunks")
         frames, seconds, reused, stored_rows = [], {}, 0, 0
         for attack in attacks:
             started = time.perf_counter()
             fingerprint = attack_fingerprint(attack, params.seed)
-            keys = [row_key(fingerprint, pid, text) for pid, text in zip(prompt_ids, texts)]
-            todo = [i for i, k in enumerate(keys) if k not in stored_keys]
-            reused += len(keys) - len(todo)
-            for c in range(0, len(todo), CHUNK):
-                rows = todo[c: c + CHUNK]
+            keys = [row_key(fingerprint, pid, text) for pid, text in zip(prompt_ids, texts, strict=True)]
+
+            def attack_chunk(rows: list[int], attack: Attack = attack) -> pl.DataFrame:
                 seeds = [derive_seed(params.seed, "attack", prompt_ids[i], attack.name) for i in rows]
                 outcomes = attack.apply_batch([texts[i] for i in rows], seeds)
-                chunk = pl.DataFrame({
-                    "prompt_id": [prompt_ids[i] for i in rows],
-                    "task": [subset["task"][i] for i in rows],
-                    "attack": [attack.name] * len(rows),
-                    "family": [attack.family] * len(rows),
-                    "in_R": [attack.in_R] * len(rows),
-                    "text": [o.text if o.ok else None for o in outcomes],
-                    "ok": [o.ok for o in outcomes],
-                    "error": [o.error for o in outcomes],
-                    "row_key": [keys[i] for i in rows],
-                }, schema={**PERTURBED_SCHEMA, "row_key": pl.String})
-                write_table(chunk, parts / f"{keys[rows[0]]}.parquet")
-                stored = pl.concat([stored, chunk])
-                stored_keys.update(chunk["row_key"].to_list())
-                stored_rows += chunk.height
+                return pl.DataFrame({
+                    "prompt_id": [prompt_ids[i] for i in rows], "task": [tasks[i] for i in rows],
+                    "attack": [attack.name] * len(rows), "family": [attack.family] * len(rows),
+                    "in_R": [attack.in_R] * len(rows), "text": [o.text if o.ok else None for o in outcomes],
+                    "ok": [o.ok for o in outcomes], "error": [o.error for o in outcomes],
+                }, schema=PERTURBED_SCHEMA)
+
+            def chunk_done(rows_in_attack: int, before: int = stored_rows) -> None:
                 if on_chunk_done is not None:
-                    on_chunk_done(stored_rows)
+                    on_chunk_done(before + rows_in_attack)
+
+            rows = store.run(keys, plan_units(range(len(keys)), CHUNK), attack_chunk, chunk_done)
+            reused += store.reused_rows
+            stored_rows += store.computed_rows
             seconds[attack.name] = round(time.perf_counter() - started, 3)
-            order = pl.DataFrame({"row_key": keys, "_order": range(len(keys))}, schema={"row_key": pl.String,
-                                                                                       "_order": pl.Int64})
-            frames.append(order.join(stored.unique("row_key", keep="first"), on="row_key", how="left")
-                          .sort("_order").select(list(PERTURBED_SCHEMA)))
+            frames.append(rows.select(list(PERTURBED_SCHEMA)))
         table = pl.concat(frames) if frames else pl.DataFrame(schema=PERTURBED_SCHEMA)
         write_table(table, PERTURBED)
-        shutil.rmtree(parts, ignore_errors=True)
+        store.clear()
         info.update(rows=table.height, failed=int((~table["ok"]).sum()), attack_seconds=seconds, resumed_rows=reused,
                     attacked_per_task=subset.group_by("task").len().sort("task").rows())

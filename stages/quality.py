@@ -43,7 +43,8 @@ def run(params_path: Path) -> None:
         params = load_params(params_path, ("seed", "quality"), models={"quality": QualityParams})
         settings = params.quality
         sandbox = isolation(settings.sandbox) if "task" in settings.metrics else None  # refuses before any work
-        texts = pl.concat([read_table(GENERATIONS[source]).select("prompt_id", "task", "prompt", "text")
+        texts = pl.concat([read_table(GENERATIONS[source], columns=("prompt_id", "task", "prompt", "text"))
+                           .select("prompt_id", "task", "prompt", "text")
                            .with_columns(pl.lit(source).alias("source")) for source in ("baseline", "watermarked")])
         n = texts.height
         columns: dict[str, list] = {"measure": [MEASURES.get(t, JUDGE) for t in texts["task"].to_list()]}

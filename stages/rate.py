@@ -9,14 +9,22 @@ from typing import Literal
 import polars as pl
 
 from mmw.errors import SpecError
-from mmw.io import GENERATIONS, JUDGE_REPORT, PERTURBED, RATINGS, read_json, read_table, write_json, write_table
+from mmw.io import (
+    GENERATIONS,
+    JUDGE_REPORT,
+    PERTURBED,
+    RATING_SCHEMA,
+    RATINGS,
+    read_json,
+    read_table,
+    write_json,
+    write_table,
+)
 from mmw.judge import MODES, judge_discrimination
 from mmw.judge_backends import CachedRater, JudgementCache, RatingBackend, default_cache_root
 from mmw.params import RateParams, derive_seed, load_params
 from mmw.stages.timing import timed
 
-RATING_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "source": pl.String, "attack": pl.String,
-                 "rating": pl.Float64, "rating_greedy": pl.Float64, "rating_expected": pl.Float64}
 #: Used when ``rate.mode: auto`` and neither mode tells texts from word salad: the expected-value rating is the
 #: finer-grained one (greedy replies of small judges collapse to a few grades). The summary flags the judge.
 FALLBACK_MODE = "expected"
@@ -90,8 +98,10 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     with timed(f"rate_{which}") as info:
         params = load_params(params_path, ("seed", "rate") if which == "baseline" else ("rate",))
         rate = params.rate
-        generations = read_table(GENERATIONS[which])
+        generations = read_table(GENERATIONS[which], columns=("prompt_id", "task", "prompt", "text"))
         chosen = read_json(JUDGE_REPORT) if which == "watermarked" else None
+        # every input checked before the judge loads
+        perturbed = read_table(PERTURBED) if which == "watermarked" else None
         want_expected = rate.mode != "greedy" if chosen is None else chosen["mode"] == "expected"
         backend, note = load_backend(rate, want_expected)
         if chosen is not None and chosen["mode"] == "expected" and backend.expected_via is None:
@@ -122,7 +132,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
             table = rating_rows(generations, "baseline", ratings, mode)
         else:
             mode = chosen["mode"]
-            attacked = read_table(PERTURBED).filter(pl.col("ok")).join(
+            attacked = perturbed.filter(pl.col("ok")).join(
                 generations.select("prompt_id", "prompt"), on="prompt_id", how="left")
             table = pl.concat([
                 rating_rows(frame, source, rater.rate(frame["prompt"].to_list(), frame["text"].to_list(), [mode]),

@@ -163,6 +163,13 @@ def test_unknown_sweep_exits_2(workdir: Path) -> None:
     assert result.exit_code == 2 and one_error_line(result).startswith("error: sweep: unknown sweep")
 
 
+def test_task_timeout_without_ray_exits_2(workdir: Path) -> None:
+    (workdir / "sweeps").mkdir()
+    shutil.copy(ROOT / "sweeps/smoke.yaml", workdir / "sweeps/smoke.yaml")
+    result = invoke(["sweep", "smoke", "--task-timeout", "60"])
+    assert result.exit_code == 2 and one_error_line(result).startswith("error: --task-timeout: only applies to Ray")
+
+
 def test_report_with_nothing_to_report_exits_2(workdir: Path) -> None:
     result = invoke(["report"])
     assert result.exit_code == 2 and one_error_line(result).startswith("error: report: nothing to report")

@@ -88,6 +88,27 @@ def test_cache_key_separates_every_part():
     assert key("j", "m", "ab", "c") != key("j", "m", "a", "bc")  # no two splits of one string collide
 
 
+def test_a_kill_inside_a_judge_batch_resumes_to_the_uninterrupted_numbers(tmp_path, one_thread):
+    """Killed after one judgement of its second batch: the rerun rates that whole batch again (a left-padded
+    batch's numbers depend on its members), keeps the judgement already cached, and returns exactly the ratings of
+    an uninterrupted run."""
+    from test_judge import PAIRS, tiny_judge
+
+    prompts = [p for p, _ in PAIRS] * 2
+    texts = [t for _, t in PAIRS] + [t + " ." for _, t in PAIRS]
+    judge = tiny_judge(digits_split=True)
+    backend = TransformersBackend(judge, "tiny")
+    whole = CachedRater(backend, JudgementCache(tmp_path / "whole")).rate(prompts, texts, ["expected"])["expected"]
+    cache = JudgementCache(tmp_path / "killed")
+    for done, (index, rating) in enumerate(backend.rate_stream(prompts, texts, "expected"), 1):
+        if done == judge.batch_size + 2:
+            break
+        cache.put(cache.key(backend.cache_id("expected"), "expected", prompts[index], texts[index]), rating)
+    rater = CachedRater(backend, cache)
+    assert rater.rate(prompts, texts, ["expected"])["expected"] == whole
+    assert rater.stats.cached == judge.batch_size + 1 and rater.stats.computed == len(texts) - judge.batch_size - 1
+
+
 def test_tiny_judge_resumes_from_the_cache(tmp_path, one_thread):
     """A real (tiny, random) in-process judge: a run that stopped half-way is finished by a second one that asks
     the model only for what is missing, and gets the same ratings as one uninterrupted run."""
@@ -106,7 +127,7 @@ def test_tiny_judge_resumes_from_the_cache(tmp_path, one_thread):
 
     cache = JudgementCache(tmp_path)
     first = CachedRater(Counting(judge, "tiny"), cache)
-    stream = first.backend.rate_stream(prompts[:3], texts[:3], "expected")
+    stream = first.backend.rate_stream(prompts, texts, "expected")
     for done, (index, rating) in enumerate(stream, 1):  # a run killed after its first batch (2 texts)
         cache.put(cache.key(first.backend.cache_id("expected"), "expected", prompts[index], texts[index]), rating)
         if done == judge.batch_size:
@@ -115,7 +136,10 @@ def test_tiny_judge_resumes_from_the_cache(tmp_path, one_thread):
     second = CachedRater(Counting(judge, "tiny"), cache)
     ratings = second.rate(prompts, texts, ["expected"])["expected"]
     assert ratings == pytest.approx(whole, rel=1e-5)
-    assert second.stats.cached == 2 and second.stats.computed == 4 and asked == [4]
+    assert second.stats.cached == 2 and second.stats.computed == 4 and asked == [2, 2]  # the unfinished batches
+    # the batches of an uninterrupted run: the same numbers exactly
+    assert CachedRater(TransformersBackend(judge, "tiny"), JudgementCache(tmp_path / "fresh")).rate(
+        prompts, texts, ["expected"])["expected"] == ratings
     third = CachedRater(Counting(judge, "tiny"), cache)
     assert third.rate(prompts, texts, ["expected"])["expected"] == ratings and third.stats.computed == 0
     # another setting (greedy mode, another judge id) never reuses these judgements

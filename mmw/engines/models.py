@@ -205,7 +205,7 @@ def _gguf_to_hf_folder(gguf: Path, cache_dir: Path) -> Path:
     return target
 
 
-def _resolve_source(spec: str, cache_dir: Path) -> str:
+def resolve_source(spec: str, cache_dir: Path) -> str:
     """Where from_pretrained should read the model: a local HF folder or a hub id."""
     if spec.startswith(EMBEDDED_PREFIX):
         return str(_gguf_to_hf_folder(embedded_gguf_path(spec[len(EMBEDDED_PREFIX):], cache_dir), cache_dir))
@@ -241,7 +241,7 @@ def load_tokenizer(
     from transformers import AutoConfig, AutoTokenizer
 
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
-    source = _resolve_source(spec, cache_dir)
+    source = resolve_source(spec, cache_dir)
     try:
         return _padding_left(AutoTokenizer.from_pretrained(source)), AutoConfig.from_pretrained(source)
     except OSError as err:
@@ -262,7 +262,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
-    source = _resolve_source(spec, cache_dir)
+    source = resolve_source(spec, cache_dir)
     torch_device = resolve_device(device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)

@@ -15,14 +15,13 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import shutil
 from pathlib import Path
 
 import polars as pl
 
-from mmw.engines.generate import PART_SCHEMA, _read_parts, _row_key, row_seed
+from mmw.engines.generate import GENERATION_SCHEMA, parts_dir_of, row_seed
 from mmw.errors import SpecError
-from mmw.io import write_table
+from mmw.io import PartsStore, plan_units, row_key, write_table
 from mmw.scheme import SchemeSpec
 
 ENGINES = ("transformers", "vllm")
@@ -38,9 +37,9 @@ def require_vllm() -> None:
 
 def model_folder(name: str) -> str:
     """A folder or hub id vLLM can load: embedded GGUF models become a cached HF folder (as for transformers)."""
-    from mmw.engines.models import _resolve_source, default_cache_dir
+    from mmw.engines.models import default_cache_dir, resolve_source
 
-    return _resolve_source(name, default_cache_dir())
+    return resolve_source(name, default_cache_dir())
 
 
 class VllmGenerator:
@@ -130,41 +129,33 @@ class VllmGenerator:
         """Same contract as ``mmw.engines.generate.generate_table`` (columns, order, atomic write, resumable by
         chunks of ``chunk`` prompts stored under ``<out_path>.parts``)."""
         out_path = Path(out_path)
-        parts_dir = out_path.with_name(out_path.name + ".parts")
+        parts_dir = parts_dir_of(out_path)
         full = "\x00".join(["vllm", self.name, self.dtype, str(max_new_tokens), str(seed), fingerprint])
         ids, chats = prompts["prompt_id"].to_list(), prompts["chat"].to_list()
-        keys = [_row_key(full, pid, chat) for pid, chat in zip(ids, chats, strict=True)]
-        done = _read_parts(parts_dir) if parts_dir.is_dir() else pl.DataFrame(schema=PART_SCHEMA)
-        done_keys = set(done["row_key"].to_list())
-        todo = [i for i, key in enumerate(keys) if key not in done_keys]
-        parts_dir.mkdir(parents=True, exist_ok=True)
-        next_part = max([int(f.stem) for f in parts_dir.glob("[0-9]*.parquet")], default=-1) + 1
-        new_parts = []
-        for start in range(0, len(todo), chunk):
-            rows = todo[start:start + chunk]
+        keys = [row_key(full, pid, chat) for pid, chat in zip(ids, chats, strict=True)]
+
+        def finite(v: float | None, n: int) -> float | None:
+            return v if v is not None and n > 0 and math.isfinite(v) else None
+
+        def run_chunk(rows: list[int]) -> pl.DataFrame:
             encoded = self.tokenizer([chats[i] for i in rows], add_special_tokens=False)["input_ids"]
             outs = self.generate_ids(encoded, [row_seed(seed, ids[i]) for i in rows], spec, temperature,
                                      max_new_tokens)
             first = [o[0] for o in outs]
             tokens = [o["tokens"] for o in first]
-
-            def finite(v: float | None, n: int) -> float | None:
-                return v if v is not None and n > 0 and math.isfinite(v) else None
-
-            part = pl.DataFrame({
+            return pl.DataFrame({
                 "prompt_id": [ids[i] for i in rows],
                 "text": self.tokenizer.batch_decode(tokens, skip_special_tokens=True),
                 "tokens": tokens, "n_tokens": [len(t) for t in tokens],
                 "mean_entropy": [finite(o["mean_entropy"], len(o["tokens"])) for o in first],
-                "mean_spike_entropy": [finite(o["mean_spike_entropy"], len(o["tokens"])) for o in first],
-                "row_key": [keys[i] for i in rows]}, schema=PART_SCHEMA)
-            write_table(part, parts_dir / f"{next_part:05d}.parquet")
-            next_part += 1
-            new_parts.append(part)
-        finished = pl.concat([done, *new_parts]).unique("row_key", keep="last")
-        ordered = pl.DataFrame({"row_key": keys}).join(finished, on="row_key", how="left", maintain_order="left")
+                "mean_spike_entropy": [finite(o["mean_spike_entropy"], len(o["tokens"])) for o in first]},
+                schema=GENERATION_SCHEMA)
+
+        # Chunks in prompt order, planned over every prompt: a resumed run sends vLLM the same request sets.
+        store = PartsStore(parts_dir, GENERATION_SCHEMA, "chunks")
+        ordered = store.run(keys, plan_units(range(len(keys)), chunk), run_chunk)
         table = prompts.select("prompt_id", "task", "prompt").join(
-            ordered.drop("row_key"), on="prompt_id", how="left", maintain_order="left")
+            ordered.select(list(GENERATION_SCHEMA)), on="prompt_id", how="left", maintain_order="left")
         write_table(table, out_path)
-        shutil.rmtree(parts_dir, ignore_errors=True)
+        store.clear()
         return table

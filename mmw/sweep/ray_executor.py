@@ -28,6 +28,16 @@ Secrets: the repository's key (``MMW_KEY``) comes from each worker's own environ
 the driver never sends it. A job's own environment (``Job.env``: the fresh key of a re-evaluation) is put into the
 object store and only its reference is a task argument, so it never enters the task spec that Ray records (task
 events, dashboard, logs).
+
+Same key everywhere: before any job is submitted, every live node proves it holds the driver's key by returning the
+scrypt fingerprint of its ``MMW_KEY`` (``mmw.keys.key_fingerprint``: one-way, the value dvc.lock already holds);
+a node without ``MMW_KEY`` while the driver has one, or with another key, stops the sweep with one line naming the
+node (exit code 2). Each job repeats the check on its worker before it runs anything (a node that joined later),
+against the fingerprint of the key the job must use (the driver's, or the job's own), and fails if it differs.
+
+Timeouts: ``task_timeout_s`` bounds a job's wall time on its worker (clone, ``dvc exp run``); a job past it is
+killed with its stage processes, recorded as failed ("timed out"), and resubmitted up to ``timeout_retries``
+times (each attempt recorded).
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,12 +61,50 @@ from typing import Any
 import yaml
 
 from mmw.errors import SpecError
-from mmw.sweep.runner import Job, Outcome, _error_text, dvc_executable, head_commit, set_args
+from mmw.keys import KEY_ENV, key_fingerprint, resolve_key
+from mmw.sweep.runner import Job, Outcome, dvc_executable, error_text, head_commit, set_args
 
 #: The Ray task's name (the dashboard's task list, and the state-API filter of the progress view).
 TASK_NAME = "mmw-sweep-config"
 #: Devices for which a config asks Ray for a GPU (``auto`` only when the cluster has one).
 GPU_DEVICES = ("cuda", "auto")
+#: Seconds a timed-out ``dvc exp run`` gets after SIGTERM before SIGKILL.
+KILL_GRACE_S = 10
+
+
+def env_key_fingerprint(environ: Mapping[str, str]) -> str | None:
+    """The fingerprint of ``MMW_KEY`` in ``environ``, None when it is not set (a bad key raises SpecError)."""
+    return key_fingerprint(resolve_key(None, environ)) if KEY_ENV in environ else None
+
+
+def key_problem(expected: str, driver_has_env: bool, environ: Mapping[str, str], params_key: Any,
+                where: str) -> str | None:
+    """Why the key a job would use at ``where`` (``MMW_KEY`` of ``environ``, else ``params_key``) is not the one
+    the driver expects (``expected``: a fingerprint), or None when it is. A node without ``MMW_KEY`` while the
+    driver has one is refused even where the params key would happen to match."""
+    if driver_has_env and KEY_ENV not in environ:
+        return (f"{KEY_ENV}: not set on {where}, but the driver has one: set the same {KEY_ENV} in the environment "
+                "of `ray start` on every node")
+    try:
+        held = key_fingerprint(resolve_key(params_key, environ))
+    except SpecError as err:
+        return f"{err} (on {where})"
+    if held != expected:
+        return (f"{KEY_ENV}: {where} holds another key than the driver (key fingerprints differ): set the same "
+                f"{KEY_ENV} on every node and on the driver")
+    return None
+
+
+def _node_fingerprint() -> dict[str, Any]:
+    """The key check's Ray task (one per node): this node's key fingerprint (never the key) and its name."""
+    import ray
+
+    try:
+        fingerprint, problem = env_key_fingerprint(os.environ), None
+    except SpecError as err:
+        fingerprint, problem = None, str(err)
+    return {"fingerprint": fingerprint, "has_env": KEY_ENV in os.environ, "problem": problem,
+            "host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id()}
 
 
 def _die_with_parent() -> None:
@@ -68,54 +116,91 @@ def _die_with_parent() -> None:
         pass
 
 
-def _git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+def _git(cwd: Path, *args: str, timeout: float | None = None) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"git {' '.join(args[:2])} failed: {done.stderr.strip()[-300:]}")
     return done.stdout
 
 
+def _remaining(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise subprocess.TimeoutExpired("job", 0)
+    return left
+
+
 def _run_job(source: str, baseline: str, cache_dir: str, name: str, config_id: str,
-             overrides: dict[str, Any], secret_env: list[Any]) -> dict[str, Any]:
+             overrides: dict[str, Any], secret_env: list[Any], expected_key: str, driver_has_env: bool,
+             timeout_s: float | None) -> dict[str, Any]:
     """The Ray task body (runs on a worker): the job in a fresh clone against the shared cache.
 
     ``secret_env`` is ``[ObjectRef]`` of the job's extra environment (nested in a list so Ray passes the reference,
-    not the value). Returns the :class:`Outcome` fields plus ``bundle`` (bytes of the experiment's git bundle, or
-    None when the job failed), ``node`` and ``host``.
+    not the value). Before ``dvc exp run``, the key this job would use here must have the fingerprint
+    ``expected_key`` (:func:`key_problem`). ``timeout_s``: the job's wall-time budget on this worker. Returns the
+    :class:`Outcome` fields plus ``bundle`` (bytes of the experiment's git bundle, or None when the job failed),
+    ``timed_out``, ``node`` and ``host``.
     """
     import ray
 
     extra: dict[str, str] = ray.get(secret_env[0]) if secret_env else {}
     started = time.perf_counter()
+    deadline = time.monotonic() + timeout_s if timeout_s else None
     scratch = Path(tempfile.mkdtemp(prefix="mmw-ray-"))
     bundle: bytes | None = None
+    output, code, timed_out = "", 1, False
+    node = ray.get_runtime_context().get_node_id()
     try:
         clone = scratch / "repo"
-        _git(scratch, "clone", "--quiet", "--no-checkout", source, str(clone))
-        _git(clone, "checkout", "--quiet", "--detach", baseline)
-        dvc = dvc_executable()
-        subprocess.run([dvc, "config", "--local", "cache.dir", cache_dir], cwd=clone, check=True,
-                       capture_output=True)
-        bin_dir = str(Path(sys.executable).parent)
-        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
-        child = subprocess.Popen([dvc, "exp", "run", "-n", name, *set_args(overrides)], cwd=clone, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 preexec_fn=_die_with_parent)
-        output, _ = child.communicate()
-        code = child.returncode
-        if code == 0:
-            ref = f"refs/exps/{baseline[:2]}/{baseline[2:]}/{name}"
-            _git(clone, "bundle", "create", "--quiet", str(scratch / "exp.bundle"), ref, f"^{baseline}")
-            bundle = (scratch / "exp.bundle").read_bytes()
+        _git(scratch, "clone", "--quiet", "--no-checkout", source, str(clone), timeout=_remaining(deadline))
+        _git(clone, "checkout", "--quiet", "--detach", baseline, timeout=_remaining(deadline))
+        env = {**os.environ, **extra}
+        board = yaml.safe_load((clone / "params.yaml").read_text()) if (clone / "params.yaml").is_file() else {}
+        problem = key_problem(expected_key, driver_has_env, env, (board or {}).get("key"),
+                              f"node {socket.gethostname()} {node[:8]}")
+        if problem is not None:
+            output = f"error: {problem}"
+        else:
+            dvc = dvc_executable()
+            subprocess.run([dvc, "config", "--local", "cache.dir", cache_dir], cwd=clone, check=True,
+                           capture_output=True, timeout=_remaining(deadline))
+            bin_dir = str(Path(sys.executable).parent)
+            env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+            child = subprocess.Popen([dvc, "exp", "run", "-n", name, *set_args(overrides)], cwd=clone, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=_die_with_parent, start_new_session=True)
+            try:
+                output, _ = child.communicate(timeout=_remaining(deadline))
+            except subprocess.TimeoutExpired:
+                # The whole session: dvc and the stage processes it started.
+                os.killpg(child.pid, signal.SIGTERM)
+                try:
+                    output, _ = child.communicate(timeout=KILL_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.pid, signal.SIGKILL)
+                    output, _ = child.communicate()
+                raise
+            code = child.returncode
+            if code == 0:
+                ref = f"refs/exps/{baseline[:2]}/{baseline[2:]}/{name}"
+                _git(clone, "bundle", "create", "--quiet", str(scratch / "exp.bundle"), ref, f"^{baseline}")
+                bundle = (scratch / "exp.bundle").read_bytes()
+    except subprocess.TimeoutExpired:
+        timed_out, code = True, 124
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if timed_out:
+        error = f"timed out after {timeout_s:g} s (the sweep's --task-timeout)"
+    else:
+        error = None if code == 0 else error_text(output, code)
     return {"name": name, "config_id": config_id, "status": "done" if code == 0 else "failed",
-            "error": None if code == 0 else _error_text(output, code),
-            "wall_s": round(time.perf_counter() - started, 1),
+            "error": error, "wall_s": round(time.perf_counter() - started, 1),
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
             "ran": re.findall(r"Running stage '([^']+)'", output),
             "restored": re.findall(r"Stage '([^']+)' (?:is cached|didn't change)", output),
-            "bundle": bundle, "node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
+            "bundle": bundle, "timed_out": timed_out, "node": node, "host": socket.gethostname()}
 
 
 @dataclass
@@ -133,18 +218,55 @@ class RayExecutor:
     ``source``: where workers clone the repository from (default: ``repo``'s absolute path, which must then be on
     storage every node sees); ``cache_dir``: the shared DVC cache (default: the cache ``repo`` uses, absolute;
     set ``cache.dir`` to a path on shared storage for a multi-machine cluster). ``max_retries``: Ray's retries of a
-    job whose worker or node died.
+    job whose worker or node died. ``task_timeout_s``: a job's wall-time limit on its worker (None: none);
+    ``timeout_retries``: how often a timed-out job is submitted again before it stays failed.
     """
 
     def __init__(self, repo: Path, address: str = "auto", source: str | None = None, cache_dir: str | None = None,
-                 max_retries: int = 3, echo: Callable[[str], None] = print) -> None:
+                 max_retries: int = 3, echo: Callable[[str], None] = print, task_timeout_s: float | None = None,
+                 timeout_retries: int = 1) -> None:
+        if task_timeout_s is not None and not task_timeout_s > 0:
+            raise SpecError("--task-timeout", f"{task_timeout_s!r} seconds", "a number of seconds > 0")
+        if timeout_retries < 0:
+            raise SpecError("--timeout-retries", f"{timeout_retries!r}", "an integer >= 0")
         self.repo = repo.resolve()
         self.address = address
         self.source = source or str(self.repo)
         self.cache_dir = cache_dir or self._repo_cache_dir()
         self.max_retries = max_retries
+        self.task_timeout_s = task_timeout_s
+        self.timeout_retries = timeout_retries
         self.echo = echo
         self.nodes: dict[str, NodeCounts] = {}
+
+    def _driver_key(self) -> tuple[str, bool]:
+        """(fingerprint of the key the driver's jobs use, whether it comes from the driver's ``MMW_KEY``)."""
+        board = yaml.safe_load(_git(self.repo, "show", "HEAD:params.yaml")) or {}
+        return key_fingerprint(resolve_key(board.get("key"))), KEY_ENV in os.environ
+
+    def check_node_keys(self, ray: Any, expected: str, driver_has_env: bool) -> int:
+        """Every live node proves it holds the driver's key (fingerprints compared) before any job is submitted;
+        raises SpecError naming each node that does not. Returns the number of nodes checked."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        probe = ray.remote(_node_fingerprint)
+        alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        refs = [probe.options(name="mmw-key-check", num_cpus=0, max_retries=0, scheduling_strategy=
+                              NodeAffinitySchedulingStrategy(node_id, soft=False)).remote() for node_id in alive]
+        problems = []
+        for answer in ray.get(refs, timeout=300):
+            where = f"node {answer['host']} {answer['node'][:8]}"
+            if answer["problem"] is not None:
+                problems.append(f"{answer['problem']} (on {where})")
+            elif answer["fingerprint"] is None:
+                if driver_has_env:
+                    problems.append(f"{where} has no {KEY_ENV} but the driver has one")
+            elif answer["fingerprint"] != expected:
+                problems.append(f"{where} holds another key than the driver (key fingerprints differ)")
+        if problems:
+            raise SpecError(KEY_ENV, "; ".join(problems),
+                            f"the same {KEY_ENV} in the environment of `ray start` on every node and of the driver")
+        return len(alive)
 
     def _repo_cache_dir(self) -> str:
         done = subprocess.run([dvc_executable(), "cache", "dir"], cwd=self.repo, capture_output=True, text=True,
@@ -174,6 +296,7 @@ class RayExecutor:
 
         self._check_clean()
         baseline = head_commit(self.repo)
+        driver_key, driver_has_env = self._driver_key()
         context = ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
         try:
             url = getattr(context, "dashboard_url", None)
@@ -181,24 +304,46 @@ class RayExecutor:
             self.echo(f"[ray] cluster {self.address}: {len(ray.nodes())} nodes, "
                       f"{ray.cluster_resources().get('CPU', 0):g} CPUs, {gpus:g} GPUs"
                       + (f"; dashboard http://{url}" if url else ""))
+            host = str(url or "").rsplit(":", 1)[0]
+            if url and host not in ("127.0.0.1", "localhost", "::1", "[::1]") \
+                    and os.environ.get("RAY_AUTH_MODE") != "token":
+                self.echo(f"[ray] warning: the dashboard listens on {host} without authentication: anyone who "
+                          "reaches it can run code on the cluster (docs/RAY.md: 127.0.0.1 + SSH tunnel, "
+                          "RAY_AUTH_MODE=token)")
+            checked = self.check_node_keys(ray, driver_key, driver_has_env)
+            self.echo(f"[ray] key checked on {checked} nodes: the same as the driver's")
             task = ray.remote(_run_job)
             pending: dict[Any, Job] = {}
+            attempts: dict[str, int] = {}
+
+            def submit(job: Job, wants_gpu: bool) -> None:
+                secret = [ray.put(dict(job.env))] if job.env else []
+                expected = key_fingerprint(resolve_key(None, job.env)) if KEY_ENV in job.env else driver_key
+                ref = task.options(name=TASK_NAME, num_cpus=1, num_gpus=1 if wants_gpu else 0,
+                                   max_retries=self.max_retries, retry_exceptions=False).remote(
+                    self.source, baseline, self.cache_dir, job.name, job.config_id, dict(job.overrides), secret,
+                    expected, driver_has_env or KEY_ENV in job.env, self.task_timeout_s)
+                pending[ref] = job
+                attempts[job.name] = attempts.get(job.name, 0) + 1
+
+            gpu_of: dict[str, bool] = {}
             for job in jobs:
                 device = self._device(job)
                 wants_gpu = device.startswith("cuda") or (device == "auto" and gpus > 0)
                 if wants_gpu and gpus == 0:
                     record(self._failed(job, f"model.device={device} needs a GPU; the Ray cluster has none"))
                     continue
-                secret = [ray.put(dict(job.env))] if job.env else []
-                ref = task.options(name=TASK_NAME, num_cpus=1, num_gpus=1 if wants_gpu else 0,
-                                   max_retries=self.max_retries, retry_exceptions=False).remote(
-                    self.source, baseline, self.cache_dir, job.name, job.config_id, dict(job.overrides), secret)
-                pending[ref] = job
+                gpu_of[job.name] = wants_gpu
+                submit(job, wants_gpu)
             try:
                 while pending:
                     ready, _ = ray.wait(list(pending), num_returns=1)
                     job = pending.pop(ready[0])
-                    record(self._collect(ray, ready[0], job, baseline))
+                    outcome, timed_out = self._collect(ray, ready[0], job, baseline)
+                    record(outcome)
+                    if timed_out and attempts[job.name] <= self.timeout_retries:
+                        self.echo(f"[ray] {job.name} timed out (attempt {attempts[job.name]}): submitted again")
+                        submit(job, gpu_of[job.name])
                     self.echo(self.progress_line(ray, len(pending)))
             finally:
                 for ref in pending:  # the driver is stopping: do not leave jobs running for nobody
@@ -206,14 +351,16 @@ class RayExecutor:
         finally:
             ray.shutdown()
 
-    def _collect(self, ray: Any, ref: Any, job: Job, baseline: str) -> Outcome:
-        """The job's outcome; a done job's experiment fetched into the repository's refs/exps first."""
+    def _collect(self, ray: Any, ref: Any, job: Job, baseline: str) -> tuple[Outcome, bool]:
+        """The job's outcome and whether it timed out; a done job's experiment fetched into the repository's
+        refs/exps first."""
         try:
             result = ray.get(ref)
         except (ray.exceptions.RayError, OSError) as err:  # retries exhausted: worker/node died, OOM-killed, ...
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            return self._failed(job, f"ray: {type(err).__name__}: {first}"[:600])
+            return self._failed(job, f"ray: {type(err).__name__}: {first}"[:600]), False
         counts = self.nodes.setdefault(f"{result.pop('host')} {result.pop('node')[:8]}", NodeCounts())
+        timed_out = bool(result.pop("timed_out"))
         bundle = result.pop("bundle")
         if bundle is not None:
             ref_name = f"refs/exps/{baseline[:2]}/{baseline[2:]}/{job.name}"
@@ -228,7 +375,7 @@ class RayExecutor:
         outcome = Outcome(**result)
         counts.done += outcome.status == "done"
         counts.failed += outcome.status == "failed"
-        return outcome
+        return outcome, timed_out
 
     @staticmethod
     def _failed(job: Job, error: str) -> Outcome:

@@ -166,14 +166,14 @@ class LocalDvcExecutor:
         finally:
             self._child = None
         wall = round(time.perf_counter() - started, 1)
-        error = None if code == 0 else _error_text(output, code)
+        error = None if code == 0 else error_text(output, code)
         return Outcome(name=job.name, config_id=job.config_id, status="done" if code == 0 else "failed",
                        error=error, wall_s=wall, finished=datetime.now(UTC).isoformat(timespec="seconds"),
                        ran=re.findall(r"Running stage '([^']+)'", output),
                        restored=re.findall(r"Stage '([^']+)' (?:is cached|didn't change)", output))
 
 
-def _error_text(output: str, code: int) -> str:
+def error_text(output: str, code: int) -> str:
     """The informative part of a failed run's output, one line: the stage's own error (``error: ...`` or the
     last exception line of a traceback) and DVC's ERROR lines; else the last 3 lines."""
     lines = [line.strip() for line in output.splitlines() if line.strip() and "it/s]" not in line]
