@@ -128,6 +128,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         raise AssertionError("a model was loaded before the input tables were checked")
 
     monkeypatch.setattr(mmw.engines.models, "load_model", no_model)
+    monkeypatch.setattr(mmw.engines.models, "load_tokenizer", no_model)  # the detect/prompts stages' only load
     monkeypatch.setattr(mmw.stages.generate, "load_model", no_model)
     return tmp_path
 
