@@ -1,0 +1,203 @@
+"""Confirmed picks (mmw.sweep.confirm) and the simulation study that proves them (mmw.sweep.simulate).
+
+The simulation test is the procedure's guarantee, measured: over >= 1,000 simulated sweeps whose settings have
+known true quality, R and size, the share of cells reported confirmed with a setting that truly violates its
+constraint stays at or below the stated level; the old procedure (the tuning pick is the answer) is printed beside
+it and must be far above — so the same check fails when confirmation is switched off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy.stats import binomtest
+
+from mmw.errors import SpecError
+from mmw.metrics import paired_relative_quality, tamper_resistance
+from mmw.selection import Constraints
+from mmw.sweep.confirm import (
+    CONFIRMED,
+    NO_FEASIBLE,
+    NOT_CONFIRMED,
+    PENDING,
+    SIZE_ANYTIME,
+    SIZE_E,
+    SIZE_VALID,
+    UNRESOLVED,
+    AttackEvidence,
+    ConfirmSettings,
+    Evidence,
+    confirm_cell,
+    hull_resistance,
+    quality_bounds,
+    ranked_candidates,
+    resample_counts,
+    size_kind,
+)
+from mmw.sweep.simulate import Scenario, Truth, false_confirmation_rates, simulate
+
+LEVEL = 0.05
+SWEEPS = 1000
+SETTINGS = ConfirmSettings(level=LEVEL, max_tries=2, resamples=600)
+
+
+def _four(relative_quality: list[float], survival: list[float]) -> Truth:
+    """Four settings, smallest last, with the given true quality and first-attack survival."""
+    s = np.array(survival)
+    return Truth(relative_quality=np.array(relative_quality), size=np.array([200.0, 100.0, 50.0, 40.0]),
+                 survival=np.stack([s, s / 2], axis=1), retained=np.tile([0.9, 0.6], (4, 1)),
+                 no_attack=np.full(4, 0.95))
+
+
+#: (name, scenario): the smallest settings sit just beyond a constraint — the hardest case for the guarantee.
+SCENARIOS = [
+    ("trade-off, 10 % and R > 0.2", Scenario(Truth.trade_off(), Constraints(0.1, 0.2))),
+    ("quality at the bound", Scenario(_four([1.0, 0.93, 0.899, 0.895], [0.8] * 4), Constraints(0.1, 0.0))),
+    ("R at the bound", Scenario(_four([1.0] * 4, [0.5, 0.3, 0.12, 0.11]), Constraints(0.1, 0.2), n_confirm=90)),
+]
+
+
+def not_above_level(false: int, n: int, level: float) -> bool:
+    """The measured false-confirmation rate is consistent with ``<= level``: a one-sided binomial test of
+    ``rate > level`` does not reject at 1 %."""
+    return binomtest(false, n, level, alternative="greater").pvalue > 0.01
+
+
+@pytest.mark.parametrize(("name", "scenario"), SCENARIOS, ids=[n for n, _ in SCENARIOS])
+def test_simulated_false_confirmation_rate_is_at_most_the_level(name: str, scenario: Scenario) -> None:
+    violates = scenario.truth.violates(scenario.constraints)
+    assert violates.any() and not violates.all(), "a scenario needs settings on both sides of the constraint"
+    new = simulate(scenario, SWEEPS, SETTINGS, seed=1)
+    old = simulate(scenario, SWEEPS, SETTINGS, seed=1, confirm=False)
+    rates = false_confirmation_rates(new)
+    print(f"\n{name}: {SWEEPS} simulated sweeps, level {LEVEL}: false confirmations {rates['confirmed']:.3f} "
+          f"(confirmed {rates['share confirmed']:.3f}, unresolved {rates['share unresolved']:.3f}); "
+          f"old procedure {rates['old']:.3f}")
+    assert not_above_level(int(new["false_confirmed"].sum()), SWEEPS, LEVEL)
+    # The negative control: without confirmation the same check fails (the winner's curse).
+    assert not not_above_level(int(old["false_confirmed"].sum()), SWEEPS, LEVEL)
+    assert rates["old"] > 4 * LEVEL
+    # Power: confirmation answers cells, it does not just refuse (each scenario has a truly feasible setting
+    # far enough from its bounds).
+    assert rates["share confirmed"] > 0.3
+    # Every confirmed pick was a tuning candidate tried within the bound on tries.
+    assert new.filter(pl.col("status") == CONFIRMED)["tries"].max() <= SETTINGS.max_tries
+
+
+def test_one_try_only_is_also_valid_and_fallbacks_add_answers() -> None:
+    scenario = SCENARIOS[1][1]
+    one = simulate(scenario, SWEEPS, ConfirmSettings(level=LEVEL, max_tries=1, resamples=600), seed=2)
+    two = simulate(scenario, SWEEPS, SETTINGS, seed=2)
+    assert not_above_level(int(one["false_confirmed"].sum()), SWEEPS, LEVEL)
+    assert (two["status"] == CONFIRMED).sum() >= (one["status"] == CONFIRMED).sum()
+    assert two["tries"].max() == 2 and one["tries"].max() == 1
+
+
+def test_simulation_is_deterministic() -> None:
+    scenario = SCENARIOS[1][1]
+    assert simulate(scenario, 50, SETTINGS, seed=3).equals(simulate(scenario, 50, SETTINGS, seed=3))
+
+
+def test_hull_resistance_matches_the_metric() -> None:
+    rng = np.random.default_rng(0)
+    for case in range(400):
+        m = int(rng.integers(1, 5))
+        q, w, w0 = rng.random(m), rng.random(m), float(rng.random())
+        if case % 3 == 0:
+            q[0] = 1.0  # an attack at full quality
+        if case % 5 == 0:
+            q, w = np.round(q, 1), np.round(w, 1)  # ties and collinear points
+        got = float(hull_resistance(q[None], w[None], np.array([w0]))[0])
+        assert got == pytest.approx(tamper_resistance(np.c_[q, w], w0), abs=1e-12)
+    nan = hull_resistance(np.array([[np.nan]]), np.array([[0.5]]), np.array([0.9]))
+    assert np.isnan(nan[0])
+
+
+def test_quality_bounds_estimate_and_coverage() -> None:
+    rng = np.random.default_rng(5)
+    base = rng.normal(6, 1.5, (1, 30))
+    wm = 0.9 * base * (1 + rng.normal(0, 0.2, (1, 30)))
+    ratings = pl.DataFrame({"prompt_id": list(range(30)) * 2, "source": ["watermarked"] * 30 + ["baseline"] * 30,
+                            "rating": np.concatenate([wm[0], base[0]])})
+    estimate, low, high = quality_bounds(wm, base, 0.05, resample_counts(30, 2000, 0))
+    assert float(estimate) == pytest.approx(paired_relative_quality(ratings).ratio)
+    assert low < estimate < high
+    # One-sided coverage of the lower bound over many batches at a known ratio.
+    batch = 2000
+    difficulty = rng.normal(6, 1.5, (batch, 1, 40))
+    base = difficulty * (1 + rng.normal(0, 0.1, (batch, 3, 40)))
+    wm = 0.95 * base * (1 + rng.normal(0, 0.2, (batch, 3, 40)))
+    _, low, high = quality_bounds(wm, base, 0.05, resample_counts(40, 800, 1))
+    assert not_above_level(int((low > 0.95).sum()), batch, 0.05)
+    assert not_above_level(int((high < 0.95).sum()), batch, 0.05)
+
+
+def _evidence(rng: np.random.Generator, rho: float, survival: float, size: float = 50.0, k: int = 3,
+              n: int = 60) -> Evidence:
+    base = rng.normal(6, 1.0, (k, n))
+    wm = rho * base * (1 + rng.normal(0, 0.05, (k, n)))
+    n_a = n // 3
+    detected = (rng.random((k, 2, n_a)) < np.array([survival, survival / 2])[None, :, None]).astype(float)
+    attacked = np.array([0.9, 0.6])[None, :, None] * wm[:, None, :n_a]
+    attacks = AttackEvidence(detected, attacked, wm[:, :n_a], np.ones((k, n_a)))
+    return Evidence(wm, base, np.full(k, size), attacks)
+
+
+def test_confirm_cell_walks_the_ranking() -> None:
+    rng = np.random.default_rng(7)
+    good, bad_quality, weak = _evidence(rng, 1.0, 0.8), _evidence(rng, 0.7, 0.8), _evidence(rng, 1.0, 0.0)
+    undetected = Evidence(good.watermarked, good.baseline, np.array([np.inf, np.inf, 40.0]), good.attacks)
+    paper = Constraints(0.1, 0.2)
+    settings = ConfirmSettings()
+    assert confirm_cell([], {}, paper, settings).status == NO_FEASIBLE
+    outcome = confirm_cell(["a", "b", "c"], {"a": bad_quality}, paper, settings)
+    assert (outcome.status, outcome.pending, len(outcome.tries)) == (PENDING, "b", 1)
+    outcome = confirm_cell(["a", "b"], {"a": bad_quality, "b": good}, paper, settings)
+    assert (outcome.status, outcome.pick) == (CONFIRMED, "b")
+    assert outcome.tries[0].reason == "quality" and outcome.tries[1].alpha == pytest.approx(0.025)
+    assert outcome.tries[1].quality_low >= 0.9 and outcome.tries[1].resistance_low > 0.2
+    outcome = confirm_cell(["a", "b", "c"], {"a": weak, "b": undetected, "c": good}, paper, settings)
+    assert (outcome.status, outcome.reason, outcome.pick) == (NOT_CONFIRMED, "R", None)  # c is beyond max_tries
+    assert outcome.tries[1].reason == "undetected"
+    assert confirm_cell(["a"], {"a": weak}, Constraints(0.1, 0.0), settings).status == CONFIRMED
+    straddle = _evidence(np.random.default_rng(8), 0.9, 0.8)
+    outcome = confirm_cell(["a"], {"a": straddle}, paper, ConfirmSettings(max_tries=1))
+    assert (outcome.status, outcome.reason) == (UNRESOLVED, "quality")
+    assert outcome.tries[0].quality_low < 0.9 < outcome.tries[0].quality_high
+
+
+def test_bad_confirmation_input_names_the_setting() -> None:
+    rng = np.random.default_rng(9)
+    one_run = _evidence(rng, 1.0, 0.8, k=1)
+    with pytest.raises(SpecError, match=r"^reevaluate\.k: "):
+        confirm_cell(["a"], {"a": one_run}, Constraints(), ConfirmSettings())
+    few = _evidence(rng, 1.0, 0.8, n=4)
+    with pytest.raises(SpecError, match=r"^confirm\.prompts: 4 confirmation prompt"):
+        confirm_cell(["a"], {"a": few}, Constraints(), ConfirmSettings())
+    few_attacked = _evidence(rng, 1.0, 0.8, n=12)
+    with pytest.raises(SpecError, match=r"^attacks\.fraction: "):
+        confirm_cell(["a"], {"a": few_attacked}, Constraints(0.1, 0.2), ConfirmSettings())
+    for bad in ({"level": 0.0}, {"level": 0.7}, {"max_tries": 0}, {"resamples": 10}):
+        with pytest.raises(SpecError, match=r"^confirm\."):
+            ConfirmSettings(**bad)
+
+
+def _cell(**extra: list[object]) -> pl.DataFrame:
+    base = {"config_id": ["a", "b", "c"], "experiment": ["x-a", "x-b", "x-c"], SIZE_E: [5.0, 9.0, 7.0],
+            SIZE_VALID: [30.0, 12.0, 20.0], "all.relative_quality": [1.0, 0.95, 0.5],
+            "all.tamper_resistance": [0.5, 0.5, 0.5], "scheme.score": ["sum"] * 3}
+    return pl.DataFrame({**base, **extra})
+
+
+def test_size_kind_and_ranking() -> None:
+    assert size_kind(_cell()) == SIZE_VALID
+    assert size_kind(_cell(**{SIZE_ANYTIME: [40.0, 14.0, 25.0]})) == SIZE_ANYTIME
+    # One kind per cell: a setting without a sum score (or without the column's value) keeps the whole cell on
+    # the checkpoint size.
+    assert size_kind(_cell(**{SIZE_ANYTIME: [40.0, None, 25.0]})) == SIZE_VALID
+    assert size_kind(_cell(**{SIZE_ANYTIME: [40.0, 14.0, 25.0], "scheme.score": ["sum", "align", "sum"]})) == SIZE_VALID
+    assert size_kind(_cell().drop(SIZE_VALID)) == SIZE_E
+    kind, ranked = ranked_candidates(_cell(), Constraints(0.1, 0.2))
+    assert (kind, ranked) == (SIZE_VALID, ["b", "a"])  # E would rank a first; c fails quality
+    assert ranked_candidates(_cell(), Constraints(0.1, 0.2), SIZE_E) == (SIZE_E, ["a", "b"])
