@@ -201,3 +201,24 @@ def test_size_kind_and_ranking() -> None:
     kind, ranked = ranked_candidates(_cell(), Constraints(0.1, 0.2))
     assert (kind, ranked) == (SIZE_VALID, ["b", "a"])  # E would rank a first; c fails quality
     assert ranked_candidates(_cell(), Constraints(0.1, 0.2), SIZE_E) == (SIZE_E, ["a", "b"])
+
+
+def test_evidence_from_per_prompt_rows_matches_the_run_metrics() -> None:
+    from test_metrics import _toy_tables
+
+    from mmw.metrics import attack_points, tamper_resistance_of
+    from mmw.sweep.confirm import resistance_bounds
+    from mmw.sweep.evidence import evidence, join_rows
+
+    detections, ratings, perturbed = _toy_tables()
+    rows = join_rows(detections, ratings, perturbed)
+    assert rows.filter((pl.col("source") == "attack") & (pl.col("attack") == "swap")).height == 3
+    two = pl.concat([rows.with_columns(pl.lit(run).alias("experiment")) for run in ("r1", "r2")])
+    found = evidence(two, [30.0, None])
+    assert (found.k, found.n_prompts, found.attacks.n_prompts) == (2, 6, 4)
+    assert found.attacks.detected.shape == (2, 2, 4)  # runs x attacks in R (lower, swap) x attacked prompts
+    assert np.isinf(found.sizes[1])
+    r, _, _ = resistance_bounds(found.attacks, 0.05, resample_counts(4, 200, 0))
+    assert float(r) == pytest.approx(tamper_resistance_of(attack_points(detections, ratings, perturbed, False)))
+    q, _, _ = quality_bounds(found.watermarked, found.baseline, 0.05, resample_counts(6, 200, 0))
+    assert float(q) == pytest.approx(paired_relative_quality(ratings).ratio)
