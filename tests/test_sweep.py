@@ -105,6 +105,19 @@ DS = {"scheme.sampler": "distribution_shift", "scheme.score": "sum", "scheme.ran
     (DS, {"base": {"model.max_new_tokenz": 16}}, ["base", "model.max_new_tokenz", "not a param"]),
     (DS, {"temperatures": [0.7, -1.0]}, ["model.temperature=-1.0", "model.temperature"]),
     (DS, {"reevaluate": {"k": 0}}, ["reevaluate.k"]),
+    # Confirmation: K < 2, too few prompts for an interval (quality, then R's attacked prompts), overlap with the
+    # tuning prompts, no prompt left, mixed models / engines / judges.
+    (DS, {"base": {"prompts.per_task": 2}, "reevaluate": {"k": 1}, "confirm": {"prompts": 6}},
+     ["reevaluate.k", "at least 2"]),
+    (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 1}}, ["confirm.prompts", "too small"]),
+    (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 3}},
+     ["confirm.prompts", "interval of R", "at least 4 per task"]),
+    (DS, {"base": {"prompts.per_task": 4}, "confirm": {"prompts": 6, "offset": 2}},
+     ["confirm.offset", "overlap", ">= 4"]),
+    (DS, {"base": {"prompts.per_task": None}, "confirm": {"prompts": 6}}, ["confirm", "no prompt is left"]),
+    (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 6, "level": 0.9}}, ["confirm.level"]),
+    ({**DS, "model.engine": ["transformers", "vllm"]}, {}, ["model.engine", "would mix 2 values"]),
+    ({**DS, "rate.backend": ["transformers", "openai"]}, {}, ["rate.backend", "would mix"]),
 ])
 def test_bad_entries_are_refused_naming_the_entry(tmp_path: Path, grid: dict[str, Any], top: dict[str, Any],
                                                   names: list[str]) -> None:
@@ -299,3 +312,13 @@ def test_the_paper_table_picks_per_cell_and_summarises_the_reevaluations() -> No
     # DS at 1% quality, R >= 0.2: nothing feasible -> "none" (as reports/index.html prints it), not "∞" (undetected)
     ds_row = next(line for line in markdown.splitlines() if line.startswith("| 1% quality, R ≥ 0.2 | 0.7 |"))
     assert ds_row.split(" | ")[2] == "none"
+
+
+def test_the_confirmation_split_is_recorded_and_disjoint(tmp_path: Path) -> None:
+    repo = _definition(tmp_path, DS, base={"prompts.per_task": 2, "prompts.offset": 1},
+                       confirm={"prompts": 6, "level": 0.1, "max_tries": 3})
+    split = expand("bad", BOARD, repo / "sweeps").split
+    assert (split.tuning_offset, split.tuning, split.offset, split.prompts) == (1, 2, 3, 6)
+    assert split.overrides == {"prompts.offset": 3, "prompts.per_task": 6}
+    assert (split.level, split.max_tries) == (0.1, 3)
+    assert expand("smoke", BOARD, SWEEPS).split.overrides == {"prompts.offset": 1, "prompts.per_task": 4}
