@@ -222,3 +222,80 @@ def test_evidence_from_per_prompt_rows_matches_the_run_metrics() -> None:
     assert float(r) == pytest.approx(tamper_resistance_of(attack_points(detections, ratings, perturbed, False)))
     q, _, _ = quality_bounds(found.watermarked, found.baseline, 0.05, resample_counts(6, 200, 0))
     assert float(q) == pytest.approx(paired_relative_quality(ratings).ratio)
+
+
+def _run_rows(experiment: str, rho: float, rng: np.random.Generator, n: int = 30, n_a: int = 10,
+              survival: float = 0.9, noise: float = 0.02) -> pl.DataFrame:
+    """Per-prompt rows of one synthetic run (the schema of mmw.sweep.evidence.join_rows)."""
+    rows = []
+    for i in range(n):
+        pid = f"story-{i:03d}"
+        base = float(rng.normal(6, 1))
+        wm = rho * base * (1 + float(rng.normal(0, noise)))
+        rows += [(pid, "baseline", "", False, None, base, None, None),
+                 (pid, "watermarked", "", True, 20.0, wm, None, None)]
+        if i < n_a:
+            rows.append((pid, "retokenized", "", True, 20.0, None, None, None))
+            for attack, retained in (("swap", 0.9), ("typo", 0.6)):
+                rows.append((pid, "attack", attack, bool(rng.random() < survival), 25.0, retained * wm, True, True))
+    frame = pl.DataFrame(rows, schema={"prompt_id": pl.String, "source": pl.String, "attack": pl.String,
+                                       "detected": pl.Boolean, "size_valid": pl.Float64, "rating": pl.Float64,
+                                       "in_R": pl.Boolean, "ok": pl.Boolean}, orient="row")
+    return frame.with_columns(pl.lit(experiment).alias("experiment"))
+
+
+def _sweep_tables(rhos: dict[str, float], confirmed_runs: dict[str, float]) -> tuple[pl.DataFrame, ...]:
+    """One cell (T 0.7, distribution shift): tuning rows with E, size_valid and point metrics; confirmation
+    runs (2 each) of the given configs with their true relative quality."""
+    ids = list(rhos)
+    results = pl.DataFrame({
+        "config_id": ids, "experiment": [f"t-{c}" for c in ids], "status": ["done"] * len(ids),
+        "model.temperature": [0.7] * len(ids), "family": ["distribution_shift"] * len(ids),
+        SIZE_E: [10.0 + i for i in range(len(ids))], SIZE_VALID: [30.0 - i for i in range(len(ids))],
+        "all.relative_quality": [1.0] * len(ids), "all.tamper_resistance": [0.6] * len(ids),
+        "scheme.score": ["sum"] * len(ids), "wall_s": [60.0] * len(ids)})
+    rng = np.random.default_rng(11)
+    reevals, prompts = [], []
+    for cid, rho in confirmed_runs.items():
+        for seed in (1000, 1001):
+            name = f"reeval-t-{cid}-s{seed}"
+            reevals.append({"config_id": cid, "seed": seed, "experiment": name, "status": "done",
+                            SIZE_E: 12.0, SIZE_VALID: 28.0 + seed % 2})
+            prompts.append(_run_rows(name, rho, rng))
+    reevaluations = pl.DataFrame(reevals)
+    return results, reevaluations, pl.concat(prompts) if prompts else pl.DataFrame()
+
+
+def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
+    from mmw.sweep.cells import confirmed_markdown, confirmed_table, pending_config_ids
+    from mmw.sweep.definition import Split
+    from mmw.sweep.plan import needed_prompts, plan_markdown, plan_table
+
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2)
+    # Ranked by size_valid (c smallest, then b); nothing confirmed yet: every cell waits for c.
+    results, _, _ = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {})
+    empty = pl.DataFrame(schema={"config_id": pl.String, "status": pl.String, "experiment": pl.String})
+    table, _ = confirmed_table(results, empty, pl.DataFrame(), split, k=2)
+    assert table.height == 4 and set(table["status"]) == {PENDING} and pending_config_ids(table) == ["c"]
+    # c truly loses 20 % quality: not confirmed anywhere; the fallback b (true 0.99) is confirmed at 10 % and
+    # unresolved at 1 %.
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
+    table, tries = confirmed_table(results, reevaluations, prompts, split, k=2)
+    rows = {(r["max_quality_loss"], r["min_tamper_resistance"]): r for r in table.iter_rows(named=True)}
+    ten = rows[(0.1, 0.0)]
+    assert (ten["status"], ten["config_id"], ten["tries"], ten["size_kind"]) == (CONFIRMED, "b", 2, SIZE_VALID)
+    assert ten["quality_low"] >= 0.9 and ten["size_median"] == pytest.approx(28.5) and ten["e_median"] == 12.0
+    assert (ten["k"], ten["n_prompts"], ten["n_attacked"], ten["alpha"]) == (2, 30, 10, 0.025)
+    assert rows[(0.1, 0.2)]["status"] == CONFIRMED and rows[(0.1, 0.2)]["resistance_low"] > 0.2
+    one = rows[(0.01, 0.0)]
+    assert one["status"] == UNRESOLVED and one["reason"] == "quality"
+    assert tries.filter(pl.col("config_id") == "c")["reason"].unique().to_list() == ["quality"]
+    text = confirmed_markdown(table, split, "test")
+    assert "**28.5**" in text and "unresolved (quality)" in text and "confirmed 2" in text
+    # The planner: the 1 % cells need more prompts than they have, at a finite cost.
+    plan = plan_table(table, k=2, tasks=1, attacked_share=1 / 3, time_model=(40.0, 1.0))
+    assert plan.height == 2 and (plan["prompts_per_task"] > 30).all()
+    assert plan["cpu_s"].to_list()[0] == pytest.approx(2 * (40 + plan["prompts_per_task"][0]))
+    assert "H100" in plan_markdown(plan, 0.05, 2)
+    assert needed_prompts(0.95, 0.90, 0.9, 10) == 10 and needed_prompts(0.95, 0.85, 0.9, 10) == 40
+    assert needed_prompts(0.9, 0.85, 0.9, 10) == np.inf

@@ -40,7 +40,10 @@ from mmw.selection import (
 )
 from mmw.selection.reading import column
 from mmw.selection.reeval import REEVAL_PREFIX
-from mmw.sweep.definition import Sweep
+from mmw.errors import SpecError
+from mmw.sweep.cells import confirmed_markdown, confirmed_table
+from mmw.sweep.definition import SINGLE_VALUED, Sweep
+from mmw.sweep.evidence import sweep_prompt_rows
 from mmw.sweep.runner import finished_experiments, read_log
 
 REPORTS = Path("reports/sweeps")
@@ -118,7 +121,8 @@ def read_sweep(repo: Path, sweep: Sweep) -> tuple[pl.DataFrame, pl.DataFrame, pl
             reeval_rows.append({"config_id": cid, "seed": int(seed), "experiment": row["name"],
                                 "status": row["status"], SIZE: row.get(SIZE), QUALITY: row.get(QUALITY),
                                 RESISTANCE: row.get(RESISTANCE), "all.size_valid": row.get("all.size_valid"),
-                                "all.fpr": row.get("all.fpr")})
+                                "all.size_anytime": row.get("all.size_anytime"), "all.fpr": row.get("all.fpr"),
+                                "rev": row.get("rev")})
     reevaluations = _typed(reeval_rows) if reeval_rows else pl.DataFrame(
         schema={"config_id": pl.String, "seed": pl.Int64, "experiment": pl.String, "status": pl.String,
                 SIZE: pl.Float64, QUALITY: pl.Float64, RESISTANCE: pl.Float64})
@@ -126,6 +130,16 @@ def read_sweep(repo: Path, sweep: Sweep) -> tuple[pl.DataFrame, pl.DataFrame, pl
                                                 "watermarked": pl.Float64, "quality_retained": pl.Float64,
                                                 "size": pl.Float64})
     return results, attacks, reevaluations
+
+
+def check_single_valued(results: pl.DataFrame) -> None:
+    """Refuse (SpecError naming the param) a sweep whose finished runs used more than one generator, engine or
+    judge: their qualities and sizes cannot be compared or pooled."""
+    done = results.filter(pl.col("status") == "done")
+    for dotted in SINGLE_VALUED:
+        if dotted in done.columns and done[dotted].drop_nulls().n_unique() > 1:
+            values = ", ".join(str(v) for v in done[dotted].drop_nulls().unique().sort().to_list())
+            raise SpecError(dotted, f"the sweep's runs mix {values}", "one value over the whole sweep")
 
 
 def _typed(records: list[dict[str, Any]]) -> pl.DataFrame:
@@ -321,19 +335,32 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
     if groups > 1:
         echo(f"warning: the finished configs form {groups} groups that cannot be compared; the table picks "
              "across them (check the sweep's base)")
-    table = paper_table(results, reevaluations, sweep.reevaluate.k)
+    extra: dict[str, pl.DataFrame] = {}
+    if sweep.split is not None:
+        check_single_valued(results)
+        prompts = pl.concat([sweep_prompt_rows(repo, results, "tuning"),
+                             sweep_prompt_rows(repo, reevaluations, "confirmation")], how="diagonal_relaxed")
+        table, tries = confirmed_table(results, reevaluations, prompts.filter(pl.col("role") == "confirmation"),
+                                       sweep.split, sweep.reevaluate.k)
+        extra = {"prompts": prompts, "tries": tries}
+    else:
+        table = paper_table(results, reevaluations, sweep.reevaluate.k)
     randomness = randomness_table(results)
     delta = delta_table(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     frames = {"results": results, "attacks": attacks, "reevaluations": reevaluations, "table": table,
-              "randomness": randomness, "delta": delta}
+              "randomness": randomness, "delta": delta, **extra}
     if with_timings:
         frames["timings"] = timings(repo, results)
     for name, frame in frames.items():
         write_with(out_dir / f"{name}.parquet", frame.write_parquet)
     flat = results.select([c for c in results.columns if results[c].dtype != pl.Null] or results.columns)
     write_with(out_dir / "results.csv", flat.write_csv)
-    write_text(table_markdown(table, scale), out_dir / "table.md")
+    if sweep.split is not None:
+        write_text(confirmed_markdown(table, sweep.split, scale), out_dir / "table.md")
+        write_text(json.dumps(sweep.split.as_dict(), indent=2) + "\n", out_dir / "split.json")
+    else:
+        write_text(table_markdown(table, scale), out_dir / "table.md")
     write_text(frame_markdown(randomness, f"Text-dependent vs fixed randomness: smallest size at quality loss "
                               f"<= 10 % ({scale}; window 0 excluded)"), out_dir / "randomness.md")
     write_text(frame_markdown(delta, f"Size-quality trade-off over delta, distribution shift ({scale})"),
