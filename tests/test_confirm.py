@@ -8,6 +8,8 @@ it and must be far above — so the same check fails when confirmation is switch
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
@@ -299,3 +301,30 @@ def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
     assert "H100" in plan_markdown(plan, 0.05, 2)
     assert needed_prompts(0.95, 0.90, 0.9, 10) == 10 and needed_prompts(0.95, 0.85, 0.9, 10) == 40
     assert needed_prompts(0.9, 0.85, 0.9, 10) == np.inf
+
+
+def test_sweep_plan_command(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from mmw.cli import app
+    from mmw.sweep.cells import confirmed_table
+    from mmw.sweep.definition import Split
+
+    repo = Path(__file__).resolve().parents[1]
+    runner = CliRunner()
+    # The small sweep has no confirm section: nothing to plan, exit 2 with one line naming the setting.
+    result = runner.invoke(app, ["sweep", "plan", "small", "--repo", str(repo), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "confirm: sweep small has no confirm section" in result.output
+    # smoke has one; without collected tables it says what to run first.
+    result = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(repo), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "mmw sweep collect smoke first" in result.output
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
+    split = Split(tuning_offset=0, tuning=1, offset=1, prompts=30)
+    table, _ = confirmed_table(results, reevaluations, prompts, split, k=2)
+    (tmp_path / "smoke").mkdir()
+    for name, frame in (("table", table), ("results", results),
+                        ("reevaluations", reevaluations.with_columns(pl.lit(90.0).alias("wall_s")))):
+        frame.write_parquet(tmp_path / "smoke" / f"{name}.parquet")
+    result = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(repo), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "| 1% q, no R | 0.7 | distribution_shift | 30 |" in result.output

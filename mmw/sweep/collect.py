@@ -44,6 +44,7 @@ from mmw.errors import SpecError
 from mmw.sweep.cells import confirmed_markdown, confirmed_table
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
 from mmw.sweep.evidence import sweep_prompt_rows
+from mmw.sweep.plan import plan_markdown, sweep_plan
 from mmw.sweep.runner import finished_experiments, read_log
 
 REPORTS = Path("reports/sweeps")
@@ -122,7 +123,8 @@ def read_sweep(repo: Path, sweep: Sweep) -> tuple[pl.DataFrame, pl.DataFrame, pl
                                 "status": row["status"], SIZE: row.get(SIZE), QUALITY: row.get(QUALITY),
                                 RESISTANCE: row.get(RESISTANCE), "all.size_valid": row.get("all.size_valid"),
                                 "all.size_anytime": row.get("all.size_anytime"), "all.fpr": row.get("all.fpr"),
-                                "rev": row.get("rev")})
+                                "rev": row.get("rev"),
+                                "wall_s": log[row["name"]].wall_s if row["name"] in log else None})
     reevaluations = _typed(reeval_rows) if reeval_rows else pl.DataFrame(
         schema={"config_id": pl.String, "seed": pl.Int64, "experiment": pl.String, "status": pl.String,
                 SIZE: pl.Float64, QUALITY: pl.Float64, RESISTANCE: pl.Float64})
@@ -342,7 +344,8 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
                              sweep_prompt_rows(repo, reevaluations, "confirmation")], how="diagonal_relaxed")
         table, tries = confirmed_table(results, reevaluations, prompts.filter(pl.col("role") == "confirmation"),
                                        sweep.split, sweep.reevaluate.k)
-        extra = {"prompts": prompts, "tries": tries}
+        plan = sweep_plan(table, results, reevaluations, sweep.split, sweep.reevaluate.k)
+        extra = {"prompts": prompts, "tries": tries, "plan": plan}
     else:
         table = paper_table(results, reevaluations, sweep.reevaluate.k)
     randomness = randomness_table(results)
@@ -357,7 +360,8 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
     flat = results.select([c for c in results.columns if results[c].dtype != pl.Null] or results.columns)
     write_with(out_dir / "results.csv", flat.write_csv)
     if sweep.split is not None:
-        write_text(confirmed_markdown(table, sweep.split, scale), out_dir / "table.md")
+        write_text(confirmed_markdown(table, sweep.split, scale) + "\n"
+                   + plan_markdown(plan, sweep.split.level, sweep.reevaluate.k), out_dir / "table.md")
         write_text(json.dumps(sweep.split.as_dict(), indent=2) + "\n", out_dir / "split.json")
     else:
         write_text(table_markdown(table, scale), out_dir / "table.md")

@@ -117,3 +117,18 @@ def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
                      f"{show(r['quality_prompts'])} | {show(r['r_prompts'])} | {show(r['prompts_per_task'])} | "
                      f"{show(None if r['cpu_s'] is None else r['cpu_s'] / 3600, 1)} | {show(r['h100_hours'], 2)} |")
     return "\n".join(lines) + "\n"
+
+
+def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, split: Any, k: int
+               ) -> pl.DataFrame:
+    """:func:`plan_table` for a collected sweep: tasks and the attacked share from the confirmed cells, the run
+    time model from the tuning runs (``split.tuning`` prompts per task) and the confirmation runs
+    (``split.prompts`` per task, their ``wall_s``)."""
+    measured = table.filter(pl.col("n_prompts").is_not_null() & (pl.col("n_prompts") > 0))
+    tasks = max(1, round(measured["n_prompts"][0] / split.prompts)) if measured.height else 1
+    share = float((measured["n_attacked"] / measured["n_prompts"]).median()) if measured.height else 1 / 3
+    walls = []
+    if "wall_s" in reevaluations.columns:
+        walls = [(split.prompts * tasks, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
+    model = run_time_model(results, walls, split.tuning * tasks)
+    return plan_table(table, k, tasks, share, model)
