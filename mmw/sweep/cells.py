@@ -9,6 +9,7 @@ confirmation runs (:mod:`mmw.sweep.evidence`, column ``experiment``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -150,25 +151,36 @@ def cell_text(row: dict[str, Any]) -> str:
     return "none"
 
 
+#: The paper's family columns, in its order.
+FAMILIES = ("distribution_shift", "exponential", "inverse_transform", "binary")
+
+
+def paper_rows(table: pl.DataFrame, cell: Callable[[dict[str, Any]], str], r_sign: str) -> list[str]:
+    """The paper's layout as Markdown rows: constraint blocks x temperature rows x family columns, each cell
+    ``cell(row)`` of its table row ("–" when the table has none); ``r_sign`` prints the R constraint."""
+    lines = ["| constraint | T | " + " | ".join(FAMILIES) + " |", "|---|---|" + "---|" * len(FAMILIES)]
+    if table.height == 0:
+        return lines
+    for (loss, r_min), block in table.group_by(["max_quality_loss", "min_tamper_resistance"], maintain_order=True):
+        label = f"{loss:.0%} quality, " + (f"R {r_sign} {r_min:g}" if r_min else "no R")
+        for temperature in sorted(block["temperature"].unique().to_list()):
+            cells = []
+            for family in FAMILIES:
+                row = block.filter((pl.col("temperature") == temperature) & (pl.col("family") == family))
+                cells.append(cell(row.row(0, named=True)) if row.height else "–")
+            lines.append(f"| {label} | {temperature:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def confirmed_markdown(table: pl.DataFrame, split: Split, scale: str) -> str:
     """The paper's layout with statuses: confirmed cells show the median (MAD) size over the confirmation runs
     and the one-sided bounds that confirmed them; every other cell says why it is not an answer."""
-    families = ["distribution_shift", "exponential", "inverse_transform", "binary"]
-    kinds = ", ".join(sorted(table["size_kind"].unique().to_list())) if table.height else "-"
+    kinds = ", ".join(sorted(table["size_kind"].drop_nulls().unique().to_list())) if table.height else "-"
     lines = [f"Size of the ideal watermark under four constraints ({scale}), confirmed on held-out prompts "
              f"({split.prompts} per task from position {split.offset}; tuning {split.tuning} per task). Confirmed "
              f"cells: median (MAD) size ({kinds}) over the confirmation runs, with the one-sided bounds at level "
              f"{split.level:g} per cell (split over up to {split.max_tries} tries). Unresolved: an interval "
-             "straddles the constraint — not a result.", "",
-             "| constraint | T | " + " | ".join(families) + " |", "|---|---|" + "---|" * len(families)]
-    for (loss, r_min), block in table.group_by(["max_quality_loss", "min_tamper_resistance"], maintain_order=True):
-        label = f"{loss:.0%} quality, " + (f"R > {r_min:g}" if r_min else "no R")
-        for temperature in sorted(block["temperature"].unique().to_list()):
-            cells = []
-            for family in families:
-                row = block.filter((pl.col("temperature") == temperature) & (pl.col("family") == family))
-                cells.append(cell_text(row.row(0, named=True)) if row.height else "–")
-            lines.append(f"| {label} | {temperature:g} | " + " | ".join(cells) + " |")
+             "straddles the constraint — not a result.", "", *paper_rows(table, cell_text, ">")]
     counts = table.group_by("status").len().sort("status").iter_rows() if table.height else []
     lines += ["", "Cells: " + ", ".join(f"{status} {n}" for status, n in counts)]
     return "\n".join(lines) + "\n"

@@ -41,7 +41,7 @@ from mmw.selection import (
 from mmw.selection.reading import column
 from mmw.selection.reeval import REEVAL_PREFIX
 from mmw.errors import SpecError
-from mmw.sweep.cells import confirmed_markdown, confirmed_table
+from mmw.sweep.cells import confirmed_markdown, confirmed_table, paper_rows
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
 from mmw.sweep.evidence import sweep_prompt_rows
 from mmw.sweep.plan import plan_markdown, sweep_plan
@@ -229,32 +229,18 @@ def table_markdown(table: pl.DataFrame, scale: str) -> str:
     """The paper's layout: constraint blocks x temperature rows x family columns, ``median (MAD)`` cells;
     ``none`` when nothing in the cell is feasible, ``∞`` when the pick's median size is undetected (as the paper
     prints it and as reports/index.html shows it), ``pick N (no re-eval)`` when the pick was not re-evaluated."""
-    families = ["distribution_shift", "exponential", "inverse_transform", "binary"]
+    def cell(r: dict[str, Any]) -> str:
+        if r["config_id"] is None:
+            return "none"
+        if r["k"] and r["size_median"] is not None and math.isinf(r["size_median"]):
+            return f"∞ k={r['k']}"  # a MAD around an undetected median means nothing
+        if r["k"]:
+            return f"{_fmt(r['size_median'])} ({_fmt(r['size_mad'])}) k={r['k']}"
+        return f"pick {_fmt(r['pick_size'])} (no re-eval)"
+
     lines = [f"Size of the ideal watermark under four constraints ({scale}). Cells: median (MAD) of the pick's "
              "size over its re-evaluations with fresh seeds and keys; ∞: undetected in half or more of the texts; "
-             "none: no evaluated setting meets the constraint.", "",
-             "| constraint | T | " + " | ".join(families) + " |", "|---|---|" + "---|" * len(families)]
-    if table.height == 0:
-        return "\n".join(lines) + "\n"
-    for (loss, r_min), block in table.group_by(["max_quality_loss", "min_tamper_resistance"], maintain_order=True):
-        label = f"{loss:.0%} quality, " + (f"R ≥ {r_min:g}" if r_min else "no R")
-        for temperature in sorted(block["temperature"].unique().to_list()):
-            cells = []
-            for family in families:
-                row = block.filter((pl.col("temperature") == temperature) & (pl.col("family") == family))
-                if row.height == 0:
-                    cells.append("–")
-                    continue
-                r = row.row(0, named=True)
-                if r["config_id"] is None:
-                    cells.append("none")
-                elif r["k"] and r["size_median"] is not None and math.isinf(r["size_median"]):
-                    cells.append(f"∞ k={r['k']}")  # a MAD around an undetected median means nothing
-                elif r["k"]:
-                    cells.append(f"{_fmt(r['size_median'])} ({_fmt(r['size_mad'])}) k={r['k']}")
-                else:
-                    cells.append(f"pick {_fmt(r['pick_size'])} (no re-eval)")
-            lines.append(f"| {label} | {temperature:g} | " + " | ".join(cells) + " |")
+             "none: no evaluated setting meets the constraint.", "", *paper_rows(table, cell, "≥")]
     return "\n".join(lines) + "\n"
 
 
