@@ -351,9 +351,11 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
         write_text(json.dumps(sweep.split.as_dict(), indent=2) + "\n", out_dir / "split.json")
     else:
         write_text(table_markdown(table, scale), out_dir / "table.md")
+    # These two read the tuning runs' point estimates: with held-out prompts, say so (they are not confirmed).
+    source = f"{scale}; tuning runs' point estimates, not confirmed" if sweep.split is not None else scale
     write_text(frame_markdown(randomness, f"Text-dependent vs fixed randomness: smallest size at quality loss "
-                              f"<= 10 % ({scale}; window 0 excluded)"), out_dir / "randomness.md")
-    write_text(frame_markdown(delta, f"Size-quality trade-off over delta, distribution shift ({scale})"),
+                              f"<= 10 % ({source}; window 0 excluded)"), out_dir / "randomness.md")
+    write_text(frame_markdown(delta, f"Size-quality trade-off over delta, distribution shift ({source})"),
                out_dir / "delta.md")
     return Collected(results=results, attacks=attacks, reevaluations=reevaluations, table=table,
                      randomness=randomness, delta=delta, groups=groups)
