@@ -328,3 +328,18 @@ def test_sweep_plan_command(tmp_path: Path) -> None:
     result = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(repo), "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "| 1% q, no R | 0.7 | distribution_shift | 30 |" in result.output
+
+
+def test_randomness_cells_are_confirmed_like_the_papers() -> None:
+    from mmw.sweep.cells import confirmed_randomness, pending_config_ids
+    from mmw.sweep.definition import Split
+
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30)
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
+    results = results.with_columns(pl.Series("randomness_kind", ["fixed", "text-dependent", "text-dependent"]),
+                                   pl.Series("scheme.window", [None, 1, 0]))
+    table = confirmed_randomness(results, reevaluations, prompts, split, k=2)
+    rows = {r["randomness_kind"]: r for r in table.iter_rows(named=True)}
+    # Window 0 (c) is left out: text-dependent's pick is b, confirmed at 10 %; fixed (a) waits for its runs.
+    assert (rows["text-dependent"]["status"], rows["text-dependent"]["config_id"]) == (CONFIRMED, "b")
+    assert rows["fixed"]["status"] == PENDING and pending_config_ids(table) == ["a"]

@@ -70,7 +70,7 @@ def confirmation_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Call
     """Confirm the picks on the held-out prompts: each round runs the K confirmation runs of every cell's
     pending candidate (its pick first, then a fallback where the pick was not confirmed), at most
     ``split.max_tries`` rounds. Finished runs are never repeated (a rerun resumes)."""
-    from mmw.sweep.cells import confirmed_table, pending_config_ids
+    from mmw.sweep.cells import confirmed_randomness, confirmed_table, pending_config_ids
     from mmw.sweep.evidence import sweep_prompt_rows
 
     assert sweep.split is not None
@@ -79,7 +79,8 @@ def confirmation_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Call
         results, _, reevaluations = read_sweep(repo, sweep)
         prompts = sweep_prompt_rows(repo, reevaluations, "confirmation")
         table, _ = confirmed_table(results, reevaluations, prompts, sweep.split, sweep.reevaluate.k)
-        pending = pending_config_ids(table)
+        randomness = confirmed_randomness(results, reevaluations, prompts, sweep.split, sweep.reevaluate.k)
+        pending = list(dict.fromkeys(pending_config_ids(table) + pending_config_ids(randomness)))
         if not pending:
             break
         echo(f"[{sweep.name}] confirmation round {number}: {len(pending)} candidate(s), {sweep.reevaluate.k} "

@@ -61,12 +61,16 @@ def _evidence_of(config_id: str, kind: str, reevaluations: pl.DataFrame, prompts
     return evidence(rows, sizes), e_median
 
 
-def _row(cell_values: dict[str, Any], constraints: Constraints, outcome: CellOutcome, kind: str,
+def _labels(by: tuple[str, ...], key: tuple[Any, ...]) -> dict[str, Any]:
+    """A cell's columns: ``temperature`` for ``model.temperature``, the other ``by`` columns by their names."""
+    return {("temperature" if b == "model.temperature" else b): v for b, v in zip(by, key, strict=True)}
+
+
+def _row(labels: dict[str, Any], constraints: Constraints, outcome: CellOutcome, kind: str,
          e_medians: dict[str, float | None], settings: ConfirmSettings, k: int, extra: dict[str, Any]) -> dict:
     last: Check | None = outcome.tries[-1] if outcome.tries else None
     shown = next((t for t in outcome.tries if t.config_id == outcome.pick), last)
-    row: dict[str, Any] = {"temperature": cell_values["model.temperature"], "family": cell_values["family"],
-                           "max_quality_loss": constraints.max_quality_loss,
+    row: dict[str, Any] = {**labels, "max_quality_loss": constraints.max_quality_loss,
                            "min_tamper_resistance": constraints.min_tamper_resistance,
                            "status": outcome.status, "reason": outcome.reason, "size_kind": kind,
                            "level": settings.level, "tries": len(outcome.tries), "max_tries": settings.max_tries,
@@ -81,19 +85,22 @@ def _row(cell_values: dict[str, Any], constraints: Constraints, outcome: CellOut
 
 
 def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts: pl.DataFrame, split: Split,
-                    k: int) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """``(table, tries)``: one row per cell x paper constraint (:data:`COLUMNS`), and one row per judged try
-    (the cell's columns and the :class:`~mmw.sweep.confirm.Check` fields).
+                    k: int, by: tuple[str, str] = CELL,
+                    constraint_list: tuple[tuple[float, float], ...] = PAPER_CONSTRAINTS
+                    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``(table, tries)``: one row per cell (``by``: temperature x family for the paper's table) x constraint
+    (:data:`COLUMNS`, ``family`` renamed to ``by[1]``), and one row per judged try (the cell's columns and the
+    :class:`~mmw.sweep.confirm.Check` fields).
 
     ``pending`` names the candidate whose K confirmation runs are needed next (the runner's work list)."""
     settings = ConfirmSettings(level=split.level, max_tries=split.max_tries)
     done = results.filter(pl.col("status") == "done")
     rows: list[dict[str, Any]] = []
     tries: list[dict[str, Any]] = []
-    for key, cell in done.group_by(list(CELL), maintain_order=True):
-        cell_values = dict(zip(CELL, key, strict=True))
+    for key, cell in done.group_by(list(by), maintain_order=True):
+        labels = _labels(by, key)
         kind = size_kind(cell)
-        for loss, r_min in PAPER_CONSTRAINTS:
+        for loss, r_min in constraint_list:
             constraints = Constraints(max_quality_loss=loss, min_tamper_resistance=r_min)
             _, candidates = ranked_candidates(cell, constraints, kind)
             found: dict[str, Evidence] = {}
@@ -108,15 +115,36 @@ def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts:
                 outcome = CellOutcome(UNRESOLVED, f"{err.key}: {err.problem}", None, candidates=tuple(candidates))
             pick_size = cell.filter(pl.col("config_id") == candidates[0])[kind].item() if candidates else None
             extra = {"n_settings": cell.height, "n_feasible": len(candidates), "pick_size": pick_size}
-            rows.append(_row(cell_values, constraints, outcome, kind, e_medians, settings, k, extra))
+            rows.append(_row(labels, constraints, outcome, kind, e_medians, settings, k, extra))
             for number, tried in enumerate(outcome.tries, start=1):
-                tries.append({"temperature": cell_values["model.temperature"], "family": cell_values["family"],
-                              "max_quality_loss": loss, "min_tamper_resistance": r_min, "try": number,
+                tries.append({**labels, "max_quality_loss": loss, "min_tamper_resistance": r_min, "try": number,
                               **asdict(tried)})
-    table = pl.DataFrame(rows, schema=COLUMNS) if rows else pl.DataFrame(schema=COLUMNS)
-    table = table.sort(["temperature", "family", "max_quality_loss", "min_tamper_resistance"],
+    second = by[1]
+    schema = {(second if c == "family" else c): t for c, t in COLUMNS.items()}
+    table = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+    table = table.sort(["temperature", second, "max_quality_loss", "min_tamper_resistance"],
                        descending=[False, False, False, True])
     return table, pl.DataFrame(tries, infer_schema_length=None)
+
+
+#: The randomness comparison's constraint (quality loss <= 10 %, no R) and its columns.
+RANDOMNESS_CONSTRAINT = ((0.1, 0.0),)
+RANDOMNESS_COLUMNS = ("temperature", "randomness_kind", "status", "reason", "config_id", "size_kind", "size_median",
+                      "size_mad", "e_median", "quality", "quality_low", "quality_high", "tries", "k", "n_prompts",
+                      "pending")
+
+
+def confirmed_randomness(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts: pl.DataFrame, split: Split,
+                         k: int) -> pl.DataFrame:
+    """Text-dependent vs fixed randomness, confirmed: per temperature x randomness kind, the smallest config at
+    quality loss <= 10 % (window 0 excluded, as :func:`mmw.sweep.collect.randomness_table`), re-checked on the
+    confirmation runs like a cell of the paper's table."""
+    kept = results.filter(pl.col("randomness_kind").is_not_null())
+    if "scheme.window" in kept.columns:
+        kept = kept.filter(pl.col("scheme.window").is_null() | (pl.col("scheme.window") != 0))
+    table, _ = confirmed_table(kept, reevaluations, prompts, split, k, ("model.temperature", "randomness_kind"),
+                               RANDOMNESS_CONSTRAINT)
+    return table.select(RANDOMNESS_COLUMNS)
 
 
 def pending_config_ids(table: pl.DataFrame) -> list[str]:

@@ -41,7 +41,7 @@ from mmw.selection import (
 from mmw.selection.reading import column
 from mmw.selection.reeval import REEVAL_PREFIX
 from mmw.errors import SpecError
-from mmw.sweep.cells import confirmed_markdown, confirmed_table, paper_rows
+from mmw.sweep.cells import confirmed_markdown, confirmed_randomness, confirmed_table, paper_rows
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
 from mmw.sweep.evidence import sweep_prompt_rows
 from mmw.sweep.plan import plan_markdown, sweep_plan
@@ -332,10 +332,11 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
                                        sweep.split, sweep.reevaluate.k)
         plan = sweep_plan(table, results, reevaluations, sweep.split, sweep.reevaluate.k)
         extra = {"prompts": prompts, "tries": tries, "plan": plan}
+        randomness = confirmed_randomness(results, reevaluations, prompts.filter(pl.col("role") == "confirmation"),
+                                          sweep.split, sweep.reevaluate.k)
     else:
         table = paper_table(results, reevaluations, sweep.reevaluate.k)
-    randomness = randomness_table(results)
-    delta = delta_table(results)
+        delta = delta_table(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     frames = {"results": results, "attacks": attacks, "reevaluations": reevaluations, "table": table,
               "randomness": randomness, "delta": delta, **extra}
@@ -351,10 +352,16 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
         write_text(json.dumps(sweep.split.as_dict(), indent=2) + "\n", out_dir / "split.json")
     else:
         write_text(table_markdown(table, scale), out_dir / "table.md")
-    # These two read the tuning runs' point estimates: with held-out prompts, say so (they are not confirmed).
-    source = f"{scale}; tuning runs' point estimates, not confirmed" if sweep.split is not None else scale
-    write_text(frame_markdown(randomness, f"Text-dependent vs fixed randomness: smallest size at quality loss "
-                              f"<= 10 % ({source}; window 0 excluded)"), out_dir / "randomness.md")
+    # With held-out prompts the randomness cells are confirmed like the paper's; the delta table stays a
+    # description of the tuning runs' point estimates, and says so.
+    held_out = sweep.split is not None
+    source = f"{scale}; tuning runs' point estimates, not confirmed" if held_out else scale
+    shown = randomness.with_columns(pl.when(pl.col("status") == "confirmed").then(pl.col(c)).otherwise(None)
+                                    for c in ("size_median", "size_mad")) if held_out else randomness
+    write_text(frame_markdown(shown, f"Text-dependent vs fixed randomness: smallest size at quality loss "
+                              f"<= 10 % ({scale}; window 0 excluded"
+                              + ("; confirmed on held-out prompts: a size only where status is confirmed)"
+                                 if held_out else ")")), out_dir / "randomness.md")
     write_text(frame_markdown(delta, f"Size-quality trade-off over delta, distribution shift ({source})"),
                out_dir / "delta.md")
     return Collected(results=results, attacks=attacks, reevaluations=reevaluations, table=table,
