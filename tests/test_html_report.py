@@ -449,6 +449,8 @@ def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tm
         pl.lit(30).alias("n_prompts"), pl.lit(0.05).alias("level"), pl.lit("all.size_valid").alias("size_kind"),
         pl.lit(5).alias("k"))
     table.write_parquet(directory / "table.parquet")
+    pl.DataFrame({"temperature": [first_t], "family": ["binary"], "quality_prompts": [480.0],
+                  "prompts_per_task": [160], "h100_hours": [1.25]}).write_parquet(directory / "plan.parquet")
     markup = build_report(tmp_path, "confirmed").path.read_text()
     dom = Dom(markup)
     headline = re.search(r'<ul class="headline" id="headline">(.*?)</ul>', markup, re.S).group(1)
@@ -457,3 +459,4 @@ def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tm
     cells = [c for row in dom.tables["paper-table"] for c in row]
     assert any(c.startswith("unresolved") for c in cells) and any(c.startswith("✗ quality") for c in cells)
     assert "relative quality ≥ 0.95" in markup
+    assert Dom(markup).tables["plan-table"][1][2:] == ["480", "160", "1.25"]
