@@ -460,3 +460,4 @@ def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tm
     assert any(c.startswith("unresolved") for c in cells) and any(c.startswith("✗ quality") for c in cells)
     assert "relative quality ≥ 0.95" in markup
     assert Dom(markup).tables["plan-table"][1][2:] == ["480", "160", "1.25"]
+    assert 'id="fig-sizes"' in markup  # the figure still draws, from the confirmed cell only

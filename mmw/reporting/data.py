@@ -340,8 +340,12 @@ def picks(sweep: Sweep, constraint: Constraint) -> pl.DataFrame:
         return pl.DataFrame(schema={n: TABLE_COLUMNS[n] for n in
                                     ("temperature", "family", "config_id", "size_median", "size_mad", "k",
                                      "pick_size", "status")})
-    return sweep.table.filter(_constraint_expr(constraint)).select(
+    rows = sweep.table.filter(_constraint_expr(constraint)).select(
         "temperature", "family", "config_id", "size_median", "size_mad", "k", "pick_size", "status")
+    if rows["status"].drop_nulls().len():  # a confirmed table: only confirmed cells have a size to show
+        rows = rows.with_columns(pl.when(pl.col("status") == "confirmed").then(pl.col(c)).otherwise(None).alias(c)
+                                 for c in ("size_median", "size_mad", "pick_size"))
+    return rows
 
 
 def representatives(sweep: Sweep) -> dict[tuple[float, str], str]:
