@@ -237,6 +237,11 @@ def sweep(
         grids[config.grid] = grids.get(config.grid, 0) + 1
     typer.echo(f"sweep {sweep_name}: {len(definition.configs)} configs ("
                + ", ".join(f"{g} {n}" for g, n in grids.items()) + f"); re-evaluation k={definition.reevaluate.k}")
+    if definition.split is not None:
+        split = definition.split
+        typer.echo(f"  tuning prompts [{split.tuning_offset}, {split.tuning_offset + split.tuning}) per task; "
+                   f"confirmation [{split.offset}, {split.offset + split.prompts}) per task, level {split.level:g} "
+                   f"per cell over at most {split.max_tries} tries")
     if dry_run:
         return
     if verb == "plan":
