@@ -343,3 +343,28 @@ def test_randomness_cells_are_confirmed_like_the_papers() -> None:
     # Window 0 (c) is left out: text-dependent's pick is b, confirmed at 10 %; fixed (a) waits for its runs.
     assert (rows["text-dependent"]["status"], rows["text-dependent"]["config_id"]) == (CONFIRMED, "b")
     assert rows["fixed"]["status"] == PENDING and pending_config_ids(table) == ["a"]
+
+
+def test_the_simulator_judges_exactly_as_a_real_cell_is_judged() -> None:
+    """The vectorised path of the simulation (bounds for a batch of sweeps + verdict) gives the same status and
+    reason as :func:`check` on each sweep's runs as real evidence."""
+    from mmw.sweep.confirm import check, resistance_bounds, verdict
+    from mmw.sweep.simulate import draw_runs
+
+    scenario = Scenario(_four([1.0, 0.93, 0.899, 0.895], [0.5, 0.3, 0.12, 0.11]), Constraints(0.1, 0.2), n_confirm=30)
+    settings = ConfirmSettings(resamples=300)
+    sweeps = 24
+    runs = draw_runs(scenario, np.arange(sweeps) % 4, scenario.n_confirm, 2, np.random.default_rng(4))
+    _, q_low, q_high = quality_bounds(runs.watermarked, runs.baseline, settings.per_try,
+                                      resample_counts(30, settings.resamples, settings.seed))
+    _, r_low, r_high = resistance_bounds(runs.attacks, settings.per_try,
+                                         resample_counts(10, settings.resamples, settings.seed + 1))
+    status, reason = verdict(np.zeros(sweeps, bool), q_low, q_high, r_low, r_high, scenario.constraints)
+    assert len(set(status)) >= 2  # the batch covers more than one outcome
+    for s in range(sweeps):
+        a = runs.attacks
+        one = Evidence(runs.watermarked[s], runs.baseline[s], runs.sizes[s], AttackEvidence(
+            a.detected[s], a.rating_attacked[s], a.rating_reference[s], a.no_attack[s]))
+        judged = check("x", one, scenario.constraints, settings)
+        assert (judged.status, judged.reason or "") == (status[s], reason[s])
+        assert judged.quality_low == pytest.approx(q_low[s]) and judged.resistance_low == pytest.approx(r_low[s])
