@@ -4,7 +4,8 @@ violates a constraint.
 A simulated cell has ``C`` settings with known true relative quality, tamper resistance (attack survival and
 retained quality per attack, detection without attack) and size. Every run draws per-prompt ratings, detections
 and sizes around them with the noise measured on the embedded models (relative quality per prompt SD 0.18-0.22;
-R's within-config SD ~0.23 comes from Bernoulli detections of 3 attacked texts). One simulated sweep:
+R's within-config SD ~0.23 at 3 attacked texts; the trade-off scenario reproduces 0.16-0.21 and 0.12-0.24, from
+Bernoulli detections). One simulated sweep:
 
 * **tuning**: one run of every setting on ``n_tuning`` prompts (a shared baseline, as a sweep's configs share the
   seed's baseline); candidates = settings feasible on the point estimates, ranked by measured size;
