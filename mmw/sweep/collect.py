@@ -336,7 +336,8 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
                                           sweep.split, sweep.reevaluate.k)
     else:
         table = paper_table(results, reevaluations, sweep.reevaluate.k)
-        delta = delta_table(results)
+        randomness = randomness_table(results)
+    delta = delta_table(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     frames = {"results": results, "attacks": attacks, "reevaluations": reevaluations, "table": table,
               "randomness": randomness, "delta": delta, **extra}
