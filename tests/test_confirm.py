@@ -368,3 +368,28 @@ def test_the_simulator_judges_exactly_as_a_real_cell_is_judged() -> None:
         judged = check("x", one, scenario.constraints, settings)
         assert (judged.status, judged.reason or "") == (status[s], reason[s])
         assert judged.quality_low == pytest.approx(q_low[s]) and judged.resistance_low == pytest.approx(r_low[s])
+
+
+def test_collect_writes_the_confirmed_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collection of a sweep with held-out prompts, its DVC reads replaced by synthetic runs."""
+    import mmw.sweep.collect as collect_module
+    from mmw.sweep.definition import Reevaluation, Split, Sweep
+
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
+    results = results.with_columns(pl.lit("text-dependent").alias("randomness_kind"),
+                                   pl.lit("distribution_shift").alias("scheme.sampler"),
+                                   pl.Series("scheme.delta", [1.0, 2.0, 5.0]))
+    reevaluations = reevaluations.with_columns(pl.lit(None, dtype=pl.String).alias("rev"),
+                                               pl.lit(80.0).alias("wall_s"))
+    monkeypatch.setattr(collect_module, "read_sweep", lambda repo, sweep: (results, pl.DataFrame(), reevaluations))
+    monkeypatch.setattr(collect_module, "sweep_prompt_rows", lambda repo, runs, role: (
+        prompts.with_columns(pl.lit(role).alias("role")) if role == "confirmation" else prompts.clear()))
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30)
+    sweep = Sweep(name="t", description="", configs=[], reevaluate=Reevaluation(k=2, first_seed=1000), split=split)
+    out = tmp_path / "t"
+    collected = collect_module.collect(tmp_path, sweep, out, "test", with_timings=False, echo=lambda _: None)
+    assert {"prompts.parquet", "tries.parquet", "plan.parquet", "split.json", "table.md", "randomness.md",
+            "delta.md"} <= {p.name for p in out.iterdir()}
+    assert collected.table.filter(pl.col("status") == CONFIRMED).height == 2
+    assert "tuning runs' point estimates, not confirmed" in (out / "delta.md").read_text()
+    assert "Prompts needed" in (out / "table.md").read_text()
