@@ -189,8 +189,9 @@ def select_watermark(
 
 @app.command("sweep")
 def sweep(
-    name: Annotated[str, typer.Argument(help="a sweep of sweeps/<name>.yaml, or `collect` followed by the name")],
-    collect_name: Annotated[str | None, typer.Argument(metavar="[NAME]", help="with `collect`: the sweep")] = None,
+    name: Annotated[str, typer.Argument(help="a sweep of sweeps/<name>.yaml, or `run`, `collect` or `plan` "
+                                             "followed by the name")],
+    collect_name: Annotated[str | None, typer.Argument(metavar="[NAME]", help="after a verb: the sweep")] = None,
     repo: Annotated[Path, typer.Option(help="the repository (its params.yaml, sweeps/ and experiments)")] = Path("."),
     dry_run: Annotated[bool, typer.Option("--dry-run", help="expand and validate, print the counts, run nothing")]
     = False,
@@ -198,7 +199,7 @@ def sweep(
     = True,
     reevaluate: Annotated[bool, typer.Option(help="then re-evaluate the picks with the definition's K seeds")]
     = True,
-    out: Annotated[Path, typer.Option(help="with `collect`: where reports/sweeps/<name>/ goes")] = Path(
+    out: Annotated[Path, typer.Option(help="with `collect` / `plan`: where reports/sweeps/<name>/ is")] = Path(
         "reports/sweeps"),
     timings: Annotated[bool, typer.Option(help="with `collect`: read per-stage wall times (slow)")] = True,
     scale: Annotated[str | None, typer.Option(help="with `collect`: the scale shown beside the table")] = None,
@@ -212,7 +213,8 @@ def sweep(
     timeout_retries: Annotated[int, typer.Option(
         help="with --ray: how often a timed-out config is submitted again before it stays failed")] = 1,
 ) -> None:
-    """Run a sweep as DVC experiments (`mmw sweep NAME`) or collect it (`mmw sweep collect NAME`).
+    """Run a sweep as DVC experiments (`mmw sweep NAME` or `mmw sweep run NAME`), collect it (`mmw sweep collect
+    NAME`) or plan the prompts its unresolved cells need (`mmw sweep plan NAME`, from the collected tables).
 
     Running skips finished configs (retries failed and missing ones), prints done / queued / failed and an ETA,
     then re-evaluates the picks, then collects it and writes reports/index.html. Collecting writes
@@ -221,13 +223,15 @@ def sweep(
     """
     from mmw.sweep import load_sweep, run_sweep
 
-    collecting = name == "collect"
-    sweep_name = collect_name if collecting else name
+    verb = name if name in SWEEP_VERBS else "run"
+    collecting = verb in ("collect", "plan")
+    sweep_name = collect_name if name in SWEEP_VERBS else name
+    forms = "mmw sweep NAME | mmw sweep run NAME | mmw sweep collect NAME | mmw sweep plan NAME"
     try:
         if sweep_name is None:
-            raise SpecError("sweep", "`mmw sweep collect` needs the sweep's name", "mmw sweep collect NAME")
-        if collect_name is not None and not collecting:
-            raise SpecError("sweep", f"unexpected argument {collect_name!r}", "mmw sweep NAME | mmw sweep collect NAME")
+            raise SpecError("sweep", f"`mmw sweep {verb}` needs the sweep's name", forms)
+        if collect_name is not None and name not in SWEEP_VERBS:
+            raise SpecError("sweep", f"unexpected argument {collect_name!r}", forms)
         # Collecting reads what ran: the params validation of today's code is not a condition for that.
         definition = load_sweep(repo, sweep_name, validate=not collecting)
     except SpecError as err:
@@ -238,7 +242,15 @@ def sweep(
         grids[config.grid] = grids.get(config.grid, 0) + 1
     typer.echo(f"sweep {sweep_name}: {len(definition.configs)} configs ("
                + ", ".join(f"{g} {n}" for g, n in grids.items()) + f"); re-evaluation k={definition.reevaluate.k}")
+    if definition.split is not None:
+        split = definition.split
+        typer.echo(f"  tuning prompts [{split.tuning_offset}, {split.tuning_offset + split.tuning}) per task; "
+                   f"confirmation [{split.offset}, {split.offset + split.prompts}) per task, level {split.level:g} "
+                   f"per cell over at most {split.max_tries} tries")
     if dry_run:
+        return
+    if verb == "plan":
+        _plan_sweep(definition, out / sweep_name)
         return
     if collecting:
         _collect_sweep(repo, definition, out / sweep_name, scale, timings)
@@ -265,6 +277,35 @@ def sweep(
         typer.echo(f"wrote {repo / 'reports' / 'sweeps' / sweep_name}/ and {info.path}")
     if any(p is not None and p.failed for p in (pool, reruns)):
         raise typer.Exit(1)
+
+
+SWEEP_VERBS = ("run", "collect", "plan")
+
+
+def _plan_sweep(definition: Any, dest: Path) -> None:
+    """Print the prompts and time each unresolved cell of a collected sweep needs (exit 2 without one)."""
+    import polars as pl
+
+    from mmw.sweep.plan import plan_markdown, sweep_plan
+
+    try:
+        if definition.split is None:
+            raise SpecError("confirm", f"sweep {definition.name} has no confirm section: nothing is confirmed, so "
+                            "nothing can be planned", "add confirm: {prompts: N} to its definition")
+        missing = [f for f in ("table", "results", "reevaluations") if not (dest / f"{f}.parquet").is_file()]
+        if missing:
+            raise SpecError("sweep", f"{dest} has no {', '.join(missing)}.parquet",
+                            f"mmw sweep collect {definition.name} first")
+        table, results, reevaluations = (pl.read_parquet(dest / f"{f}.parquet")
+                                         for f in ("table", "results", "reevaluations"))
+        if "status" not in table.columns or "n_prompts" not in table.columns:
+            raise SpecError("sweep", f"{dest}/table.parquet was collected without confirmation",
+                            f"mmw sweep collect {definition.name} again")
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    plan = sweep_plan(table, results, reevaluations, definition.split, definition.reevaluate.k)
+    typer.echo(plan_markdown(plan, definition.split.level, definition.reevaluate.k))
 
 
 def _collect_sweep(repo: Path, definition: Any, dest: Path, scale: str | None, timings: bool) -> None:

@@ -90,6 +90,9 @@ class PromptParams(Section):
     # The names are checked by their consumer, mmw.tasks.build_prompts (and mmw.board for the whole board).
     tasks: list[str] = allowed("a non-empty list of task names (mmw.tasks.TASKS)", min_length=1)
     per_task: Integer | None = allowed("an integer >= 1, or null for every prompt", ge=1)
+    # Skips the first ``offset`` prompts of each task's selection order: disjoint [offset, offset + per_task)
+    # ranges are disjoint prompt sets (a sweep's tuning and confirmation prompts).
+    offset: Integer = allowed("an integer >= 0", ge=0, default=0)
 
 
 class AttackParams(Section):

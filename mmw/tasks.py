@@ -309,25 +309,31 @@ def _index(prompt_id: str) -> int:
     return int(prompt_id.rsplit("-", 1)[1])
 
 
-def subset_indices(n: int, per_task: int | None) -> list[int]:
-    """Indices of the prompts kept from a task of ``n``: all, or the first ``per_task`` of a fixed permutation.
+def subset_indices(n: int, per_task: int | None, offset: int = 0) -> list[int]:
+    """Indices of the prompts kept from a task of ``n``: positions ``[offset, offset + per_task)`` of a fixed
+    permutation (``per_task`` None: to the end), so disjoint ranges give disjoint prompt sets (tuning and
+    confirmation prompts, prompt shards).
 
     A fixed random permutation spreads any subset over the task's factors (tone and topic, pairs and places),
     which evenly spaced indices do not (every 16th story shares its topic). Returned sorted.
     """
-    if per_task is None or per_task >= n:
+    if offset == 0 and (per_task is None or per_task >= n):
         return list(range(n))
-    return sorted(np.random.default_rng(SUBSET_SEED).permutation(n)[:per_task].tolist())
+    end = n if per_task is None else offset + per_task
+    return sorted(np.random.default_rng(SUBSET_SEED).permutation(n)[offset:end].tolist())
 
 
 def build_prompts(tasks: Sequence[str], per_task: int | None = None, data_dir: Path = DATA_DIR,
-                  low_entropy_inputs: Path = LOW_ENTROPY_INPUTS) -> pl.DataFrame:
+                  low_entropy_inputs: Path = LOW_ENTROPY_INPUTS, offset: int = 0) -> pl.DataFrame:
     """Prompts of the requested tasks (in the given task order, then by id).
 
     Returns columns ``prompt_id`` (``<task>-NNN``, index in the full task), ``task``, ``prompt``;
-    at most ``per_task`` rows per task (``None``: all 296 for the three tasks). The low-entropy tasks read
-    ``low_entropy_inputs`` (their ids are those of the book reports they rewrite).
+    at most ``per_task`` rows per task (``None``: all 296 for the three tasks), skipping the first ``offset`` of
+    each task's selection order (:func:`subset_indices`). The low-entropy tasks read ``low_entropy_inputs`` (their
+    ids are those of the book reports they rewrite).
     """
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise SpecError("prompts.offset", f"must be an integer >= 0, got {offset!r}")
     if isinstance(tasks, str) or len(tasks) == 0:
         raise SpecError("prompts.tasks", f"expected a non-empty list of tasks, got {tasks!r}", ALL_TASKS)
     for task in tasks:
@@ -344,13 +350,14 @@ def build_prompts(tasks: Sequence[str], per_task: int | None = None, data_dir: P
             # The inputs are already the chosen subset of book reports; the id keeps the book's index.
             prompts = LOW_ENTROPY_TASKS[task](inputs)
             indices = [_index(source) for source in inputs["source_id"].to_list()]
+            # (they were built from the book reports of the same offset: stages/low_entropy.py)
             chosen = range(len(prompts)) if per_task is None else range(min(per_task, len(prompts)))
             rows.extend({"prompt_id": f"{task}-{indices[i]:03d}", "task": task, "prompt": prompts[i]} for i in chosen)
             continue
         prompts = TASKS[task](data_dir)
         rows.extend(
             {"prompt_id": f"{task}-{i:03d}", "task": task, "prompt": prompts[i]}
-            for i in subset_indices(len(prompts), per_task)
+            for i in subset_indices(len(prompts), per_task, offset)
         )
     return pl.DataFrame(rows, schema={"prompt_id": pl.String, "task": pl.String, "prompt": pl.String})
 

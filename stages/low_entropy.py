@@ -38,7 +38,8 @@ def run(params_path: Path) -> None:
         from mmw.processor import WatermarkProcessor
         from mmw.stages.common import generator_vocab_size
 
-        prompts = build_prompts([LOW_ENTROPY_SOURCE_TASK], params.prompts.per_task)
+        prompts = build_prompts([LOW_ENTROPY_SOURCE_TASK], params.prompts.per_task,
+                                offset=params.prompts.offset)
         tokenizer, model = load_model(params.model.name, params.model.device, params.model.dtype)
         prompts = prompts.with_columns(pl.Series("chat", render_chat(tokenizer, prompts["prompt"].to_list())))
         vocab_size, temperature = generator_vocab_size(tokenizer, model), params.low_entropy.temperature

@@ -429,3 +429,35 @@ def test_dvc_plots_show_renders_offline(tmp_path: Path) -> None:
     assert dom.tags.get("canvas", 0) + dom.tags.get("svg", 0) >= 1, "vega-embed drew nothing"
     image = screenshot(page, tmp_path / "plots.png", height=700)
     assert coloured_share(image) > 0.0003  # the curve, in Vega's colours (a blank page: 0)
+
+
+def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tmp_path: Path) -> None:
+    directory = tmp_path / "reports/sweeps/confirmed"
+    make_sweep(directory, seed=3)
+    table = pl.read_parquet(directory / "table.parquet")
+    main = (pl.col("max_quality_loss") == 0.01) & (pl.col("min_tamper_resistance") == 0.2)
+    first_t = table["temperature"].min()
+    confirmed = main & (pl.col("temperature") == first_t) & (pl.col("family") == "exponential")
+    status = (pl.when(pl.col("config_id").is_null()).then(pl.lit("no feasible setting"))
+              .when(confirmed).then(pl.lit("confirmed"))
+              .when(pl.col("family") == "binary").then(pl.lit("not confirmed"))
+              .otherwise(pl.lit("unresolved")))
+    table = table.with_columns(
+        status.alias("status"),
+        pl.when(pl.col("family") == "binary").then(pl.lit("quality")).otherwise(None).alias("reason"),
+        pl.lit(0.95).alias("quality_low"), pl.lit(1.02).alias("quality_high"), pl.lit(0.31).alias("resistance_low"),
+        pl.lit(30).alias("n_prompts"), pl.lit(0.05).alias("level"), pl.lit("all.size_valid").alias("size_kind"),
+        pl.lit(5).alias("k"))
+    table.write_parquet(directory / "table.parquet")
+    pl.DataFrame({"temperature": [first_t], "family": ["binary"], "quality_prompts": [480.0],
+                  "prompts_per_task": [160], "h100_hours": [1.25]}).write_parquet(directory / "plan.parquet")
+    markup = build_report(tmp_path, "confirmed").path.read_text()
+    dom = Dom(markup)
+    headline = re.search(r'<ul class="headline" id="headline">(.*?)</ul>', markup, re.S).group(1)
+    assert "confirmed on held-out prompts" in headline and "Exponential" in headline
+    assert headline.count("confirmed on held-out prompts") == 1 and "no confirmed cell" in headline
+    cells = [c for row in dom.tables["paper-table"] for c in row]
+    assert any(c.startswith("unresolved") for c in cells) and any(c.startswith("✗ quality") for c in cells)
+    assert "relative quality ≥ 0.95" in markup
+    assert Dom(markup).tables["plan-table"][1][2:] == ["480", "160", "1.25"]
+    assert 'id="fig-sizes"' in markup  # the figure still draws, from the confirmed cell only

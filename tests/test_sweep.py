@@ -105,6 +105,19 @@ DS = {"scheme.sampler": "distribution_shift", "scheme.score": "sum", "scheme.ran
     (DS, {"base": {"model.max_new_tokenz": 16}}, ["base", "model.max_new_tokenz", "not a param"]),
     (DS, {"temperatures": [0.7, -1.0]}, ["model.temperature=-1.0", "model.temperature"]),
     (DS, {"reevaluate": {"k": 0}}, ["reevaluate.k"]),
+    # Confirmation: K < 2, too few prompts for an interval (quality, then R's attacked prompts), overlap with the
+    # tuning prompts, no prompt left, mixed models / engines / judges.
+    (DS, {"base": {"prompts.per_task": 2}, "reevaluate": {"k": 1}, "confirm": {"prompts": 6}},
+     ["reevaluate.k", "at least 2"]),
+    (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 1}}, ["confirm.prompts", "too small"]),
+    (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 3}},
+     ["confirm.prompts", "interval of R", "at least 4 per task"]),
+    (DS, {"base": {"prompts.per_task": 4}, "confirm": {"prompts": 6, "offset": 2}},
+     ["confirm.offset", "overlap", ">= 4"]),
+    (DS, {"base": {"prompts.per_task": None}, "confirm": {"prompts": 6}}, ["confirm", "no prompt is left"]),
+    (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 6, "level": 0.9}}, ["confirm.level"]),
+    ({**DS, "model.engine": ["transformers", "vllm"]}, {}, ["model.engine", "would mix 2 values"]),
+    ({**DS, "rate.backend": ["transformers", "openai"]}, {}, ["rate.backend", "would mix"]),
 ])
 def test_bad_entries_are_refused_naming_the_entry(tmp_path: Path, grid: dict[str, Any], top: dict[str, Any],
                                                   names: list[str]) -> None:
@@ -299,3 +312,56 @@ def test_the_paper_table_picks_per_cell_and_summarises_the_reevaluations() -> No
     # DS at 1% quality, R >= 0.2: nothing feasible -> "none" (as reports/index.html prints it), not "∞" (undetected)
     ds_row = next(line for line in markdown.splitlines() if line.startswith("| 1% quality, R ≥ 0.2 | 0.7 |"))
     assert ds_row.split(" | ")[2] == "none"
+
+
+def test_the_confirmation_split_is_recorded_and_disjoint(tmp_path: Path) -> None:
+    repo = _definition(tmp_path, DS, base={"prompts.per_task": 2, "prompts.offset": 1},
+                       confirm={"prompts": 6, "level": 0.1, "max_tries": 3})
+    split = expand("bad", BOARD, repo / "sweeps").split
+    assert (split.tuning_offset, split.tuning, split.offset, split.prompts) == (1, 2, 3, 6)
+    assert split.overrides == {"prompts.offset": 3, "prompts.per_task": 6}
+    assert (split.level, split.max_tries) == (0.1, 3)
+    assert expand("smoke", BOARD, SWEEPS).split.overrides == {"prompts.offset": 1, "prompts.per_task": 4}
+
+
+#: One config with held-out confirmation (the smallest end-to-end case: one tuning run, K = 2 confirmation runs
+#: of the one pick): tuning on prompt 0 of each task, confirmation on prompts 1-2 of each task (6 prompts, all
+#: attacked), one try per cell.
+CONFIRM_SWEEP = {
+    "description": "confirmed", "temperatures": [0.7], "reevaluate": {"k": 2, "first_seed": 1000},
+    "base": {"attacks.fraction": 1.0},
+    "confirm": {"prompts": 2, "level": 0.05, "max_tries": 1},
+    "grids": TWO_CONFIG_GRIDS[:1]}
+
+
+@pytest.mark.heavy
+def test_a_real_sweep_is_tuned_confirmed_on_held_out_prompts_and_tabled(tmp_path: Path) -> None:
+    repo = make_pipeline_repo(tmp_path / "repo", tiny_board())
+    (repo / "sweeps").mkdir(exist_ok=True)
+    (repo / "sweeps/c.yaml").write_text(yaml.safe_dump(CONFIRM_SWEEP, sort_keys=False))
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "pipeline")
+    done = subprocess.run([str(BIN / "mmw"), "sweep", "run", "c"], cwd=repo, env=plain_shell_env(),
+                          capture_output=True, text=True, timeout=5400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "confirmation round 1" in done.stdout
+    out = repo / "reports/sweeps/c"
+    prompts = pl.read_parquet(out / "prompts.parquet")
+    tuning = set(prompts.filter(pl.col("role") == "tuning")["prompt_id"])
+    confirmation = set(prompts.filter(pl.col("role") == "confirmation")["prompt_id"])
+    assert len(tuning) == 3 and len(confirmation) == 6 and tuning.isdisjoint(confirmation)
+    split = json.loads((out / "split.json").read_text())
+    assert (split["tuning_prompts_per_task"], split["confirm_offset"], split["confirm_prompts_per_task"]) == (1, 1, 2)
+    table = pl.read_parquet(out / "table.parquet")
+    print(done.stdout[-2500:], (out / "table.md").read_text(), sep="\n")
+    assert table.height == 4 and "pending" not in table["status"].to_list()
+    assert set(table["status"]) <= {"confirmed", "not confirmed", "unresolved", "no feasible setting"}
+    tried = table.filter(pl.col("tries") > 0)
+    assert (tried["k"] == 2).all() and (tried["n_prompts"] == 6).all()
+    reevaluations = pl.read_parquet(out / "reevaluations.parquet")
+    # Every confirmation run used a fresh seed and its own key: no run repeated, each seed's baseline made once.
+    assert reevaluations["experiment"].n_unique() == reevaluations.height
+    assert "Cells:" in (out / "table.md").read_text() and (out / "plan.parquet").is_file()
+    again = subprocess.run([str(BIN / "mmw"), "sweep", "plan", "c"], cwd=repo, env=plain_shell_env(),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "Prompts needed" in again.stdout

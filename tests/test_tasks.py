@@ -277,3 +277,13 @@ def test_user_supplied_mmlu_and_cnn_dailymail_files_are_read(tmp_path):
                                                                               "cnn_dailymail_test.csv")
     (news,) = build_prompts(["cnn_dailymail"], None, data_dir=tmp_path)["prompt"].to_list()
     assert "* Article: Task article." in news and "* Highlights: Example highlights." in news
+
+
+def test_offset_gives_disjoint_prompt_ranges() -> None:
+    tasks = ["book_report", "story", "fake_news"]
+    first, second = build_prompts(tasks, 4), build_prompts(tasks, 5, offset=4)
+    assert set(first["prompt_id"]).isdisjoint(second["prompt_id"])
+    assert set(build_prompts(tasks, 9)["prompt_id"]) == set(first["prompt_id"]) | set(second["prompt_id"])
+    assert second.group_by("task").len()["len"].to_list() == [5, 5, 5]
+    with pytest.raises(SpecError, match=r"^prompts\.offset: must be an integer >= 0"):
+        build_prompts(tasks, 4, offset=-1)

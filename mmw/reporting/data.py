@@ -46,14 +46,21 @@ TABLE_COLUMNS: dict[str, pl.DataType] = {
     "temperature": pl.Float64(), "family": pl.String(), "max_quality_loss": pl.Float64(),
     "min_tamper_resistance": pl.Float64(), "config_id": pl.String(), "size_median": pl.Float64(),
     "size_mad": pl.Float64(), "k": pl.Int64(), "pick_size": pl.Float64(),
+    # Confirmed tables (held-out prompts): the cell's status and evidence; null in older tables.
+    "status": pl.String(), "reason": pl.String(), "size_kind": pl.String(), "quality_low": pl.Float64(),
+    "quality_high": pl.Float64(), "resistance_low": pl.Float64(), "resistance_high": pl.Float64(),
+    "n_prompts": pl.Int64(), "level": pl.Float64(), "tries": pl.Int64(), "e_median": pl.Float64(),
 }
+#: Confirmed-table columns left out of a cell's hover text (the evidence is written out separately).
+_EVIDENCE = {"quality", "resistance", "alpha", "max_tries", "k_planned", "n_attacked", "pending", "n_settings",
+             "n_feasible"}
 ATTACK_COLUMNS: dict[str, pl.DataType] = {
     "config_id": pl.String(), "attack": pl.String(), "watermarked": pl.Float64(),
     "quality_retained": pl.Float64(), "in_R": pl.Boolean(),
 }
 #: Optional tables a sweep may hold: the picks' re-evaluations (fresh seeds and keys), text-dependent vs fixed
-#: randomness, the size-quality trade-off over delta, per-stage timings.
-EXTRA_TABLES = ("reevaluations", "randomness", "delta", "timings")
+#: randomness, the size-quality trade-off over delta, per-stage timings, the power planner's rows (confirmed sweeps).
+EXTRA_TABLES = ("reevaluations", "randomness", "delta", "timings", "plan")
 #: The paper's headline constraint (Figure 1): quality loss <= 1 %, tamper resistance > 0.2.
 MAIN_CONSTRAINT = (0.01, 0.2)
 
@@ -253,17 +260,46 @@ class Cell:
 
 
 #: table.parquet columns that are not the pick's params.
-_TABLE_CORE = set(TABLE_COLUMNS)
+_TABLE_CORE = set(TABLE_COLUMNS) | _EVIDENCE
+
+
+def _bound(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g}"
+
+
+def _status_cell(row: dict[str, Any], title: str) -> Cell | None:
+    """A confirmed table's cell that is not an answer (not confirmed / unresolved / pending), or None for a
+    confirmed cell or an older table (no status)."""
+    status = row.get("status")
+    if status is None or status == "confirmed":
+        return None
+    interval = (f"; relative quality [{_bound(row.get('quality_low'))}, {_bound(row.get('quality_high'))}], "
+                f"R [{_bound(row.get('resistance_low'))}, {_bound(row.get('resistance_high'))}] "
+                f"on {row.get('n_prompts')} held-out prompts" if row.get("quality_low") is not None else "")
+    if status == "no feasible setting":
+        return Cell("none", None, "no evaluated setting meets this constraint", "infeasible")
+    text = {"not confirmed": f"✗ {row.get('reason') or ''}".strip(), "unresolved": "unresolved",
+            "pending": "pending"}.get(status, status)
+    return Cell(text, row.get("k"), f"{title}: {status} ({row.get('reason') or 'awaiting runs'}){interval}",
+                "unresolved" if status == "unresolved" else "unconfirmed")
 
 
 def _cell(row: dict[str, Any] | None) -> Cell:
     if row is None:
         return Cell("–", None, "not in the table", "missing")
-    if row["config_id"] is None:
+    if row["config_id"] is None and row.get("status") in (None, "no feasible setting"):
         return Cell("none", None, "no evaluated setting meets this constraint", "infeasible")
     params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
                        if k not in _TABLE_CORE and v is not None)
     title = f"config {row['config_id']}" + (f": {params}" if params else "")
+    unanswered = _status_cell(row, title)
+    if unanswered is not None:
+        return unanswered
+    if row.get("status") == "confirmed":
+        title += (f"; confirmed at level {_bound(row.get('level'))} on {row.get('n_prompts')} held-out prompts: "
+                  f"relative quality ≥ {_bound(row.get('quality_low'))}"
+                  + (f", R > {_bound(row.get('resistance_low'))}" if row.get("resistance_low") is not None else "")
+                  + f"; size kind {row.get('size_kind')}")
     median, mad, k = _finite(row["size_median"]), _finite(row["size_mad"]), row["k"]
     if not k and row["pick_size"] is not None:  # picked but not (yet) re-evaluated: the optimistic size
         return Cell(f"{fmt_tokens(row['pick_size'])}*", None,
@@ -303,9 +339,13 @@ def picks(sweep: Sweep, constraint: Constraint) -> pl.DataFrame:
     if sweep.table is None:
         return pl.DataFrame(schema={n: TABLE_COLUMNS[n] for n in
                                     ("temperature", "family", "config_id", "size_median", "size_mad", "k",
-                                     "pick_size")})
-    return sweep.table.filter(_constraint_expr(constraint)).select(
-        "temperature", "family", "config_id", "size_median", "size_mad", "k", "pick_size")
+                                     "pick_size", "status")})
+    rows = sweep.table.filter(_constraint_expr(constraint)).select(
+        "temperature", "family", "config_id", "size_median", "size_mad", "k", "pick_size", "status")
+    if rows["status"].drop_nulls().len():  # a confirmed table: only confirmed cells have a size to show
+        rows = rows.with_columns(pl.when(pl.col("status") == "confirmed").then(pl.col(c)).otherwise(None).alias(c)
+                                 for c in ("size_median", "size_mad", "pick_size"))
+    return rows
 
 
 def representatives(sweep: Sweep) -> dict[tuple[float, str], str]:

@@ -71,8 +71,19 @@ def _headline(sweep: data.Sweep) -> list[tuple[float, str]]:
         return []
     lines = []
     picked = data.picks(sweep, main)
+    confirmed_table = picked["status"].drop_nulls().len() > 0
     for t in sweep.temperatures:
         at = picked.filter(pl.col("temperature") == t)
+        if confirmed_table:  # only confirmed cells are results; say how many are not
+            answered = at.filter(pl.col("status") == "confirmed").sort("size_median")
+            if answered.height:
+                best = answered.row(0, named=True)
+                lines.append((t, f"{data.family_label(best['family'])}: {data.fmt_tokens(best['size_median'])} "
+                                 f"tokens, confirmed on held-out prompts (K = {best['k']})"))
+            else:
+                counts = ", ".join(f"{n} {s}" for s, n in at.group_by("status").len().sort("status").iter_rows())
+                lines.append((t, f"no confirmed cell ({counts})"))
+            continue
         measured = at.filter(pl.col("size_median").is_not_null() & pl.col("size_median").is_finite()
                              & (pl.col("k") > 0)).sort("size_median")
         optimistic = at.filter((pl.col("k").fill_null(0) == 0) & pl.col("pick_size").is_not_null()
@@ -132,7 +143,7 @@ def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | 
         alpha=alpha, failed=list(failed.iter_rows(named=True)), judge=judge, judge_rows=_judge_rows(judge),
         judge_columns=judge_columns, judge_sweep=list(judge_sweep), keys=list(data.key_spread(sweep).iter_rows(
             named=True)), randomness=_plain(sweep.extras.get("randomness")), delta=_plain(sweep.extras.get("delta")),
-        stages=data.stage_totals(sweep), provenance=data.sweep_provenance(sweep, commit, generated))
+        plan=_plain(sweep.extras.get("plan")), stages=data.stage_totals(sweep), provenance=data.sweep_provenance(sweep, commit, generated))
 
 
 def render_single(run: data.SingleRun, commit: str | None, generated: str) -> str:

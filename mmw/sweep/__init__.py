@@ -4,7 +4,11 @@ tables that live in git. See docs/SWEEP.md.
 * :mod:`~mmw.sweep.definition` — load, expand and validate a definition into configs (stable ``config_id``);
 * :mod:`~mmw.sweep.runner` — jobs, the pluggable executor (local ``dvc exp run --temp``), the run log,
   progress and ETA;
-* :mod:`~mmw.sweep.collect` — the results / attacks / paper tables under ``reports/sweeps/<name>/``.
+* :mod:`~mmw.sweep.collect` — the results / attacks / paper tables under ``reports/sweeps/<name>/``;
+* :mod:`~mmw.sweep.confirm`, :mod:`~mmw.sweep.cells`, :mod:`~mmw.sweep.evidence` — picks confirmed on held-out
+  prompts (one-sided bounds, fallbacks, statuses) from the runs' per-prompt rows;
+* :mod:`~mmw.sweep.simulate` — synthetic sweeps with known truth (the procedure's error rate, measured);
+* :mod:`~mmw.sweep.plan` — prompts and time needed to resolve the unresolved cells.
 
 ``run_sweep`` is what ``mmw sweep NAME`` does: run the configs that are not done (failed and missing ones),
 then pick per temperature x family x constraint among the finished ones and re-evaluate each pick with the
@@ -55,9 +59,35 @@ def reevaluation_jobs(sweep: Sweep, config_ids: list[str]) -> list[Job]:
     Seed-major order (every pick's first seed, then every pick's second, ...): a cut-short run leaves every pick
     with about the same number of re-evaluations, and the runs of one seed share its baselines."""
     overrides = {c.config_id: c.overrides for c in sweep.configs}
+    held_out = sweep.split.overrides if sweep.split is not None else {}
     return [Job(name=reevaluation_name(sweep.name, cid, seed), config_id=cid,
-                overrides={**overrides[cid], "seed": seed}, env={"MMW_KEY": secrets.token_hex(16)})
+                overrides={**overrides[cid], **held_out, "seed": seed}, env={"MMW_KEY": secrets.token_hex(16)})
             for seed in sweep.reevaluate.seeds for cid in config_ids]
+
+
+def confirmation_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Callable[[str], None]
+                        ) -> Progress | None:
+    """Confirm the picks on the held-out prompts: each round runs the K confirmation runs of every cell's
+    pending candidate (its pick first, then a fallback where the pick was not confirmed), at most
+    ``split.max_tries`` rounds. Finished runs are never repeated (a rerun resumes)."""
+    from mmw.sweep.cells import confirmed_randomness, confirmed_table, pending_config_ids
+    from mmw.sweep.evidence import sweep_prompt_rows
+
+    assert sweep.split is not None
+    progress = None
+    for number in range(1, sweep.split.max_tries + 1):
+        results, _, reevaluations = read_sweep(repo, sweep)
+        prompts = sweep_prompt_rows(repo, reevaluations, "confirmation")
+        table, _ = confirmed_table(results, reevaluations, prompts, sweep.split, sweep.reevaluate.k)
+        randomness = confirmed_randomness(results, reevaluations, prompts, sweep.split, sweep.reevaluate.k)
+        pending = list(dict.fromkeys(pending_config_ids(table) + pending_config_ids(randomness)))
+        if not pending:
+            break
+        echo(f"[{sweep.name}] confirmation round {number}: {len(pending)} candidate(s), {sweep.reevaluate.k} "
+             f"runs each on prompts [{sweep.split.offset}, {sweep.split.offset + sweep.split.prompts}) per task")
+        progress = run_jobs(repo, sweep.name, f"{sweep.name}: confirmation {number}",
+                            reevaluation_jobs(sweep, pending), executor, echo)
+    return progress
 
 
 def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, configs: bool = True,
@@ -73,6 +103,8 @@ def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, config
     pool = run_jobs(repo, sweep.name, f"{sweep.name}: configs", pool_jobs(sweep), executor, echo) if configs else None
     if not reevaluate:
         return pool, None
+    if sweep.split is not None:
+        return pool, confirmation_rounds(repo, sweep, executor, echo)
     results, _, _ = read_sweep(repo, sweep)
     picked = picked_config_ids(results)
     echo(f"[{sweep.name}] {len(picked)} distinct picks over temperature x family x 4 constraints; "

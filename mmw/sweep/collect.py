@@ -40,7 +40,11 @@ from mmw.selection import (
 )
 from mmw.selection.reading import column
 from mmw.selection.reeval import REEVAL_PREFIX
-from mmw.sweep.definition import Sweep
+from mmw.errors import SpecError
+from mmw.sweep.cells import confirmed_markdown, confirmed_randomness, confirmed_table, paper_rows
+from mmw.sweep.definition import SINGLE_VALUED, Sweep
+from mmw.sweep.evidence import sweep_prompt_rows
+from mmw.sweep.plan import plan_markdown, sweep_plan
 from mmw.sweep.runner import finished_experiments, read_log
 
 REPORTS = Path("reports/sweeps")
@@ -118,7 +122,9 @@ def read_sweep(repo: Path, sweep: Sweep) -> tuple[pl.DataFrame, pl.DataFrame, pl
             reeval_rows.append({"config_id": cid, "seed": int(seed), "experiment": row["name"],
                                 "status": row["status"], SIZE: row.get(SIZE), QUALITY: row.get(QUALITY),
                                 RESISTANCE: row.get(RESISTANCE), "all.size_valid": row.get("all.size_valid"),
-                                "all.fpr": row.get("all.fpr")})
+                                "all.size_anytime": row.get("all.size_anytime"), "all.fpr": row.get("all.fpr"),
+                                "rev": row.get("rev"),
+                                "wall_s": log[row["name"]].wall_s if row["name"] in log else None})
     reevaluations = _typed(reeval_rows) if reeval_rows else pl.DataFrame(
         schema={"config_id": pl.String, "seed": pl.Int64, "experiment": pl.String, "status": pl.String,
                 SIZE: pl.Float64, QUALITY: pl.Float64, RESISTANCE: pl.Float64})
@@ -126,6 +132,16 @@ def read_sweep(repo: Path, sweep: Sweep) -> tuple[pl.DataFrame, pl.DataFrame, pl
                                                 "watermarked": pl.Float64, "quality_retained": pl.Float64,
                                                 "size": pl.Float64})
     return results, attacks, reevaluations
+
+
+def check_single_valued(results: pl.DataFrame) -> None:
+    """Refuse (SpecError naming the param) a sweep whose finished runs used more than one generator, engine or
+    judge: their qualities and sizes cannot be compared or pooled."""
+    done = results.filter(pl.col("status") == "done")
+    for dotted in SINGLE_VALUED:
+        if dotted in done.columns and done[dotted].drop_nulls().n_unique() > 1:
+            values = ", ".join(str(v) for v in done[dotted].drop_nulls().unique().sort().to_list())
+            raise SpecError(dotted, f"the sweep's runs mix {values}", "one value over the whole sweep")
 
 
 def _typed(records: list[dict[str, Any]]) -> pl.DataFrame:
@@ -213,32 +229,18 @@ def table_markdown(table: pl.DataFrame, scale: str) -> str:
     """The paper's layout: constraint blocks x temperature rows x family columns, ``median (MAD)`` cells;
     ``none`` when nothing in the cell is feasible, ``∞`` when the pick's median size is undetected (as the paper
     prints it and as reports/index.html shows it), ``pick N (no re-eval)`` when the pick was not re-evaluated."""
-    families = ["distribution_shift", "exponential", "inverse_transform", "binary"]
+    def cell(r: dict[str, Any]) -> str:
+        if r["config_id"] is None:
+            return "none"
+        if r["k"] and r["size_median"] is not None and math.isinf(r["size_median"]):
+            return f"∞ k={r['k']}"  # a MAD around an undetected median means nothing
+        if r["k"]:
+            return f"{_fmt(r['size_median'])} ({_fmt(r['size_mad'])}) k={r['k']}"
+        return f"pick {_fmt(r['pick_size'])} (no re-eval)"
+
     lines = [f"Size of the ideal watermark under four constraints ({scale}). Cells: median (MAD) of the pick's "
              "size over its re-evaluations with fresh seeds and keys; ∞: undetected in half or more of the texts; "
-             "none: no evaluated setting meets the constraint.", "",
-             "| constraint | T | " + " | ".join(families) + " |", "|---|---|" + "---|" * len(families)]
-    if table.height == 0:
-        return "\n".join(lines) + "\n"
-    for (loss, r_min), block in table.group_by(["max_quality_loss", "min_tamper_resistance"], maintain_order=True):
-        label = f"{loss:.0%} quality, " + (f"R ≥ {r_min:g}" if r_min else "no R")
-        for temperature in sorted(block["temperature"].unique().to_list()):
-            cells = []
-            for family in families:
-                row = block.filter((pl.col("temperature") == temperature) & (pl.col("family") == family))
-                if row.height == 0:
-                    cells.append("–")
-                    continue
-                r = row.row(0, named=True)
-                if r["config_id"] is None:
-                    cells.append("none")
-                elif r["k"] and r["size_median"] is not None and math.isinf(r["size_median"]):
-                    cells.append(f"∞ k={r['k']}")  # a MAD around an undetected median means nothing
-                elif r["k"]:
-                    cells.append(f"{_fmt(r['size_median'])} ({_fmt(r['size_mad'])}) k={r['k']}")
-                else:
-                    cells.append(f"pick {_fmt(r['pick_size'])} (no re-eval)")
-            lines.append(f"| {label} | {temperature:g} | " + " | ".join(cells) + " |")
+             "none: no evaluated setting meets the constraint.", "", *paper_rows(table, cell, "≥")]
     return "\n".join(lines) + "\n"
 
 
@@ -321,22 +323,47 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
     if groups > 1:
         echo(f"warning: the finished configs form {groups} groups that cannot be compared; the table picks "
              "across them (check the sweep's base)")
-    table = paper_table(results, reevaluations, sweep.reevaluate.k)
-    randomness = randomness_table(results)
+    extra: dict[str, pl.DataFrame] = {}
+    if sweep.split is not None:
+        check_single_valued(results)
+        prompts = pl.concat([sweep_prompt_rows(repo, results, "tuning"),
+                             sweep_prompt_rows(repo, reevaluations, "confirmation")], how="diagonal_relaxed")
+        table, tries = confirmed_table(results, reevaluations, prompts.filter(pl.col("role") == "confirmation"),
+                                       sweep.split, sweep.reevaluate.k)
+        plan = sweep_plan(table, results, reevaluations, sweep.split, sweep.reevaluate.k)
+        extra = {"prompts": prompts, "tries": tries, "plan": plan}
+        randomness = confirmed_randomness(results, reevaluations, prompts.filter(pl.col("role") == "confirmation"),
+                                          sweep.split, sweep.reevaluate.k)
+    else:
+        table = paper_table(results, reevaluations, sweep.reevaluate.k)
+        randomness = randomness_table(results)
     delta = delta_table(results)
     out_dir.mkdir(parents=True, exist_ok=True)
     frames = {"results": results, "attacks": attacks, "reevaluations": reevaluations, "table": table,
-              "randomness": randomness, "delta": delta}
+              "randomness": randomness, "delta": delta, **extra}
     if with_timings:
         frames["timings"] = timings(repo, results)
     for name, frame in frames.items():
         write_with(out_dir / f"{name}.parquet", frame.write_parquet)
     flat = results.select([c for c in results.columns if results[c].dtype != pl.Null] or results.columns)
     write_with(out_dir / "results.csv", flat.write_csv)
-    write_text(table_markdown(table, scale), out_dir / "table.md")
-    write_text(frame_markdown(randomness, f"Text-dependent vs fixed randomness: smallest size at quality loss "
-                              f"<= 10 % ({scale}; window 0 excluded)"), out_dir / "randomness.md")
-    write_text(frame_markdown(delta, f"Size-quality trade-off over delta, distribution shift ({scale})"),
+    if sweep.split is not None:
+        write_text(confirmed_markdown(table, sweep.split, scale) + "\n"
+                   + plan_markdown(plan, sweep.split.level, sweep.reevaluate.k), out_dir / "table.md")
+        write_text(json.dumps(sweep.split.as_dict(), indent=2) + "\n", out_dir / "split.json")
+    else:
+        write_text(table_markdown(table, scale), out_dir / "table.md")
+    # With held-out prompts the randomness cells are confirmed like the paper's; the delta table stays a
+    # description of the tuning runs' point estimates, and says so.
+    held_out = sweep.split is not None
+    source = f"{scale}; tuning runs' point estimates, not confirmed" if held_out else scale
+    shown = randomness.with_columns(pl.when(pl.col("status") == "confirmed").then(pl.col(c)).otherwise(None)
+                                    for c in ("size_median", "size_mad")) if held_out else randomness
+    write_text(frame_markdown(shown, f"Text-dependent vs fixed randomness: smallest size at quality loss "
+                              f"<= 10 % ({scale}; window 0 excluded"
+                              + ("; confirmed on held-out prompts: a size only where status is confirmed)"
+                                 if held_out else ")")), out_dir / "randomness.md")
+    write_text(frame_markdown(delta, f"Size-quality trade-off over delta, distribution shift ({source})"),
                out_dir / "delta.md")
     return Collected(results=results, attacks=attacks, reevaluations=reevaluations, table=table,
                      randomness=randomness, delta=delta, groups=groups)

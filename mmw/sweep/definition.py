@@ -10,6 +10,7 @@ A definition file holds::
         scheme.sampler: distribution_shift  # a scalar is one value, a list is an axis
         scheme.window: [1, 2, 3]
     reevaluate: {k: 5, first_seed: 1000}    # each pick is re-run with seeds first_seed .. first_seed+k-1
+    confirm: {prompts: 20, level: 0.05, max_tries: 2}   # held-out prompts per task for the re-runs (optional)
 
 Every config sets the whole ``scheme`` section (keys a grid does not name are set to null, so one config never
 inherits another's parameters) except the key, which is never a param of a sweep. A config's identity,
@@ -27,6 +28,7 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +45,12 @@ TEMPERATURE = "model.temperature"
 SCHEME_KEYS = tuple(f"scheme.{k}" for k in KNOWN_KEYS if k != "key")
 #: Params a sweep must never set: the watermark key (either layout: ``scheme.key`` or the top-level ``key``).
 FORBIDDEN = frozenset({"scheme.key", "key"})
-TOP_KEYS = frozenset({"description", "base", "temperatures", "grids", "reevaluate"})
+TOP_KEYS = frozenset({"description", "base", "temperatures", "grids", "reevaluate", "confirm"})
+#: Params that must take one value over a whole sweep: picks compare runs, and runs of different generators,
+#: engines or judges are not comparable.
+SINGLE_VALUED = ("model.name", "model.engine", "rate.judge", "rate.backend", "rate.base_url", "rate.mode")
+#: Fewest confirmation prompts for an interval (mmw.sweep.confirm.MIN_PROMPTS).
+MIN_CONFIRM_PROMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -71,13 +78,106 @@ class Reevaluation:
 
 
 @dataclass(frozen=True)
+class Split:
+    """Tuning and confirmation prompts, per task: tuning runs take ``[tuning_offset, tuning_offset + tuning)``
+    (the sweep's ``prompts.offset`` / ``prompts.per_task``), the re-runs of picks ``[offset, offset +
+    prompts)``, disjoint from them. ``level`` and ``max_tries``: see :class:`mmw.sweep.confirm.ConfirmSettings`."""
+
+    tuning_offset: int
+    tuning: int
+    offset: int
+    prompts: int
+    level: float = 0.05
+    max_tries: int = 2
+
+    @property
+    def overrides(self) -> dict[str, int]:
+        """What a confirmation run sets on top of its config."""
+        return {"prompts.offset": self.offset, "prompts.per_task": self.prompts}
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"tuning_offset": self.tuning_offset, "tuning_prompts_per_task": self.tuning,
+                "confirm_offset": self.offset, "confirm_prompts_per_task": self.prompts, "level": self.level,
+                "max_tries": self.max_tries}
+
+
+@dataclass(frozen=True)
 class Sweep:
-    """An expanded, validated sweep: ``configs`` in definition order (duplicates removed)."""
+    """An expanded, validated sweep: ``configs`` in definition order (duplicates removed); ``split``: the
+    tuning / confirmation prompts (None: the definition has no ``confirm`` section and picks are re-run on the
+    tuning prompts, as before confirmation existed)."""
 
     name: str
     description: str
     configs: list[Config]
     reevaluate: Reevaluation
+    split: Split | None = None
+
+
+def _split(path: Path, raw: Any, board: Mapping[str, Any], base: Mapping[str, Any], k: int) -> Split | None:
+    """The ``confirm`` section, checked: K >= 2, enough prompts for an interval, disjoint from tuning."""
+    if raw is None:
+        return None
+    allowed = "{prompts: int >= 1 (per task), offset: int (default: after the tuning prompts), level: (0, 0.5), "\
+        "max_tries: int >= 1}"
+    if not isinstance(raw, dict) or set(raw) - {"prompts", "offset", "level", "max_tries"}:
+        raise SpecError(f"{path}: confirm", "expected a mapping", allowed)
+    prompts_board = board.get("prompts", {})
+    tuning = base.get("prompts.per_task", prompts_board.get("per_task"))
+    tuning_offset = base.get("prompts.offset", prompts_board.get("offset", 0)) or 0
+    tasks = base.get("prompts.tasks", prompts_board.get("tasks")) or []
+    if k < 2:
+        raise SpecError(f"{path}: reevaluate.k", f"{k} confirmation run(s): an interval over runs needs at least 2",
+                        "an integer >= 2")
+    if tuning is None:
+        raise SpecError(f"{path}: confirm", "the tuning runs take every prompt (prompts.per_task: null), so no "
+                        "prompt is left for confirmation", "set base prompts.per_task to the tuning prompts per task")
+    count = raw.get("prompts")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise SpecError(f"{path}: confirm.prompts", f"expected an integer >= 1 per task, got {count!r}")
+    if count * max(len(tasks), 1) < MIN_CONFIRM_PROMPTS:
+        raise SpecError(f"{path}: confirm.prompts", f"{count} per task x {len(tasks)} task(s) is too small to "
+                        "compute an interval", f"at least {MIN_CONFIRM_PROMPTS} confirmation prompts in all")
+    fraction = base.get("attacks.fraction", board.get("attacks", {}).get("fraction", 0.0)) or 0.0
+    attacked = math.ceil(fraction * count - 1e-9) * len(tasks)
+    if attacked < MIN_CONFIRM_PROMPTS:  # R's interval resamples the attacked prompts
+        needed = next(p for p in range(count, 10_000)
+                      if math.ceil(fraction * p - 1e-9) * len(tasks) >= MIN_CONFIRM_PROMPTS) if fraction else None
+        raise SpecError(f"{path}: confirm.prompts", f"{count} per task attack only {attacked} confirmation "
+                        f"prompt(s) (attacks.fraction {fraction:g}): too few to compute an interval of R",
+                        f"at least {needed} per task" if needed else "attacks.fraction > 0")
+    offset = raw.get("offset", tuning_offset + tuning)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise SpecError(f"{path}: confirm.offset", f"expected an integer >= 0, got {offset!r}")
+    if offset < tuning_offset + tuning and tuning_offset < offset + count:
+        raise SpecError(f"{path}: confirm.offset", f"confirmation prompts [{offset}, {offset + count}) overlap the "
+                        f"tuning prompts [{tuning_offset}, {tuning_offset + tuning})",
+                        f"an offset >= {tuning_offset + tuning}")
+    level, max_tries = raw.get("level", 0.05), raw.get("max_tries", 2)
+    from mmw.sweep.confirm import ConfirmSettings
+
+    try:
+        ConfirmSettings(level=level, max_tries=max_tries)
+    except SpecError as err:
+        raise SpecError(f"{path}: {err.key}", err.problem, err.allowed) from None
+    return Split(tuning_offset=int(tuning_offset), tuning=int(tuning), offset=int(offset), prompts=count,
+                 level=float(level), max_tries=int(max_tries))
+
+
+def _single_valued(path: Path, board: Mapping[str, Any], configs: list[Config]) -> None:
+    """A sweep whose runs would mix generators, engines or judges is refused, naming the setting."""
+    for dotted in SINGLE_VALUED:
+        values = {json.dumps(c.overrides[dotted], default=str) for c in configs if dotted in c.overrides}
+        if _lookup(board, dotted) and any(dotted not in c.overrides for c in configs):
+            node: Any = board
+            for part in dotted.split("."):
+                node = node[part]
+            values.add(json.dumps(node, default=str))
+        if len(values) > 1:
+            shown = ", ".join(sorted(values))
+            raise SpecError(f"{path}: {dotted}", f"the runs would mix {len(values)} values ({shown}); runs of "
+                            "different models, engines or judges cannot be compared",
+                            "one value for the whole sweep (set it in base)")
 
 
 def config_id(overrides: Mapping[str, Any]) -> str:
@@ -213,5 +313,7 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
                                     err.allowed) from None
                 cid = config_id(overrides)
                 configs.setdefault(cid, Config(config_id=cid, grid=str(label), overrides=overrides))
+    split = _split(path, raw.get("confirm"), board, base, k)
+    _single_valued(path, board, list(configs.values()))
     return Sweep(name=name, description=str(raw.get("description", "")), configs=list(configs.values()),
-                 reevaluate=Reevaluation(k=k, first_seed=first_seed))
+                 reevaluate=Reevaluation(k=k, first_seed=first_seed), split=split)

@@ -1,0 +1,214 @@
+"""The confirmed table of a sweep: per temperature x family x constraint, the tuning ranking, the confirmation
+tries and the cell's status with its evidence (see :mod:`mmw.sweep.confirm` for the procedure).
+
+Inputs are the collection's tables: ``results`` (one row per config: the tuning runs), ``reevaluations`` (one row
+per confirmation run: ``config_id``, ``seed``, ``status``, the size columns) and the per-prompt rows of the
+confirmation runs (:mod:`mmw.sweep.evidence`, column ``experiment``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import polars as pl
+
+from mmw.errors import SpecError
+from mmw.selection import PAPER_CONSTRAINTS, Constraints, median_mad
+from mmw.sweep.confirm import (
+    PENDING,
+    SIZE_E,
+    UNRESOLVED,
+    CellOutcome,
+    Check,
+    ConfirmSettings,
+    Evidence,
+    confirm_cell,
+    ranked_candidates,
+    size_kind,
+)
+from mmw.sweep.definition import Split
+from mmw.sweep.evidence import evidence
+
+CELL = ("model.temperature", "family")
+#: table.parquet's columns, in order (the tries' own numbers are in ``tries.parquet``).
+COLUMNS = {
+    "temperature": pl.Float64, "family": pl.String, "max_quality_loss": pl.Float64,
+    "min_tamper_resistance": pl.Float64, "status": pl.String, "reason": pl.String, "config_id": pl.String,
+    "size_kind": pl.String, "size_median": pl.Float64, "size_mad": pl.Float64, "e_median": pl.Float64,
+    "quality": pl.Float64, "quality_low": pl.Float64, "quality_high": pl.Float64, "resistance": pl.Float64,
+    "resistance_low": pl.Float64, "resistance_high": pl.Float64, "alpha": pl.Float64, "level": pl.Float64,
+    "tries": pl.Int64, "max_tries": pl.Int64, "k": pl.Int64, "k_planned": pl.Int64, "n_prompts": pl.Int64,
+    "n_attacked": pl.Int64, "pending": pl.String, "n_settings": pl.Int64, "n_feasible": pl.Int64,
+    "pick_size": pl.Float64,
+}
+
+
+def _evidence_of(config_id: str, kind: str, reevaluations: pl.DataFrame, prompts: pl.DataFrame, k: int
+                 ) -> tuple[Evidence, float | None] | None:
+    """The K finished confirmation runs of ``config_id`` as evidence (and the median of their E), or None until
+    all K have finished with per-prompt rows."""
+    runs = reevaluations.filter((pl.col("config_id") == config_id) & (pl.col("status") == "done")).sort("experiment")
+    if runs.height < k or prompts.height == 0:
+        return None
+    rows = prompts.filter(pl.col("experiment").is_in(runs["experiment"].to_list()))
+    if rows["experiment"].n_unique() < runs.height:
+        return None
+    sizes = runs[kind].to_list() if kind in runs.columns else [None] * runs.height
+    e_median, _ = median_mad(runs[SIZE_E].to_list())
+    return evidence(rows, sizes), e_median
+
+
+def _labels(by: tuple[str, ...], key: tuple[Any, ...]) -> dict[str, Any]:
+    """A cell's columns: ``temperature`` for ``model.temperature``, the other ``by`` columns by their names."""
+    return {("temperature" if b == "model.temperature" else b): v for b, v in zip(by, key, strict=True)}
+
+
+def _row(labels: dict[str, Any], constraints: Constraints, outcome: CellOutcome, kind: str,
+         e_medians: dict[str, float | None], settings: ConfirmSettings, k: int, extra: dict[str, Any]) -> dict:
+    last: Check | None = outcome.tries[-1] if outcome.tries else None
+    shown = next((t for t in outcome.tries if t.config_id == outcome.pick), last)
+    row: dict[str, Any] = {**labels, "max_quality_loss": constraints.max_quality_loss,
+                           "min_tamper_resistance": constraints.min_tamper_resistance,
+                           "status": outcome.status, "reason": outcome.reason, "size_kind": kind,
+                           "level": settings.level, "tries": len(outcome.tries), "max_tries": settings.max_tries,
+                           "k_planned": k, "pending": outcome.pending, **extra}
+    if shown is not None:
+        row.update(config_id=shown.config_id, size_median=shown.size_median, size_mad=shown.size_mad,
+                   e_median=e_medians.get(shown.config_id), quality=shown.quality, quality_low=shown.quality_low,
+                   quality_high=shown.quality_high, resistance=shown.resistance,
+                   resistance_low=shown.resistance_low, resistance_high=shown.resistance_high, alpha=shown.alpha,
+                   k=shown.k, n_prompts=shown.n_prompts, n_attacked=shown.n_attacked)
+    return row
+
+
+def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts: pl.DataFrame, split: Split,
+                    k: int, by: tuple[str, str] = CELL,
+                    constraint_list: tuple[tuple[float, float], ...] = PAPER_CONSTRAINTS
+                    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``(table, tries)``: one row per cell (``by``: temperature x family for the paper's table) x constraint
+    (:data:`COLUMNS`, ``family`` renamed to ``by[1]``), and one row per judged try (the cell's columns and the
+    :class:`~mmw.sweep.confirm.Check` fields).
+
+    ``pending`` names the candidate whose K confirmation runs are needed next (the runner's work list)."""
+    settings = ConfirmSettings(level=split.level, max_tries=split.max_tries)
+    done = results.filter(pl.col("status") == "done")
+    rows: list[dict[str, Any]] = []
+    tries: list[dict[str, Any]] = []
+    for key, cell in done.group_by(list(by), maintain_order=True):
+        labels = _labels(by, key)
+        kind = size_kind(cell)
+        for loss, r_min in constraint_list:
+            constraints = Constraints(max_quality_loss=loss, min_tamper_resistance=r_min)
+            _, candidates = ranked_candidates(cell, constraints, kind)
+            found: dict[str, Evidence] = {}
+            e_medians: dict[str, float | None] = {}
+            for config_id in candidates[:settings.max_tries]:
+                pair = _evidence_of(config_id, kind, reevaluations, prompts, k)
+                if pair is not None:
+                    found[config_id], e_medians[config_id] = pair
+            try:
+                outcome = confirm_cell(candidates, found, constraints, settings)
+            except SpecError as err:  # e.g. too few attacked prompts for this cell's R interval
+                outcome = CellOutcome(UNRESOLVED, f"{err.key}: {err.problem}", None, candidates=tuple(candidates))
+            pick_size = cell.filter(pl.col("config_id") == candidates[0])[kind].item() if candidates else None
+            extra = {"n_settings": cell.height, "n_feasible": len(candidates), "pick_size": pick_size}
+            rows.append(_row(labels, constraints, outcome, kind, e_medians, settings, k, extra))
+            for number, tried in enumerate(outcome.tries, start=1):
+                tries.append({**labels, "max_quality_loss": loss, "min_tamper_resistance": r_min, "try": number,
+                              **asdict(tried)})
+    second = by[1]
+    schema = {(second if c == "family" else c): t for c, t in COLUMNS.items()}
+    table = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+    table = table.sort(["temperature", second, "max_quality_loss", "min_tamper_resistance"],
+                       descending=[False, False, False, True])
+    return table, pl.DataFrame(tries, infer_schema_length=None)
+
+
+#: The randomness comparison's constraint (quality loss <= 10 %, no R) and its columns.
+RANDOMNESS_CONSTRAINT = ((0.1, 0.0),)
+RANDOMNESS_COLUMNS = ("temperature", "randomness_kind", "status", "reason", "config_id", "size_kind", "size_median",
+                      "size_mad", "e_median", "quality", "quality_low", "quality_high", "tries", "k", "n_prompts",
+                      "pending")
+
+
+def confirmed_randomness(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts: pl.DataFrame, split: Split,
+                         k: int) -> pl.DataFrame:
+    """Text-dependent vs fixed randomness, confirmed: per temperature x randomness kind, the smallest config at
+    quality loss <= 10 % (window 0 excluded, as :func:`mmw.sweep.collect.randomness_table`), re-checked on the
+    confirmation runs like a cell of the paper's table."""
+    kept = results.filter(pl.col("randomness_kind").is_not_null())
+    if "scheme.window" in kept.columns:
+        kept = kept.filter(pl.col("scheme.window").is_null() | (pl.col("scheme.window") != 0))
+    table, _ = confirmed_table(kept, reevaluations, prompts, split, k, ("model.temperature", "randomness_kind"),
+                               RANDOMNESS_CONSTRAINT)
+    return table.select(RANDOMNESS_COLUMNS)
+
+
+def pending_config_ids(table: pl.DataFrame) -> list[str]:
+    """Distinct candidates whose confirmation runs are needed next, in table order."""
+    if table.height == 0:
+        return []
+    return list(dict.fromkeys(table.filter(pl.col("status") == PENDING)["pending"].drop_nulls().to_list()))
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "?"
+    return "∞" if math.isinf(value) else f"{value:.{digits}g}"
+
+
+def cell_text(row: dict[str, Any]) -> str:
+    """One cell of table.md: the status first; a number only for a confirmed cell."""
+    status = row["status"]
+    if status == "confirmed":
+        text = f"**{_fmt(row['size_median'])}** ({_fmt(row['size_mad'])}) q≥{_fmt(row['quality_low'])}"
+        if row["min_tamper_resistance"]:
+            text += f" R>{_fmt(row['resistance_low'])}"
+        return text + f" k={row['k']}"
+    if status == "not confirmed":
+        return f"not confirmed ({row['reason']})"
+    if status == "unresolved":
+        interval = f" q [{_fmt(row['quality_low'])}, {_fmt(row['quality_high'])}]" if row["quality_low"] is not None \
+            else ""
+        return f"unresolved ({row['reason']}){interval}"
+    if status == "pending":
+        return f"pending ({row['tries']}/{row['max_tries']} tried)"
+    return "none"
+
+
+#: The paper's family columns, in its order.
+FAMILIES = ("distribution_shift", "exponential", "inverse_transform", "binary")
+
+
+def paper_rows(table: pl.DataFrame, cell: Callable[[dict[str, Any]], str], r_sign: str) -> list[str]:
+    """The paper's layout as Markdown rows: constraint blocks x temperature rows x family columns, each cell
+    ``cell(row)`` of its table row ("–" when the table has none); ``r_sign`` prints the R constraint."""
+    lines = ["| constraint | T | " + " | ".join(FAMILIES) + " |", "|---|---|" + "---|" * len(FAMILIES)]
+    if table.height == 0:
+        return lines
+    for (loss, r_min), block in table.group_by(["max_quality_loss", "min_tamper_resistance"], maintain_order=True):
+        label = f"{loss:.0%} quality, " + (f"R {r_sign} {r_min:g}" if r_min else "no R")
+        for temperature in sorted(block["temperature"].unique().to_list()):
+            cells = []
+            for family in FAMILIES:
+                row = block.filter((pl.col("temperature") == temperature) & (pl.col("family") == family))
+                cells.append(cell(row.row(0, named=True)) if row.height else "–")
+            lines.append(f"| {label} | {temperature:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def confirmed_markdown(table: pl.DataFrame, split: Split, scale: str) -> str:
+    """The paper's layout with statuses: confirmed cells show the median (MAD) size over the confirmation runs
+    and the one-sided bounds that confirmed them; every other cell says why it is not an answer."""
+    kinds = ", ".join(sorted(table["size_kind"].drop_nulls().unique().to_list())) if table.height else "-"
+    lines = [f"Size of the ideal watermark under four constraints ({scale}), confirmed on held-out prompts "
+             f"({split.prompts} per task from position {split.offset}; tuning {split.tuning} per task). Confirmed "
+             f"cells: median (MAD) size ({kinds}) over the confirmation runs, with the one-sided bounds at level "
+             f"{split.level:g} per cell (split over up to {split.max_tries} tries). Unresolved: an interval "
+             "straddles the constraint — not a result.", "", *paper_rows(table, cell_text, ">")]
+    counts = table.group_by("status").len().sort("status").iter_rows() if table.height else []
+    lines += ["", "Cells: " + ", ".join(f"{status} {n}" for status, n in counts)]
+    return "\n".join(lines) + "\n"

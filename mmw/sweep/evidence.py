@@ -1,0 +1,130 @@
+"""Per-prompt results of sweep runs: read from each experiment's own tables, pooled into confirmation evidence.
+
+Every run of a sweep leaves its per-prompt tables in the DVC cache (``data/detections/*.parquet``,
+``data/ratings/*.parquet``, ``data/perturbed.parquet``; schemas in :mod:`mmw.metrics`). :func:`prompt_rows`
+reads them at an experiment's revision through ``dvc.api`` and joins them into one table of one row per
+(prompt, source, attack)::
+
+    prompt_id, task, source, attack, detected, size, size_valid[, size_anytime], rating, in_R, ok
+
+Collection stacks these per run (with ``experiment``, ``config_id``, ``seed``, ``role``) into
+``reports/sweeps/<name>/prompts.parquet``; :func:`evidence` turns one setting's confirmation rows into the arrays
+of :class:`mmw.sweep.confirm.Evidence`. Metrics averages cannot be paired or pooled; these rows can (by prompt
+against the same prompts' baseline, over runs and over prompt shards).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from mmw.io import DETECTIONS, PERTURBED, RATINGS
+from mmw.sweep.confirm import AttackEvidence, Evidence
+
+KEYS = ["prompt_id", "task", "source", "attack"]
+DETECTION_COLUMNS = ("detected", "size", "size_valid", "size_anytime")
+#: Column order of a per-prompt row (``size_anytime`` only where the detect stage writes it).
+COLUMNS = [*KEYS, *DETECTION_COLUMNS, "rating", "in_R", "ok"]
+
+
+def _read(repo: Path, path: Path, rev: str | None) -> pl.DataFrame:
+    import dvc.api
+
+    with dvc.api.open(str(path), repo=str(repo), rev=rev, mode="rb") as handle:
+        return pl.read_parquet(io.BytesIO(handle.read()))
+
+
+def join_rows(detections: pl.DataFrame, ratings: pl.DataFrame, perturbed: pl.DataFrame) -> pl.DataFrame:
+    """One row per (prompt, source, attack) of one run: detections and ratings side by side (either may be
+    missing: null), the attack's ``in_R`` and ``ok`` from the perturbation table (null for unattacked sources)."""
+    def keyed(frame: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
+        present = [c for c in columns if c in frame.columns]
+        return frame.with_columns(pl.col("attack").cast(pl.String).fill_null("")).select([*KEYS, *present])
+
+    rows = keyed(detections, DETECTION_COLUMNS).join(keyed(ratings, ["rating"]), on=KEYS, how="full",
+                                                     coalesce=True)
+    attacks = perturbed.select("prompt_id", pl.col("attack").cast(pl.String), "in_R", "ok")
+    rows = rows.join(attacks, on=["prompt_id", "attack"], how="left")
+    for column in ("size", "size_valid"):
+        if column not in rows.columns:
+            rows = rows.with_columns(pl.lit(None, dtype=pl.Float64).alias(column))
+    rows = rows.with_columns(pl.col(c).cast(pl.Float64) for c in ("size", "size_valid", "rating")
+                             ).with_columns(pl.col("rating").fill_nan(None))
+    return rows.select([c for c in COLUMNS if c in rows.columns]).sort(KEYS)
+
+
+def prompt_rows(repo: Path, rev: str | None) -> pl.DataFrame | None:
+    """The per-prompt rows of the run at ``rev`` (:func:`join_rows`), or None when its tables are not in this
+    repository's DVC cache (a sweep collected on another machine)."""
+    try:
+        detections = pl.concat([_read(repo, DETECTIONS[s], rev) for s in ("baseline", "watermarked")],
+                               how="diagonal_relaxed")
+        ratings = pl.concat([_read(repo, RATINGS[s], rev) for s in ("baseline", "watermarked")],
+                            how="diagonal_relaxed")
+        perturbed = _read(repo, PERTURBED, rev)
+    except Exception:  # noqa: BLE001 - dvc raises many kinds (missing cache, missing rev): all mean "not here"
+        return None
+    return join_rows(detections, ratings, perturbed)
+
+
+def _grid(rows: pl.DataFrame, runs: list[str], prompts: list[str], value: pl.Expr, **extra: list[str]) -> np.ndarray:
+    """``value`` of ``rows`` on the full grid runs x extra axes x prompts (NaN where absent), that shape."""
+    axes = {"experiment": runs, **extra, "prompt_id": prompts}
+    full = None
+    for name, values in axes.items():
+        frame = pl.DataFrame({name: values}, schema={name: pl.String})
+        full = frame if full is None else full.join(frame, how="cross")
+    picked = rows.select([*axes, value.cast(pl.Float64).alias("_v")]).unique(subset=list(axes), keep="first")
+    filled = full.join(picked, on=list(axes), how="left")
+    return filled["_v"].fill_null(np.nan).to_numpy().reshape([len(v) for v in axes.values()])
+
+
+def evidence(rows: pl.DataFrame, sizes: Sequence[float | None]) -> Evidence:
+    """Confirmation evidence of one setting from its runs' per-prompt rows (column ``experiment`` tells the runs
+    apart, in the order of ``sizes``' runs: sorted experiment names) and each run's size.
+
+    Quality: the baseline and watermarked ratings of every prompt of any run. R: the attacks counted in R, on the
+    prompts that were attacked; a failed attack (``ok`` false) is missing, as in :func:`mmw.metrics.attack_points`.
+    """
+    runs = sorted(rows["experiment"].unique().to_list())
+    prompts = sorted(rows.filter(pl.col("source") == "watermarked")["prompt_id"].unique().to_list())
+    rating = pl.col("rating")
+    watermarked = _grid(rows.filter(pl.col("source") == "watermarked"), runs, prompts, rating)
+    baseline = _grid(rows.filter(pl.col("source") == "baseline"), runs, prompts, rating)
+    attacked_rows = rows.filter((pl.col("source") == "attack") & pl.col("in_R").fill_null(False))
+    attacks = None
+    if attacked_rows.height:
+        names = sorted(attacked_rows["attack"].unique().to_list())
+        attacked = sorted(attacked_rows["prompt_id"].unique().to_list())
+        ok = attacked_rows.filter(pl.col("ok").fill_null(False))
+        attacks = AttackEvidence(
+            detected=_grid(ok, runs, attacked, pl.col("detected"), attack=names),
+            rating_attacked=_grid(ok, runs, attacked, rating, attack=names),
+            rating_reference=_grid(rows.filter(pl.col("source") == "watermarked"), runs, attacked, rating),
+            no_attack=_grid(rows.filter(pl.col("source") == "retokenized"), runs, attacked, pl.col("detected")))
+    values = np.array([np.inf if s is None else float(s) for s in sizes], dtype=float)
+    return Evidence(watermarked=watermarked, baseline=baseline, sizes=values, attacks=attacks)
+
+
+def sweep_prompt_rows(repo: Path, runs: pl.DataFrame, role: str) -> pl.DataFrame:
+    """Per-prompt rows of every finished run in ``runs`` (``experiment``, ``config_id``, ``rev``, optionally
+    ``seed``), tagged with them and ``role`` (tuning | confirmation). Runs whose tables are not in the local
+    cache are left out (the caller compares counts)."""
+    frames = []
+    for run in runs.filter(pl.col("status") == "done").iter_rows(named=True):
+        rows = prompt_rows(repo, run.get("rev"))
+        if rows is not None:
+            frames.append(rows.with_columns(pl.lit(run["experiment"]).alias("experiment"),
+                                            pl.lit(run["config_id"]).alias("config_id"),
+                                            pl.lit(run.get("seed"), dtype=pl.Int64).alias("seed"),
+                                            pl.lit(role).alias("role")))
+    if not frames:
+        return pl.DataFrame(schema={"experiment": pl.String, "config_id": pl.String, "seed": pl.Int64,
+                                    "role": pl.String, "prompt_id": pl.String, "source": pl.String})
+    first = ["experiment", "config_id", "seed", "role"]
+    stacked = pl.concat(frames, how="diagonal_relaxed")
+    return stacked.select([*first, *[c for c in stacked.columns if c not in first]])

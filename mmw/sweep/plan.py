@@ -1,0 +1,134 @@
+"""Power planner: how many prompts an unresolved cell needs, and what that costs.
+
+A one-sided bootstrap bound's distance from its estimate shrinks as ``1 / sqrt(n)``. A cell whose interval at
+``n`` prompts (half-width ``h = estimate - lower bound``) straddles its constraint ``c`` resolves — the bound
+clears ``c`` on the side of the estimate — once ``h * sqrt(n / n') < |estimate - c|``, i.e. at
+
+    n' = n * (h / |estimate - c|)^2
+
+prompts (quality: all confirmation prompts; R: the attacked ones, scaled back to prompts by the attacked share).
+This is a plan from the measured per-prompt variance, not a promise: the estimate itself moves with more prompts,
+and a true value at the constraint never resolves (``n' = inf``).
+
+Cost: the K confirmation runs at ``n'`` prompts, from the sweep's measured run times (a line through the tuning
+and confirmation runs' median wall times against their prompt counts: fixed per-run cost plus per-prompt cost),
+and on the GPU from the measured full-scale cost model of bench/RESULTS.md (one H100, 8B-shaped models,
+296 prompts x 1,024 tokens: 302.5 s a config + 191 s a fresh seed's baseline), scaled linearly in prompts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+#: Full-scale cost model, one H100 (bench/RESULTS.md "Cost model for the paper's grid, measured end to end").
+GPU_CONFIG_S, GPU_BASELINE_S, GPU_PROMPTS = 302.5, 191.0, 296
+
+
+def needed_prompts(estimate: float | None, low: float | None, threshold: float, n: int) -> float | None:
+    """Prompts for the one-sided bound to clear ``threshold`` (see the module docstring); None when unknown,
+    ``n`` when it already does, inf when the estimate sits on the threshold."""
+    if estimate is None or low is None or n <= 0:
+        return None
+    half = estimate - low
+    gap = abs(estimate - threshold)
+    if gap == 0:
+        return math.inf
+    return float(max(n, math.ceil(round(n * (half / gap) ** 2, 9))))
+
+
+def run_time_model(results: pl.DataFrame, reevaluation_walls: list[tuple[int, float]], tuning_prompts: int
+                   ) -> tuple[float, float] | None:
+    """``(fixed s, s per prompt)`` of one run on this machine: a line through (prompts, wall) of the tuning runs
+    (``results.wall_s`` at ``tuning_prompts``) and the confirmation runs (``(prompts, wall_s)`` pairs). With one
+    prompt count only, all time is charged per prompt (an upper bound). None without any timing."""
+    points = [(tuning_prompts, w) for w in results["wall_s"].drop_nulls().to_list()] if "wall_s" in results.columns \
+        else []
+    points += reevaluation_walls
+    if not points:
+        return None
+    counts = sorted({p for p, _ in points})
+    medians = [float(np.median([w for p, w in points if p == c])) for c in counts]
+    if len(counts) < 2:
+        return 0.0, medians[0] / counts[0]
+    slope, intercept = np.polyfit(counts, medians, 1)
+    return max(float(intercept), 0.0), max(float(slope), 0.0)
+
+
+def plan_table(table: pl.DataFrame, k: int, tasks: int, attacked_share: float,
+               time_model: tuple[float, float] | None) -> pl.DataFrame:
+    """One row per cell that is not resolved (status unresolved): the prompts needed for quality and for R,
+    per task, and the cost of K confirmation runs at that scale (CPU seconds on this machine's measured
+    runs, H100 hours from the cost model).
+
+    ``table``: the confirmed table (:func:`mmw.sweep.cells.confirmed_table`); ``tasks``: prompt tasks;
+    ``attacked_share``: attacked / confirmation prompts."""
+    rows: list[dict[str, Any]] = []
+    for row in table.filter(pl.col("status") == "unresolved").iter_rows(named=True):
+        n, n_a = row["n_prompts"] or 0, row["n_attacked"] or 0
+        q_need = needed_prompts(row["quality"], row["quality_low"], 1 - row["max_quality_loss"], n)
+        r_need = None
+        if row["min_tamper_resistance"]:
+            attacked = needed_prompts(row["resistance"], row["resistance_low"], row["min_tamper_resistance"], n_a)
+            r_need = None if attacked is None else attacked / max(attacked_share, 1e-9)
+        needs = [v for v in (q_need, r_need) if v is not None]
+        total = max(needs) if needs else None
+        per_task = None if total is None or math.isinf(total) else math.ceil(total / max(tasks, 1))
+        cpu = gpu = None
+        if per_task is not None:
+            prompts = per_task * tasks
+            if time_model is not None:
+                cpu = k * (time_model[0] + time_model[1] * prompts)
+            gpu = k * (GPU_CONFIG_S + GPU_BASELINE_S) * prompts / GPU_PROMPTS / 3600
+        rows.append({"temperature": row["temperature"], "family": row["family"],
+                     "max_quality_loss": row["max_quality_loss"],
+                     "min_tamper_resistance": row["min_tamper_resistance"], "config_id": row["config_id"],
+                     "reason": row["reason"], "n_prompts": n, "quality_prompts": q_need, "r_prompts": r_need,
+                     "prompts_per_task": per_task, "cpu_s": cpu, "h100_hours": gpu})
+    schema = {"temperature": pl.Float64, "family": pl.String, "max_quality_loss": pl.Float64,
+              "min_tamper_resistance": pl.Float64, "config_id": pl.String, "reason": pl.String,
+              "n_prompts": pl.Int64, "quality_prompts": pl.Float64, "r_prompts": pl.Float64,
+              "prompts_per_task": pl.Int64, "cpu_s": pl.Float64, "h100_hours": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
+    """The planner's table for table.md / the terminal."""
+    lines = [f"Prompts needed to resolve each unresolved cell at level {level:g} (from the measured per-prompt "
+             f"spread; ∞: the estimate sits on the constraint) and the cost of {k} confirmation runs at that scale.",
+             ""]
+    if plan.height == 0:
+        return "\n".join([*lines, "(no unresolved cell)"]) + "\n"
+    lines += ["| constraint | T | family | now | quality needs | R needs | per task | CPU h (here) | H100 h |",
+              "|---|---|---|---|---|---|---|---|---|"]
+
+    def show(value: float | None, digits: int = 0) -> str:
+        if value is None:
+            return "–"
+        return "∞" if math.isinf(value) else f"{value:,.{digits}f}"
+
+    for r in plan.iter_rows(named=True):
+        label = f"{r['max_quality_loss']:.0%} q, " + (f"R > {r['min_tamper_resistance']:g}"
+                                                        if r["min_tamper_resistance"] else "no R")
+        lines.append(f"| {label} | {r['temperature']:g} | {r['family']} | {r['n_prompts']} | "
+                     f"{show(r['quality_prompts'])} | {show(r['r_prompts'])} | {show(r['prompts_per_task'])} | "
+                     f"{show(None if r['cpu_s'] is None else r['cpu_s'] / 3600, 1)} | {show(r['h100_hours'], 2)} |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, split: Any, k: int
+               ) -> pl.DataFrame:
+    """:func:`plan_table` for a collected sweep: tasks and the attacked share from the confirmed cells, the run
+    time model from the tuning runs (``split.tuning`` prompts per task) and the confirmation runs
+    (``split.prompts`` per task, their ``wall_s``)."""
+    measured = table.filter(pl.col("n_prompts").is_not_null() & (pl.col("n_prompts") > 0))
+    tasks = max(1, round(measured["n_prompts"][0] / split.prompts)) if measured.height else 1
+    share = float((measured["n_attacked"] / measured["n_prompts"]).median()) if measured.height else 1 / 3
+    walls = []
+    if "wall_s" in reevaluations.columns:
+        walls = [(split.prompts * tasks, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
+    model = run_time_model(results, walls, split.tuning * tasks)
+    return plan_table(table, k, tasks, share, model)

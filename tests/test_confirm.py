@@ -1,0 +1,395 @@
+"""Confirmed picks (mmw.sweep.confirm) and the simulation study that proves them (mmw.sweep.simulate).
+
+The simulation test is the procedure's guarantee, measured: over >= 1,000 simulated sweeps whose settings have
+known true quality, R and size, the share of cells reported confirmed with a setting that truly violates its
+constraint stays at or below the stated level; the old procedure (the tuning pick is the answer) is printed beside
+it and must be far above — so the same check fails when confirmation is switched off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy.stats import binomtest
+
+from mmw.errors import SpecError
+from mmw.metrics import paired_relative_quality, tamper_resistance
+from mmw.selection import Constraints
+from mmw.sweep.confirm import (
+    CONFIRMED,
+    NO_FEASIBLE,
+    NOT_CONFIRMED,
+    PENDING,
+    SIZE_ANYTIME,
+    SIZE_E,
+    SIZE_VALID,
+    UNRESOLVED,
+    AttackEvidence,
+    ConfirmSettings,
+    Evidence,
+    confirm_cell,
+    hull_resistance,
+    quality_bounds,
+    ranked_candidates,
+    resample_counts,
+    size_kind,
+)
+from mmw.sweep.simulate import Scenario, Truth, false_confirmation_rates, simulate
+
+LEVEL = 0.05
+SWEEPS = 1000
+SETTINGS = ConfirmSettings(level=LEVEL, max_tries=2, resamples=600)
+
+
+def _four(relative_quality: list[float], survival: list[float]) -> Truth:
+    """Four settings, smallest last, with the given true quality and first-attack survival."""
+    s = np.array(survival)
+    return Truth(relative_quality=np.array(relative_quality), size=np.array([200.0, 100.0, 50.0, 40.0]),
+                 survival=np.stack([s, s / 2], axis=1), retained=np.tile([0.9, 0.6], (4, 1)),
+                 no_attack=np.full(4, 0.95))
+
+
+#: (name, scenario): the smallest settings sit just beyond a constraint — the hardest case for the guarantee.
+SCENARIOS = [
+    ("trade-off, 10 % and R > 0.2", Scenario(Truth.trade_off(), Constraints(0.1, 0.2))),
+    ("quality at the bound", Scenario(_four([1.0, 0.93, 0.899, 0.895], [0.8] * 4), Constraints(0.1, 0.0))),
+    ("R at the bound", Scenario(_four([1.0] * 4, [0.5, 0.3, 0.12, 0.11]), Constraints(0.1, 0.2), n_confirm=90)),
+]
+
+
+def not_above_level(false: int, n: int, level: float) -> bool:
+    """The measured false-confirmation rate is consistent with ``<= level``: a one-sided binomial test of
+    ``rate > level`` does not reject at 1 %."""
+    return binomtest(false, n, level, alternative="greater").pvalue > 0.01
+
+
+@pytest.mark.parametrize(("name", "scenario"), SCENARIOS, ids=[n for n, _ in SCENARIOS])
+def test_simulated_false_confirmation_rate_is_at_most_the_level(name: str, scenario: Scenario) -> None:
+    violates = scenario.truth.violates(scenario.constraints)
+    assert violates.any() and not violates.all(), "a scenario needs settings on both sides of the constraint"
+    new = simulate(scenario, SWEEPS, SETTINGS, seed=1)
+    old = simulate(scenario, SWEEPS, SETTINGS, seed=1, confirm=False)
+    rates = false_confirmation_rates(new)
+    print(f"\n{name}: {SWEEPS} simulated sweeps, level {LEVEL}: false confirmations {rates['confirmed']:.3f} "
+          f"(confirmed {rates['share confirmed']:.3f}, unresolved {rates['share unresolved']:.3f}); "
+          f"old procedure {rates['old']:.3f}")
+    assert not_above_level(int(new["false_confirmed"].sum()), SWEEPS, LEVEL)
+    # The negative control: without confirmation the same check fails (the winner's curse).
+    assert not not_above_level(int(old["false_confirmed"].sum()), SWEEPS, LEVEL)
+    assert rates["old"] > 4 * LEVEL
+    # Power: confirmation answers cells, it does not just refuse (each scenario has a truly feasible setting
+    # far enough from its bounds).
+    assert rates["share confirmed"] > 0.3
+    # Every confirmed pick was a tuning candidate tried within the bound on tries.
+    assert new.filter(pl.col("status") == CONFIRMED)["tries"].max() <= SETTINGS.max_tries
+
+
+def test_one_try_only_is_also_valid_and_fallbacks_add_answers() -> None:
+    scenario = SCENARIOS[1][1]
+    one = simulate(scenario, SWEEPS, ConfirmSettings(level=LEVEL, max_tries=1, resamples=600), seed=2)
+    two = simulate(scenario, SWEEPS, SETTINGS, seed=2)
+    assert not_above_level(int(one["false_confirmed"].sum()), SWEEPS, LEVEL)
+    assert (two["status"] == CONFIRMED).sum() >= (one["status"] == CONFIRMED).sum()
+    assert two["tries"].max() == 2 and one["tries"].max() == 1
+
+
+def test_simulation_is_deterministic() -> None:
+    scenario = SCENARIOS[1][1]
+    assert simulate(scenario, 50, SETTINGS, seed=3).equals(simulate(scenario, 50, SETTINGS, seed=3))
+
+
+def test_hull_resistance_matches_the_metric() -> None:
+    rng = np.random.default_rng(0)
+    for case in range(400):
+        m = int(rng.integers(1, 5))
+        q, w, w0 = rng.random(m), rng.random(m), float(rng.random())
+        if case % 3 == 0:
+            q[0] = 1.0  # an attack at full quality
+        if case % 5 == 0:
+            q, w = np.round(q, 1), np.round(w, 1)  # ties and collinear points
+        got = float(hull_resistance(q[None], w[None], np.array([w0]))[0])
+        assert got == pytest.approx(tamper_resistance(np.c_[q, w], w0), abs=1e-12)
+    nan = hull_resistance(np.array([[np.nan]]), np.array([[0.5]]), np.array([0.9]))
+    assert np.isnan(nan[0])
+
+
+def test_quality_bounds_estimate_and_coverage() -> None:
+    rng = np.random.default_rng(5)
+    base = rng.normal(6, 1.5, (1, 30))
+    wm = 0.9 * base * (1 + rng.normal(0, 0.2, (1, 30)))
+    ratings = pl.DataFrame({"prompt_id": list(range(30)) * 2, "source": ["watermarked"] * 30 + ["baseline"] * 30,
+                            "rating": np.concatenate([wm[0], base[0]])})
+    estimate, low, high = quality_bounds(wm, base, 0.05, resample_counts(30, 2000, 0))
+    assert float(estimate) == pytest.approx(paired_relative_quality(ratings).ratio)
+    assert low < estimate < high
+    # One-sided coverage of the lower bound over many batches at a known ratio.
+    batch = 2000
+    difficulty = rng.normal(6, 1.5, (batch, 1, 40))
+    base = difficulty * (1 + rng.normal(0, 0.1, (batch, 3, 40)))
+    wm = 0.95 * base * (1 + rng.normal(0, 0.2, (batch, 3, 40)))
+    _, low, high = quality_bounds(wm, base, 0.05, resample_counts(40, 800, 1))
+    assert not_above_level(int((low > 0.95).sum()), batch, 0.05)
+    assert not_above_level(int((high < 0.95).sum()), batch, 0.05)
+
+
+def _evidence(rng: np.random.Generator, rho: float, survival: float, size: float = 50.0, k: int = 3,
+              n: int = 60) -> Evidence:
+    base = rng.normal(6, 1.0, (k, n))
+    wm = rho * base * (1 + rng.normal(0, 0.05, (k, n)))
+    n_a = n // 3
+    detected = (rng.random((k, 2, n_a)) < np.array([survival, survival / 2])[None, :, None]).astype(float)
+    attacked = np.array([0.9, 0.6])[None, :, None] * wm[:, None, :n_a]
+    attacks = AttackEvidence(detected, attacked, wm[:, :n_a], np.ones((k, n_a)))
+    return Evidence(wm, base, np.full(k, size), attacks)
+
+
+def test_confirm_cell_walks_the_ranking() -> None:
+    rng = np.random.default_rng(7)
+    good, bad_quality, weak = _evidence(rng, 1.0, 0.8), _evidence(rng, 0.7, 0.8), _evidence(rng, 1.0, 0.0)
+    undetected = Evidence(good.watermarked, good.baseline, np.array([np.inf, np.inf, 40.0]), good.attacks)
+    paper = Constraints(0.1, 0.2)
+    settings = ConfirmSettings()
+    assert confirm_cell([], {}, paper, settings).status == NO_FEASIBLE
+    outcome = confirm_cell(["a", "b", "c"], {"a": bad_quality}, paper, settings)
+    assert (outcome.status, outcome.pending, len(outcome.tries)) == (PENDING, "b", 1)
+    outcome = confirm_cell(["a", "b"], {"a": bad_quality, "b": good}, paper, settings)
+    assert (outcome.status, outcome.pick) == (CONFIRMED, "b")
+    assert outcome.tries[0].reason == "quality" and outcome.tries[1].alpha == pytest.approx(0.025)
+    assert outcome.tries[1].quality_low >= 0.9 and outcome.tries[1].resistance_low > 0.2
+    outcome = confirm_cell(["a", "b", "c"], {"a": weak, "b": undetected, "c": good}, paper, settings)
+    assert (outcome.status, outcome.reason, outcome.pick) == (NOT_CONFIRMED, "R", None)  # c is beyond max_tries
+    assert outcome.tries[1].reason == "undetected"
+    assert confirm_cell(["a"], {"a": weak}, Constraints(0.1, 0.0), settings).status == CONFIRMED
+    straddle = _evidence(np.random.default_rng(8), 0.9, 0.8)
+    outcome = confirm_cell(["a"], {"a": straddle}, paper, ConfirmSettings(max_tries=1))
+    assert (outcome.status, outcome.reason) == (UNRESOLVED, "quality")
+    assert outcome.tries[0].quality_low < 0.9 < outcome.tries[0].quality_high
+
+
+def test_bad_confirmation_input_names_the_setting() -> None:
+    rng = np.random.default_rng(9)
+    one_run = _evidence(rng, 1.0, 0.8, k=1)
+    with pytest.raises(SpecError, match=r"^reevaluate\.k: "):
+        confirm_cell(["a"], {"a": one_run}, Constraints(), ConfirmSettings())
+    few = _evidence(rng, 1.0, 0.8, n=4)
+    with pytest.raises(SpecError, match=r"^confirm\.prompts: 4 confirmation prompt"):
+        confirm_cell(["a"], {"a": few}, Constraints(), ConfirmSettings())
+    few_attacked = _evidence(rng, 1.0, 0.8, n=12)
+    with pytest.raises(SpecError, match=r"^attacks\.fraction: "):
+        confirm_cell(["a"], {"a": few_attacked}, Constraints(0.1, 0.2), ConfirmSettings())
+    for bad in ({"level": 0.0}, {"level": 0.7}, {"max_tries": 0}, {"resamples": 10}):
+        with pytest.raises(SpecError, match=r"^confirm\."):
+            ConfirmSettings(**bad)
+
+
+def _cell(**extra: list[object]) -> pl.DataFrame:
+    base = {"config_id": ["a", "b", "c"], "experiment": ["x-a", "x-b", "x-c"], SIZE_E: [5.0, 9.0, 7.0],
+            SIZE_VALID: [30.0, 12.0, 20.0], "all.relative_quality": [1.0, 0.95, 0.5],
+            "all.tamper_resistance": [0.5, 0.5, 0.5], "scheme.score": ["sum"] * 3}
+    return pl.DataFrame({**base, **extra})
+
+
+def test_size_kind_and_ranking() -> None:
+    assert size_kind(_cell()) == SIZE_VALID
+    assert size_kind(_cell(**{SIZE_ANYTIME: [40.0, 14.0, 25.0]})) == SIZE_ANYTIME
+    # One kind per cell: a setting without a sum score (or without the column's value) keeps the whole cell on
+    # the checkpoint size.
+    assert size_kind(_cell(**{SIZE_ANYTIME: [40.0, None, 25.0]})) == SIZE_VALID
+    assert size_kind(_cell(**{SIZE_ANYTIME: [40.0, 14.0, 25.0], "scheme.score": ["sum", "align", "sum"]})) == SIZE_VALID
+    assert size_kind(_cell().drop(SIZE_VALID)) == SIZE_E
+    kind, ranked = ranked_candidates(_cell(), Constraints(0.1, 0.2))
+    assert (kind, ranked) == (SIZE_VALID, ["b", "a"])  # E would rank a first; c fails quality
+    assert ranked_candidates(_cell(), Constraints(0.1, 0.2), SIZE_E) == (SIZE_E, ["a", "b"])
+
+
+def test_evidence_from_per_prompt_rows_matches_the_run_metrics() -> None:
+    from test_metrics import _toy_tables
+
+    from mmw.metrics import attack_points, tamper_resistance_of
+    from mmw.sweep.confirm import resistance_bounds
+    from mmw.sweep.evidence import evidence, join_rows
+
+    detections, ratings, perturbed = _toy_tables()
+    rows = join_rows(detections, ratings, perturbed)
+    assert rows.filter((pl.col("source") == "attack") & (pl.col("attack") == "swap")).height == 3
+    two = pl.concat([rows.with_columns(pl.lit(run).alias("experiment")) for run in ("r1", "r2")])
+    found = evidence(two, [30.0, None])
+    assert (found.k, found.n_prompts, found.attacks.n_prompts) == (2, 6, 4)
+    assert found.attacks.detected.shape == (2, 2, 4)  # runs x attacks in R (lower, swap) x attacked prompts
+    assert np.isinf(found.sizes[1])
+    r, _, _ = resistance_bounds(found.attacks, 0.05, resample_counts(4, 200, 0))
+    assert float(r) == pytest.approx(tamper_resistance_of(attack_points(detections, ratings, perturbed, False)))
+    q, _, _ = quality_bounds(found.watermarked, found.baseline, 0.05, resample_counts(6, 200, 0))
+    assert float(q) == pytest.approx(paired_relative_quality(ratings).ratio)
+
+
+def _run_rows(experiment: str, rho: float, rng: np.random.Generator, n: int = 30, n_a: int = 10,
+              survival: float = 0.9, noise: float = 0.02) -> pl.DataFrame:
+    """Per-prompt rows of one synthetic run (the schema of mmw.sweep.evidence.join_rows)."""
+    rows = []
+    for i in range(n):
+        pid = f"story-{i:03d}"
+        base = float(rng.normal(6, 1))
+        wm = rho * base * (1 + float(rng.normal(0, noise)))
+        rows += [(pid, "baseline", "", False, None, base, None, None),
+                 (pid, "watermarked", "", True, 20.0, wm, None, None)]
+        if i < n_a:
+            rows.append((pid, "retokenized", "", True, 20.0, None, None, None))
+            for attack, retained in (("swap", 0.9), ("typo", 0.6)):
+                rows.append((pid, "attack", attack, bool(rng.random() < survival), 25.0, retained * wm, True, True))
+    frame = pl.DataFrame(rows, schema={"prompt_id": pl.String, "source": pl.String, "attack": pl.String,
+                                       "detected": pl.Boolean, "size_valid": pl.Float64, "rating": pl.Float64,
+                                       "in_R": pl.Boolean, "ok": pl.Boolean}, orient="row")
+    return frame.with_columns(pl.lit(experiment).alias("experiment"))
+
+
+def _sweep_tables(rhos: dict[str, float], confirmed_runs: dict[str, float]) -> tuple[pl.DataFrame, ...]:
+    """One cell (T 0.7, distribution shift): tuning rows with E, size_valid and point metrics; confirmation
+    runs (2 each) of the given configs with their true relative quality."""
+    ids = list(rhos)
+    results = pl.DataFrame({
+        "config_id": ids, "experiment": [f"t-{c}" for c in ids], "status": ["done"] * len(ids),
+        "model.temperature": [0.7] * len(ids), "family": ["distribution_shift"] * len(ids),
+        SIZE_E: [10.0 + i for i in range(len(ids))], SIZE_VALID: [30.0 - i for i in range(len(ids))],
+        "all.relative_quality": [1.0] * len(ids), "all.tamper_resistance": [0.6] * len(ids),
+        "scheme.score": ["sum"] * len(ids), "wall_s": [60.0] * len(ids)})
+    rng = np.random.default_rng(11)
+    reevals, prompts = [], []
+    for cid, rho in confirmed_runs.items():
+        for seed in (1000, 1001):
+            name = f"reeval-t-{cid}-s{seed}"
+            reevals.append({"config_id": cid, "seed": seed, "experiment": name, "status": "done",
+                            SIZE_E: 12.0, SIZE_VALID: 28.0 + seed % 2})
+            prompts.append(_run_rows(name, rho, rng))
+    reevaluations = pl.DataFrame(reevals)
+    return results, reevaluations, pl.concat(prompts) if prompts else pl.DataFrame()
+
+
+def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
+    from mmw.sweep.cells import confirmed_markdown, confirmed_table, pending_config_ids
+    from mmw.sweep.definition import Split
+    from mmw.sweep.plan import needed_prompts, plan_markdown, plan_table
+
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2)
+    # Ranked by size_valid (c smallest, then b); nothing confirmed yet: every cell waits for c.
+    results, _, _ = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {})
+    empty = pl.DataFrame(schema={"config_id": pl.String, "status": pl.String, "experiment": pl.String})
+    table, _ = confirmed_table(results, empty, pl.DataFrame(), split, k=2)
+    assert table.height == 4 and set(table["status"]) == {PENDING} and pending_config_ids(table) == ["c"]
+    # c truly loses 20 % quality: not confirmed anywhere; the fallback b (true 0.99) is confirmed at 10 % and
+    # unresolved at 1 %.
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
+    table, tries = confirmed_table(results, reevaluations, prompts, split, k=2)
+    rows = {(r["max_quality_loss"], r["min_tamper_resistance"]): r for r in table.iter_rows(named=True)}
+    ten = rows[(0.1, 0.0)]
+    assert (ten["status"], ten["config_id"], ten["tries"], ten["size_kind"]) == (CONFIRMED, "b", 2, SIZE_VALID)
+    assert ten["quality_low"] >= 0.9 and ten["size_median"] == pytest.approx(28.5) and ten["e_median"] == 12.0
+    assert (ten["k"], ten["n_prompts"], ten["n_attacked"], ten["alpha"]) == (2, 30, 10, 0.025)
+    assert rows[(0.1, 0.2)]["status"] == CONFIRMED and rows[(0.1, 0.2)]["resistance_low"] > 0.2
+    one = rows[(0.01, 0.0)]
+    assert one["status"] == UNRESOLVED and one["reason"] == "quality"
+    assert tries.filter(pl.col("config_id") == "c")["reason"].unique().to_list() == ["quality"]
+    text = confirmed_markdown(table, split, "test")
+    assert "**28.5**" in text and "unresolved (quality)" in text and "confirmed 2" in text
+    # The planner: the 1 % cells need more prompts than they have, at a finite cost.
+    plan = plan_table(table, k=2, tasks=1, attacked_share=1 / 3, time_model=(40.0, 1.0))
+    assert plan.height == 2 and (plan["prompts_per_task"] > 30).all()
+    assert plan["cpu_s"].to_list()[0] == pytest.approx(2 * (40 + plan["prompts_per_task"][0]))
+    assert "H100" in plan_markdown(plan, 0.05, 2)
+    assert needed_prompts(0.95, 0.90, 0.9, 10) == 10 and needed_prompts(0.95, 0.85, 0.9, 10) == 40
+    assert needed_prompts(0.9, 0.85, 0.9, 10) == np.inf
+
+
+def test_sweep_plan_command(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from mmw.cli import app
+    from mmw.sweep.cells import confirmed_table
+    from mmw.sweep.definition import Split
+
+    repo = Path(__file__).resolve().parents[1]
+    runner = CliRunner()
+    # The small sweep has no confirm section: nothing to plan, exit 2 with one line naming the setting.
+    result = runner.invoke(app, ["sweep", "plan", "small", "--repo", str(repo), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "confirm: sweep small has no confirm section" in result.output
+    # smoke has one; without collected tables it says what to run first.
+    result = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(repo), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "mmw sweep collect smoke first" in result.output
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
+    split = Split(tuning_offset=0, tuning=1, offset=1, prompts=30)
+    table, _ = confirmed_table(results, reevaluations, prompts, split, k=2)
+    (tmp_path / "smoke").mkdir()
+    for name, frame in (("table", table), ("results", results),
+                        ("reevaluations", reevaluations.with_columns(pl.lit(90.0).alias("wall_s")))):
+        frame.write_parquet(tmp_path / "smoke" / f"{name}.parquet")
+    result = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(repo), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "| 1% q, no R | 0.7 | distribution_shift | 30 |" in result.output
+
+
+def test_randomness_cells_are_confirmed_like_the_papers() -> None:
+    from mmw.sweep.cells import confirmed_randomness, pending_config_ids
+    from mmw.sweep.definition import Split
+
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30)
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
+    results = results.with_columns(pl.Series("randomness_kind", ["fixed", "text-dependent", "text-dependent"]),
+                                   pl.Series("scheme.window", [None, 1, 0]))
+    table = confirmed_randomness(results, reevaluations, prompts, split, k=2)
+    rows = {r["randomness_kind"]: r for r in table.iter_rows(named=True)}
+    # Window 0 (c) is left out: text-dependent's pick is b, confirmed at 10 %; fixed (a) waits for its runs.
+    assert (rows["text-dependent"]["status"], rows["text-dependent"]["config_id"]) == (CONFIRMED, "b")
+    assert rows["fixed"]["status"] == PENDING and pending_config_ids(table) == ["a"]
+
+
+def test_the_simulator_judges_exactly_as_a_real_cell_is_judged() -> None:
+    """The vectorised path of the simulation (bounds for a batch of sweeps + verdict) gives the same status and
+    reason as :func:`check` on each sweep's runs as real evidence."""
+    from mmw.sweep.confirm import check, resistance_bounds, verdict
+    from mmw.sweep.simulate import draw_runs
+
+    scenario = Scenario(_four([1.0, 0.93, 0.899, 0.895], [0.5, 0.3, 0.12, 0.11]), Constraints(0.1, 0.2), n_confirm=30)
+    settings = ConfirmSettings(resamples=300)
+    sweeps = 24
+    runs = draw_runs(scenario, np.arange(sweeps) % 4, scenario.n_confirm, 2, np.random.default_rng(4))
+    _, q_low, q_high = quality_bounds(runs.watermarked, runs.baseline, settings.per_try,
+                                      resample_counts(30, settings.resamples, settings.seed))
+    _, r_low, r_high = resistance_bounds(runs.attacks, settings.per_try,
+                                         resample_counts(10, settings.resamples, settings.seed + 1))
+    status, reason = verdict(np.zeros(sweeps, bool), q_low, q_high, r_low, r_high, scenario.constraints)
+    assert len(set(status)) >= 2  # the batch covers more than one outcome
+    for s in range(sweeps):
+        a = runs.attacks
+        one = Evidence(runs.watermarked[s], runs.baseline[s], runs.sizes[s], AttackEvidence(
+            a.detected[s], a.rating_attacked[s], a.rating_reference[s], a.no_attack[s]))
+        judged = check("x", one, scenario.constraints, settings)
+        assert (judged.status, judged.reason or "") == (status[s], reason[s])
+        assert judged.quality_low == pytest.approx(q_low[s]) and judged.resistance_low == pytest.approx(r_low[s])
+
+
+def test_collect_writes_the_confirmed_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collection of a sweep with held-out prompts, its DVC reads replaced by synthetic runs."""
+    import mmw.sweep.collect as collect_module
+    from mmw.sweep.definition import Reevaluation, Split, Sweep
+
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
+    results = results.with_columns(pl.lit("text-dependent").alias("randomness_kind"),
+                                   pl.lit("distribution_shift").alias("scheme.sampler"),
+                                   pl.Series("scheme.delta", [1.0, 2.0, 5.0]))
+    reevaluations = reevaluations.with_columns(pl.lit(None, dtype=pl.String).alias("rev"),
+                                               pl.lit(80.0).alias("wall_s"))
+    monkeypatch.setattr(collect_module, "read_sweep", lambda repo, sweep: (results, pl.DataFrame(), reevaluations))
+    monkeypatch.setattr(collect_module, "sweep_prompt_rows", lambda repo, runs, role: (
+        prompts.with_columns(pl.lit(role).alias("role")) if role == "confirmation" else prompts.clear()))
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30)
+    sweep = Sweep(name="t", description="", configs=[], reevaluate=Reevaluation(k=2, first_seed=1000), split=split)
+    out = tmp_path / "t"
+    collected = collect_module.collect(tmp_path, sweep, out, "test", with_timings=False, echo=lambda _: None)
+    assert {"prompts.parquet", "tries.parquet", "plan.parquet", "split.json", "table.md", "randomness.md",
+            "delta.md"} <= {p.name for p in out.iterdir()}
+    assert collected.table.filter(pl.col("status") == CONFIRMED).height == 2
+    assert "tuning runs' point estimates, not confirmed" in (out / "delta.md").read_text()
+    assert "Prompts needed" in (out / "table.md").read_text()
