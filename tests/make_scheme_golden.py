@@ -132,10 +132,10 @@ def board_variants(board: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _dump(value: Any) -> Any:
+    if hasattr(value, "to_dict"):  # the scheme: its normalized keys
+        return {k: _typed(v) for k, v in sorted(value.to_dict().items())}
     if hasattr(value, "model_dump"):
         return {k: _dump(v) for k, v in value.model_dump().items()}
-    if hasattr(value, "to_dict"):
-        return {k: _typed(v) for k, v in sorted(value.to_dict().items())}
     if isinstance(value, dict):
         return {k: _dump(v) for k, v in value.items()}
     if isinstance(value, list):
