@@ -6,8 +6,11 @@ Three groups, each input with the normalized result (typed values) or the exact 
   -> the normalized scheme (``SchemeSpec.to_dict``);
 - ``schemes``: a seeded random set of scheme mappings, valid and invalid, drawn key by key from pools of good,
   bad and mistyped values -> the normalized scheme or the ``SpecError`` text;
-- ``boards``: params.yaml with one entry changed (each section key set to a bad value, unknown keys, missing
-  sections) -> the validated board's sections (``mmw.params.parse_params``) or the ``SpecError`` text.
+- ``boards``: params.yaml (its key replaced by a placeholder) with one entry changed (each section key set to a
+  bad value, unknown keys, missing sections) -> the validated board's sections (``mmw.params.parse_params``) or
+  the ``SpecError`` text.
+
+Every input is stored (the boards as the base board they are derived from), so the file keeps its meaning when params.yaml or sweeps/*.yaml change.
 
 ``tests/test_config_model.py`` holds the config model to this file. Run ``python tests/make_scheme_golden.py``
 from the repository root (``MMW_GOLDEN_ROOT`` points at another checkout to record its answers instead) only
@@ -30,6 +33,7 @@ ROOT = Path(os.environ.get("MMW_GOLDEN_ROOT", Path(__file__).resolve().parents[1
 PATH = Path(__file__).with_name("data") / "scheme_golden.json"
 SWEEPS = ("paper", "small", "smoke")
 N_SCHEMES = 4000
+PLACEHOLDER_KEY = "golden-file-placeholder-key"
 ABSENT = object()
 
 # Values per scheme key: valid ones first and more often, then out-of-range, mistyped and null values.
@@ -163,6 +167,7 @@ def record() -> dict[str, Any]:
     from mmw.sweep.definition import expand
 
     board = yaml.safe_load((ROOT / "params.yaml").read_text())
+    board["key"] = PLACEHOLDER_KEY  # the recorded inputs carry no real key
     sweeps = {}
     for name in SWEEPS:
         sweep = expand(name, board, ROOT / "sweeps", validate=False)
@@ -172,7 +177,7 @@ def record() -> dict[str, Any]:
             sweeps[name][config.config_id] = {"scheme": scheme, **scheme_result(scheme)}
     schemes = [{"scheme": scheme, **scheme_result(scheme)} for scheme in random_schemes()]
     boards = [{"label": label, **board_result(raw)} for label, raw in board_variants(board)]
-    return {"sweeps": sweeps, "schemes": schemes, "boards": boards}
+    return {"sweeps": sweeps, "schemes": schemes, "board": board, "boards": boards}
 
 
 def main() -> None:
