@@ -19,7 +19,7 @@ from mmw.randomness import SOURCES
 from mmw.samplers import WATERMARKING
 from mmw.samplers.binary_code import CODES
 from mmw.scores import SCORES as SCORE_PARTS
-from mmw.validation import Integer, Key, Part, Section, Unused, allowed, validate
+from mmw.validation import Integer, Key, Part, Section, Unused, allowed, allowed_text, validate
 
 #: The parts a scheme chooses, by the key that chooses them; the order in which their rules apply is
 #: :func:`_resolve`'s.
@@ -110,7 +110,8 @@ _OWNED: dict[str, tuple[str, ...]] = {
     kind: tuple(k for k in KNOWN_KEYS if any(rule.name == k for part in parts.values() for rule in part.scheme_keys))
     for kind, parts in PARTS.items()
 }
-assert sum(map(len, _OWNED.values())) == len(set().union(*_OWNED.values())), "a scheme key of two part kinds"
+if sum(map(len, _OWNED.values())) != len(set().union(*_OWNED.values())):
+    raise TypeError(f"a scheme key is named by parts of two kinds: {_OWNED}")
 
 
 def _resolve(spec: SchemeSpec, prefix: str) -> dict[str, Any]:
@@ -140,7 +141,7 @@ def _resolve(spec: SchemeSpec, prefix: str) -> dict[str, Any]:
                 continue
             if rule.name not in given:
                 if rule.required:
-                    fail(rule.name, f"required with {kind}={part.name}", _allowed(rule.name))
+                    fail(rule.name, f"required with {kind}={part.name}", allowed_text(SchemeSpec, rule.name))
                 values[rule.name] = rule.default
             refused = rule.check(values) if rule.check is not None else None
             if refused is not None:
@@ -162,8 +163,3 @@ def _resolve(spec: SchemeSpec, prefix: str) -> dict[str, Any]:
     keys("sampler")
     keys("score")
     return values
-
-
-def _allowed(key: str) -> str:
-    extra = SchemeSpec.model_fields[key].json_schema_extra
-    return extra["allowed"] if isinstance(extra, dict) else ""  # type: ignore[return-value]

@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from mmw.errors import SpecError
 
-__all__ = ["Integer", "Key", "Part", "Refuse", "Section", "Unused", "allowed", "validate"]
+__all__ = ["Integer", "Key", "Part", "Refuse", "Section", "Unused", "allowed", "allowed_text", "validate"]
 
 #: Pydantic error types that mean "right type, value out of its range".
 _RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"})
@@ -64,8 +64,9 @@ def _key(prefix: str, loc: tuple[int | str, ...]) -> str:
     return key
 
 
-def _field_allowed(model: type[BaseModel], loc: tuple[int | str, ...]) -> str | None:
-    field = model.model_fields.get(str(loc[0])) if loc else None
+def allowed_text(model: type[BaseModel], key: str) -> str | None:
+    """What the field ``key`` of ``model`` accepts, as its :func:`allowed` says (None if it says nothing)."""
+    field = model.model_fields.get(key)
     extra = field.json_schema_extra if field is not None else None
     return extra.get("allowed") if isinstance(extra, dict) else None  # type: ignore[return-value]
 
@@ -81,7 +82,7 @@ def _to_spec_error(error: ValidationError, model: type[BaseModel], prefix: str) 
     key = _key(prefix, loc)
     if kind == "extra_forbidden":
         return SpecError(key, "unknown key", list(model.model_fields))
-    shown = _field_allowed(model, loc)
+    shown = allowed_text(model, str(loc[0])) if loc else None
     if kind == "missing":
         return SpecError(key, "missing", shown)
     if kind == "literal_error":
