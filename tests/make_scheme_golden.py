@@ -1,4 +1,4 @@
-"""Record how the config model answers a fixed set of inputs: ``tests/data/scheme_golden.json``.
+"""Record how the config model answers a fixed set of inputs: ``tests/data/scheme_golden.json.gz``.
 
 Three groups, each input with the normalized result (typed values) or the exact error text:
 
@@ -20,6 +20,7 @@ after a deliberate change of what a config means, and commit the file with it.
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import os
 import random
@@ -30,7 +31,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(os.environ.get("MMW_GOLDEN_ROOT", Path(__file__).resolve().parents[1]))
-PATH = Path(__file__).with_name("data") / "scheme_golden.json"
+PATH = Path(__file__).with_name("data") / "scheme_golden.json.gz"
 SWEEPS = ("paper", "small", "smoke")
 N_SCHEMES = 4000
 PLACEHOLDER_KEY = "golden-file-placeholder-key"
@@ -180,11 +181,18 @@ def record() -> dict[str, Any]:
     return {"sweeps": sweeps, "schemes": schemes, "board": board, "boards": boards}
 
 
+def load() -> dict[str, Any]:
+    """The recorded answers."""
+    return json.loads(gzip.decompress(PATH.read_bytes()))
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     data = record()
     PATH.parent.mkdir(parents=True, exist_ok=True)
-    PATH.write_text(json.dumps(data, indent=0, sort_keys=True, default=repr) + "\n")
+    text = json.dumps(data, indent=0, sort_keys=True, default=repr) + "\n"
+    with open(PATH, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:  # same bytes each time
+        out.write(text.encode())
     errors = sum("error" in s for s in data["schemes"])
     print(f"wrote {PATH}: {sum(len(s) for s in data['sweeps'].values())} sweep configs, {len(data['schemes'])} "
           f"schemes ({errors} invalid), {len(data['boards'])} boards")

@@ -1,19 +1,19 @@
-"""The config model answers as recorded in tests/data/scheme_golden.json (tests/make_scheme_golden.py): every
-config of the paper, small and smoke sweeps (as they were expanded then) normalizes to the same scheme, 4,000 seeded
-scheme mappings give the same scheme or the same error text, and 596 one-change variants of params.yaml the same
-board or error text; and the parts' declarations are consistent with the model."""
+"""The config model answers as recorded in tests/data/scheme_golden.json.gz (tests/make_scheme_golden.py):
+every config of the paper, small and smoke sweeps (as they were expanded then) normalizes to the same scheme,
+4,000 seeded scheme mappings give the same scheme or the same error text, and 596 one-change variants of
+params.yaml the same board or error text; and the parts' declarations are consistent with the model."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
+
 import make_scheme_golden as golden
 from mmw.scheme import KNOWN_KEYS, PARTS, SchemeSpec
 from mmw.validation import Key, Unused
 
-RECORDED = json.loads(golden.PATH.read_text())
+RECORDED = golden.load()
 
 
 def _same(recorded: Any, now: Any) -> bool:
