@@ -10,7 +10,8 @@ Three groups, each input with the normalized result (typed values) or the exact 
   bad value, unknown keys, missing sections) -> the validated board's sections (``mmw.params.parse_params``) or
   the ``SpecError`` text.
 
-Every input is stored (the boards as the base board they are derived from), so the file keeps its meaning when params.yaml or sweeps/*.yaml change.
+Every input is stored (the boards as the base board they are derived from), so the file keeps its meaning when
+params.yaml or sweeps/*.yaml change.
 
 ``tests/test_config_model.py`` holds the config model to this file. Run ``python tests/make_scheme_golden.py``
 from the repository root (``MMW_GOLDEN_ROOT`` points at another checkout to record its answers instead) only
