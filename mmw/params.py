@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Protocol, TypeVar, get_args, overload
 
 import yaml
 from pydantic import AfterValidator
@@ -30,20 +30,29 @@ from mmw.errors import SpecError
 from mmw.validation import Integer, Section, allowed, validate
 
 if TYPE_CHECKING:
+    from mmw.quality.params import LowEntropyParams, QualityParams
     from mmw.scheme import SchemeSpec
 
 DEFAULT_PARAMS = Path("params.yaml")
-#: Top-level entries of params.yaml. ``key`` is the watermark key (``$MMW_KEY`` wins): never a DVC param.
-SECTIONS = ("seed", "key", "model", "prompts", "scheme", "attacks", "detect", "rate", "low_entropy", "quality")
 DEVICES = "auto, cpu, cuda, cuda:N"
-DTYPES = ("auto", "fast", "float32", "float16", "bfloat16")
-RATE_MODES = ("auto", "greedy", "expected")
-#: detect.device; mmw.detector.DEVICES must list the same (tests/test_params.py checks it).
-DETECT_DEVICES = ("auto", "cpu", "cuda", "reference")
 MODEL_SPECS = ("embedded:<name>, a local HF model folder, a local .gguf file, or a Hugging Face hub id "
                "(cached or online)")
 
+# Each enumeration once: the Literal is the type, ``get_args`` its values.
 Dtype = Literal["auto", "fast", "float32", "float16", "bfloat16"]
+Engine = Literal["transformers", "vllm"]
+#: detect.device; mmw.detector.DEVICES must list the same (tests/test_params.py checks it).
+DetectDevice = Literal["auto", "cpu", "cuda", "reference"]
+RateMode = Literal["auto", "greedy", "expected"]
+JudgeBackend = Literal["transformers", "vllm", "openai"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+DETECT_DEVICES: tuple[str, ...] = get_args(DetectDevice)
+RATE_MODES: tuple[str, ...] = get_args(RateMode)
+
+
+def choices(kind: Any) -> str:
+    """The values of a ``Literal`` as an error's allowed text: "auto, cpu, cuda"."""
+    return ", ".join(get_args(kind))
 
 
 def _device(value: str) -> str:
@@ -73,14 +82,14 @@ class ModelParams(Section):
 
     name: ModelName = allowed(MODEL_SPECS)
     device: Device = allowed(DEVICES)
-    dtype: Dtype = allowed(", ".join(DTYPES))
+    dtype: Dtype = allowed(choices(Dtype))
     batch_size: Integer = allowed("an integer >= 1", ge=1)
     max_new_tokens: Integer = allowed("an integer >= 1", ge=1)
     # T = 0 is greedy decoding, which the paper evaluates too.
     temperature: float = allowed("a number in [0, 100]", ge=0.0, le=100.0)
     # Who runs the model: in-process transformers, or vLLM (mmw.engines.vllm_engine; `pip install vllm` on a CUDA
     # machine, scripts/setup-vllm.sh on a CPU). Same processor, same PRF, so detection is unchanged.
-    engine: Literal["transformers", "vllm"] = allowed("transformers, vllm", default="transformers")
+    engine: Engine = allowed(choices(Engine), default="transformers")
 
 
 
@@ -105,7 +114,7 @@ class AttackParams(Section):
 
 
 class DetectParams(Section):
-    device: Literal["auto", "cpu", "cuda", "reference"] = allowed(", ".join(DETECT_DEVICES))
+    device: DetectDevice = allowed(choices(DetectDevice))
     # Extra keys the baseline is re-detected with (FPR spread over keys, mmw.audit).
     audit_keys: Integer = allowed("an integer >= 0", ge=0)
 
@@ -113,13 +122,12 @@ class DetectParams(Section):
 class RateParams(Section):
     judge: ModelName = allowed(MODEL_SPECS)
     device: Device = allowed(DEVICES)
-    dtype: Dtype = allowed(", ".join(DTYPES))
+    dtype: Dtype = allowed(choices(Dtype))
     batch_size: Integer = allowed("an integer >= 1", ge=1)
-    mode: Literal["auto", "greedy", "expected"] = allowed(", ".join(RATE_MODES))
+    mode: RateMode = allowed(choices(RateMode))
     max_new_tokens: Integer = allowed("an integer >= 1", ge=1)
     # Where judgements come from (mmw.judge_backends, docs/JUDGE.md); the rest is for backend openai only.
-    backend: Literal["transformers", "vllm", "openai"] = allowed("transformers, vllm, openai",
-                                                                  default="transformers")
+    backend: JudgeBackend = allowed(choices(JudgeBackend), default="transformers")
     base_url: str = allowed("an http(s) URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1",
                             default="http://127.0.0.1:8000/v1", pattern=r"^https?://\S+$")
     api_key_env: str = allowed("an environment variable name such as OPENAI_API_KEY", default="OPENAI_API_KEY",
@@ -138,28 +146,6 @@ class _Key(Section):
     key: str | int | None = allowed("a string (or set $MMW_KEY)")
 
 
-def _section(raw: Mapping[str, Any], name: str) -> Any:
-    if name not in raw:
-        raise SpecError(name, "missing section")
-    return raw[name]
-
-
-#: How each section is validated (the value a stage reads as ``params.<section>``).
-VALIDATORS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "seed": lambda raw: validate(_Seed, {"seed": _section(raw, "seed")}, "").seed,
-    "key": lambda raw: validate(_Key, {"key": raw.get("key")}, "").key,
-    "model": lambda raw: validate(ModelParams, _section(raw, "model"), "model"),
-    "prompts": lambda raw: validate(PromptParams, _section(raw, "prompts"), "prompts"),
-    "attacks": lambda raw: validate(AttackParams, _section(raw, "attacks"), "attacks"),
-    "detect": lambda raw: validate(DetectParams, _section(raw, "detect"), "detect"),
-    "rate": lambda raw: validate(RateParams, _section(raw, "rate"), "rate"),
-}
-#: Sections whose model lives with their consumer and is passed to ``load_params(..., models=)``.
-CONSUMER_SECTIONS = ("scheme", "low_entropy", "quality")
-#: Consumer sections that may be absent from the board (their model's defaults apply).
-OPTIONAL_SECTIONS = ("low_entropy", "quality")
-
-
 class SectionModel(Protocol):
     """What validates a consumer section: a ``mmw.validation.Section`` model, or ``mmw.scheme.SchemeSpec``."""
 
@@ -167,18 +153,67 @@ class SectionModel(Protocol):
     def from_params(cls, data: Any, prefix: str) -> Any: ...
 
 
-def check_task_names(tasks: list[str], known: Iterable[str]) -> None:
-    """Every name in params ``prompts.tasks`` is one of ``known`` (``mmw.tasks.TASKS``), once; SpecError if not."""
-    known = tuple(known)
-    for index, task in enumerate(tasks):
-        if task not in known:
-            raise SpecError(f"prompts.tasks[{index}]", f"unknown value {task!r}", known)
-    if len(set(tasks)) != len(tasks):
-        raise SpecError("prompts.tasks", f"duplicate task in {tasks}", known)
+T = TypeVar("T")
+
+
+class Board(Generic[T]):
+    """One top-level entry of params.yaml, declared on :class:`Params`: how it is validated, and (as a descriptor)
+    the typed value a stage reads.
+
+    ``model`` validates it here: a section model, or with ``scalar`` a one-field model of a plain value. Without a
+    model it is a consumer's section, validated by the model the stage passes (``load_params(..., models=)``).
+    ``optional``: it may be absent (a scalar is then None, a consumer section gets its model's defaults)."""
+
+    def __init__(self, model: type[Section] | None = None, *, scalar: bool = False, optional: bool = False) -> None:
+        self.model, self.scalar, self.optional = model, scalar, optional
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Board[T]: ...
+    @overload
+    def __get__(self, obj: Params, owner: type) -> T: ...
+
+    def __get__(self, obj: Params | None, owner: type) -> Board[T] | T:
+        return self if obj is None else obj._get(self.name)
+
+    def _data(self, raw: Mapping[str, Any]) -> Any:
+        if self.optional:
+            return raw.get(self.name) if self.scalar else raw.get(self.name) or {}
+        if self.name not in raw:
+            raise SpecError(self.name, "missing section")
+        return raw[self.name]
+
+    def validate(self, raw: Mapping[str, Any], models: Mapping[str, type[SectionModel]]) -> T:
+        """This entry of the parsed params ``raw`` validated; SpecError naming the first offending key."""
+        if self.model is None:
+            if self.name not in models:
+                raise KeyError(f"params section {self.name!r} is validated by its consumer's model: pass "
+                               f"models={{{self.name!r}: ...}}")
+            return models[self.name].from_params(self._data(raw), self.name)  # type: ignore[no-any-return]
+        if self.scalar:  # errors name the entry itself: "seed: ..."
+            value = validate(self.model, {self.name: self._data(raw)}, "")
+            return getattr(value, self.name)  # type: ignore[no-any-return]
+        return validate(self.model, self._data(raw), self.name)  # type: ignore[return-value]
 
 
 class Params:
-    """The validated board, restricted to the sections a stage declared; reading another one raises KeyError."""
+    """The validated board: one typed attribute per top-level entry of params.yaml, in the file's order, restricted
+    to the sections a stage declared (reading another one raises KeyError)."""
+
+    seed: Board[int] = Board(_Seed, scalar=True)
+    #: The key as written in params (``mmw.keys.resolve_key`` lets ``$MMW_KEY`` win); never a DVC param.
+    key: Board[str | int | None] = Board(_Key, scalar=True, optional=True)
+    model: Board[ModelParams] = Board(ModelParams)
+    prompts: Board[PromptParams] = Board(PromptParams)
+    scheme: Board[SchemeSpec] = Board()
+    attacks: Board[AttackParams] = Board(AttackParams)
+    detect: Board[DetectParams] = Board(DetectParams)
+    rate: Board[RateParams] = Board(RateParams)
+    low_entropy: Board[LowEntropyParams] = Board(optional=True)
+    quality: Board[QualityParams] = Board(optional=True)
 
     def __init__(self, values: dict[str, Any]) -> None:
         self._values = values
@@ -193,48 +228,20 @@ class Params:
     def sections(self) -> tuple[str, ...]:
         return tuple(self._values)
 
-    @property
-    def seed(self) -> int:
-        return self._get("seed")
 
-    @property
-    def key(self) -> str | int | None:
-        """The key as written in params (``mmw.keys.resolve_key`` lets ``$MMW_KEY`` win)."""
-        return self._get("key")
+#: Top-level entries of params.yaml, in order. ``key`` is the watermark key (``$MMW_KEY`` wins): never a DVC param.
+BOARD: dict[str, Board[Any]] = {name: entry for name, entry in vars(Params).items() if isinstance(entry, Board)}
+SECTIONS = tuple(BOARD)
 
-    @property
-    def model(self) -> ModelParams:
-        return self._get("model")
 
-    @property
-    def prompts(self) -> PromptParams:
-        return self._get("prompts")
-
-    @property
-    def scheme(self) -> SchemeSpec:
-        return self._get("scheme")
-
-    @property
-    def attacks(self) -> AttackParams:
-        return self._get("attacks")
-
-    @property
-    def detect(self) -> DetectParams:
-        return self._get("detect")
-
-    @property
-    def rate(self) -> RateParams:
-        return self._get("rate")
-
-    @property
-    def low_entropy(self) -> Any:
-        """``mmw.quality.params.LowEntropyParams``."""
-        return self._get("low_entropy")
-
-    @property
-    def quality(self) -> Any:
-        """``mmw.quality.params.QualityParams``."""
-        return self._get("quality")
+def check_task_names(tasks: list[str], known: Iterable[str]) -> None:
+    """Every name in params ``prompts.tasks`` is one of ``known`` (``mmw.tasks.TASKS``), once; SpecError if not."""
+    known = tuple(known)
+    for index, task in enumerate(tasks):
+        if task not in known:
+            raise SpecError(f"prompts.tasks[{index}]", f"unknown value {task!r}", known)
+    if len(set(tasks)) != len(tasks):
+        raise SpecError("prompts.tasks", f"duplicate task in {tasks}", known)
 
 
 def parse_params(raw: Any, sections: Iterable[str] | None = None,
@@ -250,21 +257,15 @@ def parse_params(raw: Any, sections: Iterable[str] | None = None,
         if name not in SECTIONS:
             raise SpecError(name, "unknown top-level key", SECTIONS)
     models = dict(models or {})
-    wanted = tuple(VALIDATORS) + tuple(models) if sections is None else tuple(sections)
+    own = tuple(name for name, entry in BOARD.items() if entry.model is not None)
+    wanted = own + tuple(models) if sections is None else tuple(sections)
     # Tooling hook (no cost without a listener): tests/test_deps.py checks each stage's sections against dvc.yaml.
     sys.audit("mmw.params.load", wanted)
     values: dict[str, Any] = {}
     for name in wanted:
-        if name in CONSUMER_SECTIONS:
-            if name not in models:
-                raise KeyError(f"params section {name!r} is validated by its consumer's model: pass models={{{name!r}: "
-                               "...}")
-            data = raw.get(name) or {} if name in OPTIONAL_SECTIONS else _section(raw, name)
-            values[name] = models[name].from_params(data, name)
-        elif name in VALIDATORS:
-            values[name] = VALIDATORS[name](raw)
-        else:
+        if name not in BOARD:
             raise KeyError(f"no params section {name!r}; sections: {', '.join(SECTIONS)}")
+        values[name] = BOARD[name].validate(raw, models)
     return Params(values)
 
 

@@ -5,22 +5,32 @@
 - R3 ``fixed``: a key sequence of length L, read at ``(n + shift) mod L`` with a per-generation shift.
 
 Each source has a numpy twin (detector reference) and a torch twin (generation); both give the same uint64 bits.
+Its class declares the scheme keys it uses (``mmw.validation.Part``, applied by ``mmw.scheme.SchemeSpec``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 
 from mmw import prf
-from mmw.scheme import SchemeSpec
+from mmw.validation import Key, Part, Refuse, Unused
+
+if TYPE_CHECKING:
+    from mmw.scheme import SchemeSpec
 
 
 @dataclass(frozen=True)
-class RandomnessSource:
+class RandomnessSource(Part):
     """Base: ``kind`` in {window, minhash, fixed}; ``window`` = H or ``key_length`` = L."""
+
+    part = "randomness"
+    chosen = "with randomness={name}"
+    #: Whether the seeds depend on the text (R1, R2) or only on the position (R3).
+    text_dependent: ClassVar[bool] = True
 
     kind: str
     window: int = 0
@@ -51,6 +61,9 @@ class RandomnessSource:
 
 @dataclass(frozen=True)
 class SlidingWindow(RandomnessSource):
+    name = "window"
+    scheme_keys = (Unused("key_length"), Key("window", required=True))
+
     @property
     def context(self) -> int:
         return self.window
@@ -73,6 +86,11 @@ class SlidingWindow(RandomnessSource):
 
 @dataclass(frozen=True)
 class MinHash(RandomnessSource):
+    name = "minhash"
+    scheme_keys = SlidingWindow.scheme_keys
+    refuses = (Refuse("window", lambda v: v["window"] == 0, "min-hash over an empty window is meaningless; for "
+                      "constant randomness use randomness=window with window=0", "an integer >= 1"),)
+
     @property
     def context(self) -> int:
         return self.window
@@ -92,6 +110,10 @@ class MinHash(RandomnessSource):
 
 @dataclass(frozen=True)
 class FixedKey(RandomnessSource):
+    name = "fixed"
+    text_dependent = False
+    scheme_keys = (Unused("window"), Key("key_length", required=True))
+
     def key_sequence(self, key: int) -> np.ndarray:
         """uint64 [L]: the expanded key sequence r_0 .. r_{L-1}."""
         return prf.prf_np(np.uint64(prf.prf_int(key, prf.FIXED)), np.arange(self.key_length, dtype=np.uint64))
@@ -107,6 +129,10 @@ class FixedKey(RandomnessSource):
     def shifts_for_rows(self, row_seeds: list[int]) -> np.ndarray:
         """Per-generation random offset into the key sequence (diversity across generations)."""
         return np.array([prf.prf_int(s, prf.SHIFT) % self.key_length for s in row_seeds], dtype=np.int64)
+
+
+#: The randomness sources by name (the values of the scheme's ``randomness``).
+SOURCES: dict[str, type[RandomnessSource]] = {cls.name: cls for cls in (SlidingWindow, MinHash, FixedKey)}
 
 
 def trial_keys(key: int, trials: int) -> list[int]:

@@ -7,15 +7,89 @@ same quantities for packed batches and are tested against this file.
 - ``sum_prefix``: for each prefix length n = 1..N, the sum of the deduplicated unit statistics and their count.
 - ``empirical_prefix``: for each prefix, the observed align/edit score and how many of the T trial scores are
   <= it.
+
+Each score's class declares the scheme keys it uses and the combinations it refuses (``mmw.validation.Part``,
+applied by ``mmw.scheme.SchemeSpec``): the paper's limitations of building blocks.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from mmw.randomness import FixedKey, RandomnessSource, trial_keys
 from mmw.samplers import Sampler
-from mmw.scheme import SchemeSpec
+from mmw.validation import Key, Part, Refuse, Unused, Values
+
+if TYPE_CHECKING:
+    from mmw.scheme import SchemeSpec
+
+#: Permutation-test trials of the align and edit scores when ``trials`` is not set.
+DEFAULT_TRIALS = 100
+
+
+def _enough_trials(values: Values) -> tuple[str, str] | None:
+    """With T trials the smallest empirical p-value is 1/(T+1): above alpha nothing could be detected."""
+    trials, alpha = values["trials"], values["alpha"]
+    if 1.0 / (trials + 1) <= alpha:
+        return None
+    need = int(-(-1.0 // alpha)) - 1
+    return (f"with {trials} trials the smallest p-value is 1/{trials + 1} > alpha={alpha}: nothing could ever be "
+            "detected", f"trials >= {need}")
+
+
+#: Constant randomness (key_length=1) cannot be misaligned, so a search over alignments finds nothing to undo.
+_CONSTANT_KEY = Refuse("score", lambda v: v["randomness"] == "fixed" and v["key_length"] == 1,
+                       "key_length=1 is constant randomness, which cannot be misaligned; use score=sum with "
+                       "randomness=window, window=0", "sum")
+_TRIALS = Key("trials", default=DEFAULT_TRIALS, check=_enough_trials)
+
+
+class Score(Part):
+    """A score S (the scheme's ``score``); ``exact_null``: its p-values come from an exact null distribution
+    (the sampler's), not from the permutation test over ``trials`` keys."""
+
+    part = "score"
+    chosen = "by score={name}"
+    exact_null: ClassVar[bool] = False
+
+
+class Sum(Score):
+    """S1: the sum of the deduplicated per-token statistics."""
+
+    name = "sum"
+    exact_null = True
+    scheme_keys = (Unused("psi"), Unused("trials", "by score=sum (its null distribution is exact)"))
+    refuses = (Refuse("score", lambda v: v["randomness"] == "fixed", "the sum score is not robust with fixed "
+                      "randomness (one deleted token misaligns every later value); with randomness=fixed use align "
+                      "or edit, or use randomness=window with window=0 for constant randomness", ("align", "edit")),)
+
+
+class Align(Score):
+    """S2: the best cyclic alignment of the text with the fixed key sequence."""
+
+    name = "align"
+    scheme_keys = (Unused("psi"), _TRIALS)
+    refuses = (Refuse("score", lambda v: v["randomness"] != "fixed", "align searches over key shifts, meaningless "
+                      "with text-dependent randomness={randomness} (nothing can be misaligned)",
+                      ("sum", "edit (window=1)")),
+               _CONSTANT_KEY)
+
+
+class Edit(Score):
+    """S3: the edit distance of the text to the randomness, with gap cost ``psi``."""
+
+    name = "edit"
+    scheme_keys = (Key("psi", required=True, purpose="the edit-score gap cost"), _TRIALS)
+    refuses = (Refuse("score", lambda v: v["randomness"] != "fixed" and v["window"] != 1, "edit with "
+                      "text-dependent randomness needs window=1 (got {window}): with a longer window an edit "
+                      "changes the random values, not only their alignment", ("sum", "edit with window=1")),
+               _CONSTANT_KEY)
+
+
+#: The scores by name (the values of the scheme's ``score``).
+SCORES: dict[str, type[Score]] = {cls.name: cls for cls in (Sum, Align, Edit)}
 
 
 def _per_prefix(positions: np.ndarray, values: np.ndarray, n_tokens: int) -> np.ndarray:

@@ -5,19 +5,23 @@ A section is a :class:`Section` model: unknown keys are rejected, types are stri
 are mistakes, not 1 and 0.1), and every field says what it accepts with :func:`allowed` (the text after
 "allowed:"). Rules that span fields raise ``SpecError`` themselves, naming the key they blame (a validator's
 ``SpecError`` passes through unchanged; a plain ``ValueError`` becomes the problem of the field it checks).
+A composite config (the watermark scheme) is checked by its parts: each :class:`Part` (a sampler, a randomness
+source, a score) declares on its class the keys it uses (:class:`Key`), the keys it does not (:class:`Unused`) and
+the combinations it refuses (:class:`Refuse`); ``mmw.scheme`` applies them in one validator.
 This module is light on purpose (pydantic only): every stage imports it before any heavy work.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any, Self, TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from mmw.errors import SpecError
 
-__all__ = ["Integer", "Section", "allowed", "validate"]
+__all__ = ["Integer", "Key", "Part", "Refuse", "Section", "Unused", "allowed", "allowed_text", "validate"]
 
 #: Pydantic error types that mean "right type, value out of its range".
 _RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"})
@@ -60,8 +64,9 @@ def _key(prefix: str, loc: tuple[int | str, ...]) -> str:
     return key
 
 
-def _field_allowed(model: type[BaseModel], loc: tuple[int | str, ...]) -> str | None:
-    field = model.model_fields.get(str(loc[0])) if loc else None
+def allowed_text(model: type[BaseModel], key: str) -> str | None:
+    """What the field ``key`` of ``model`` accepts, as its :func:`allowed` says (None if it says nothing)."""
+    field = model.model_fields.get(key)
     extra = field.json_schema_extra if field is not None else None
     return extra.get("allowed") if isinstance(extra, dict) else None  # type: ignore[return-value]
 
@@ -77,7 +82,7 @@ def _to_spec_error(error: ValidationError, model: type[BaseModel], prefix: str) 
     key = _key(prefix, loc)
     if kind == "extra_forbidden":
         return SpecError(key, "unknown key", list(model.model_fields))
-    shown = _field_allowed(model, loc)
+    shown = allowed_text(model, str(loc[0])) if loc else None
     if kind == "missing":
         return SpecError(key, "missing", shown)
     if kind == "literal_error":
@@ -94,6 +99,60 @@ def validate(model: type[M], data: Any, prefix: str) -> M:
     if not isinstance(data, Mapping):
         raise SpecError(prefix, f"expected a mapping, got {type(data).__name__}", list(model.model_fields))
     try:
-        return model.model_validate(dict(data))
+        return model.model_validate(dict(data), context={"prefix": prefix})
     except ValidationError as error:
         raise _to_spec_error(error, model, prefix) from None
+
+
+# ---------------------------------------------------------------------------------------------- parts of a config
+#: What a rule reads: the config's values resolved so far (key -> value; keys of no part yet resolved hold None).
+Values = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Key:
+    """A key a part uses: ``required`` ("<key>: required with <part>=<name>"), else ``default`` when absent.
+
+    ``purpose`` completes the error of another part of the same kind that is given the key ("not used by
+    sampler=binary (delta is <purpose>)"; default: "for <part>=<names of the parts that use it>"). ``check`` sees
+    the values once this key is resolved and returns ``(problem, allowed)`` to refuse them, or None."""
+
+    name: str
+    required: bool = False
+    default: Any = None
+    purpose: str | None = None
+    check: Callable[[Values], tuple[str, str] | None] | None = None
+
+
+@dataclass(frozen=True)
+class Unused:
+    """A key a part does not use, checked where it stands among the part's keys; ``reason`` is the text after
+    "not used " (default: "<how the part is chosen> (<key> is <its purpose>)"). A key of the part's kind that the
+    part does not name is unused too, checked after the named ones."""
+
+    name: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """A combination a part cannot detect or does not define: when ``when(values)``, the error blames ``key`` with
+    ``problem`` (``str.format``-ed with the values) and ``allowed``."""
+
+    key: str
+    when: Callable[[Values], bool]
+    problem: str
+    allowed: str | tuple[str, ...]
+
+
+class Part:
+    """One building block of a composite config, chosen by the value ``name`` of the config key ``part``.
+
+    ``scheme_keys``: the keys it uses or not, in the order they are checked; ``refuses``: its refusals."""
+
+    part: ClassVar[str]
+    name: ClassVar[str]
+    #: How the part is chosen, as the unused-key error says it ("by sampler={name}", "with randomness={name}").
+    chosen: ClassVar[str]
+    scheme_keys: ClassVar[tuple[Key | Unused, ...]] = ()
+    refuses: ClassVar[tuple[Refuse, ...]] = ()

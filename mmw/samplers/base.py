@@ -1,19 +1,23 @@
 """Sampler base: next-token selection from logits + a seed (torch), and its per-token statistic (numpy).
 
 A new sampler is one small class: ``choose`` (generation), ``statistic`` (detection), and, when its null
-differs, ``units`` (what counts as one independent random draw) and ``pvalue_sum`` (the exact null of the sum).
-Convention (docs/PRF.md): lower statistic = more watermark evidence.
+differs, ``units`` (what counts as one independent random draw) and ``pvalue_sum`` (the exact null of the sum);
+its class also declares the scheme keys it uses and the combinations it refuses (``mmw.validation.Part``, applied
+by ``mmw.scheme.SchemeSpec``). Convention (docs/PRF.md): lower statistic = more watermark evidence.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 from mmw import nulls, prf
-from mmw.scheme import SchemeSpec
+from mmw.validation import Key, Part, Refuse
+
+if TYPE_CHECKING:
+    from mmw.scheme import SchemeSpec
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -44,11 +48,25 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return (cdf < target).sum(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-class Sampler(ABC):
-    """One sampling strategy C of the design space."""
+def refuse_constant_randomness(holds: str) -> Refuse:
+    """Constant randomness (window=0) gives every token one seed; the sum score counts each random draw once, so
+    a sampler whose draws are shared across tokens (C2: one uniform per seed, C3: one per tree node, most of them
+    forced by the model) stops gathering evidence with length. Measured on synthetic text of entropy log 16: 17%
+    (C2) and 0-8% (C3) detected at 64 and 200 tokens (tests/test_power.py)."""
+    return Refuse("window", lambda v: v["window"] == 0, "window=0 (constant randomness) cannot detect "
+                  "sampler={sampler}: every token shares one seed, so the text holds " + holds
+                  + " and evidence stops growing with length", "an integer >= 1")
 
-    name: ClassVar[str]
+
+class Sampler(Part, ABC):
+    """One sampling strategy C of the design space (the scheme's ``sampler``; ``label``: its display name)."""
+
+    part = "sampler"
+    chosen = "by sampler={name}"
+    label: ClassVar[str]
     distortion_free: ClassVar[bool] = True
+    # A distortion-free sampler is deterministic given the key, so it may sample plainly with probability skip_prob.
+    scheme_keys = (Key("skip_prob", default=0.0),)
 
     def __init__(self, spec: SchemeSpec, key: int, vocab_size: int):
         self.spec = spec
@@ -97,6 +115,7 @@ class Plain(Sampler):
     """Ordinary sampling (the unwatermarked baseline, and skipped tokens). No statistic."""
 
     name = "none"
+    label = "Plain"
 
     def choose(self, logits, seeds, temperature, plain_u):
         if temperature == 0:

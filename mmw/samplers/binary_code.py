@@ -92,6 +92,10 @@ def huffman_code(weights: np.ndarray) -> BinaryCode:
     return _from_tree(heap[0][2], len(weights))
 
 
+#: The codes ``build_code`` makes (the scheme's ``binary_code``; the first is the default).
+CODES = ("huffman", "fixed")
+
+
 @lru_cache(maxsize=8)
 def build_code(kind: str, vocab_size: int) -> BinaryCode:
     if kind == "fixed":

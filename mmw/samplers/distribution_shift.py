@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from mmw import nulls, prf
 from mmw.samplers.base import Sampler, inverse_cdf, probabilities
+from mmw.validation import Key, Unused
 
 
 class DistributionShift(Sampler):
@@ -14,7 +15,11 @@ class DistributionShift(Sampler):
     each (seed, token) pair is green with probability exactly gamma."""
 
     name = "distribution_shift"
+    label = "Distribution shift"
     distortion_free = False
+    scheme_keys = (Unused("skip_prob", "by the distribution-shift sampler (it is not deterministic given the key)"),
+                   Key("delta", required=True, purpose="the distribution-shift bias"),
+                   Key("gamma", default=0.5, purpose="the distribution-shift green-list fraction"))
 
     def prepare(self, device):
         self.token_ids(device)

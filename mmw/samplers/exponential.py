@@ -11,6 +11,7 @@ from mmw.samplers.base import Sampler, probabilities
 
 class Exponential(Sampler):
     name = "exponential"
+    label = "Exponential"
 
     def prepare(self, device):
         self.token_ids(device)

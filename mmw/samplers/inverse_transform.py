@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from mmw import prf
-from mmw.samplers.base import Sampler, inverse_cdf, probabilities
+from mmw.samplers.base import Sampler, inverse_cdf, probabilities, refuse_constant_randomness
 
 TINY = 2.0**-60  # floor for F: the statistic stays finite if v lands exactly on eta
 
@@ -22,6 +22,8 @@ class InverseTransform(Sampler):
     uniform under H0 and ``F_eta(c) = P(|v - eta| <= c) = min(eta + c, 1) - max(eta - c, 0)``; log F is -Exp(1)."""
 
     name = "inverse_transform"
+    label = "Inverse transform"
+    refuses = (refuse_constant_randomness("one random draw"),)
 
     def __init__(self, spec, key, vocab_size):
         super().__init__(spec, key, vocab_size)
