@@ -20,7 +20,7 @@ from mmw.stages.timing import timed
 
 DETECTION_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "source": pl.String, "attack": pl.String,
                     "n_tokens": pl.Int64, "pvalue": pl.Float64, "detected": pl.Boolean, "size": pl.Int64,
-                    "size_valid": pl.Int64, "audit_pvalues": pl.List(pl.Float64)}
+                    "size_valid": pl.Int64, "size_anytime": pl.Int64, "audit_pvalues": pl.List(pl.Float64)}
 
 
 def detection_rows(texts: pl.DataFrame, source: str, results: list[DetectionResult],
@@ -33,7 +33,7 @@ def detection_rows(texts: pl.DataFrame, source: str, results: list[DetectionResu
         "prompt_id": texts["prompt_id"], "task": texts["task"], "source": [source] * texts.height,
         "attack": attack, "n_tokens": [r.n_tokens for r in results], "pvalue": [r.pvalue for r in results],
         "detected": [r.detected for r in results], "size": [r.size for r in results],
-        "size_valid": [r.size_valid for r in results],
+        "size_valid": [r.size_valid for r in results], "size_anytime": [r.size_anytime for r in results],
         "audit_pvalues": audit if audit is not None else [None] * texts.height,
     }, schema=DETECTION_SCHEMA)
 
