@@ -32,22 +32,14 @@ from mmw.prf import key_from_string
 from mmw.scheme import SchemeSpec
 from mmw.size import ANYTIME_GRID, anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold
 
-SCHEMES = {
-    "C4 shift, window 1": dict(sampler="distribution_shift", delta=2.0, randomness="window", window=1, score="sum"),
-    "C4 shift, minhash 3": dict(sampler="distribution_shift", delta=2.0, randomness="minhash", window=3, score="sum"),
-    "C4 shift, window 0": dict(sampler="distribution_shift", delta=2.0, randomness="window", window=0, score="sum"),
-    "C1 exponential, window 3": dict(sampler="exponential", randomness="window", window=3, score="sum"),
-    "C2 inverse, window 1": dict(sampler="inverse_transform", randomness="window", window=1, score="sum"),
-    "C3 binary, window 1": dict(sampler="binary", randomness="window", window=1, score="sum"),
-}
+from fpr import SCHEMES as FPR_SCHEMES, _median, _results  # noqa: E402  (bench/ is the script's directory)
+
+#: The sum schemes of bench/fpr.py (the others have no e-process).
+SCHEMES = {name.removesuffix(", sum"): params for name, params in FPR_SCHEMES.items() if params["score"] == "sum"}
 #: Betting strategies compared by --power (grids of signal strengths rho; one point = a single fixed bet).
 GRIDS = {"chosen " + str(ANYTIME_GRID): ANYTIME_GRID, "3 points (0.2, 0.5, 0.8)": (0.2, 0.5, 0.8),
          "7 points (0.05 .. 0.9)": (0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9), "one bet 0.3": (0.3,),
          "one bet 0.6": (0.6,)}
-
-
-def _median(sizes) -> float:
-    return float(np.median([np.inf if s is None else s for s in sizes]))
 
 
 def _null_units(sampler: str, gamma: float, rng: np.random.Generator, n: int, units: int) -> np.ndarray:
@@ -93,16 +85,10 @@ def validity(sequences: int, units: int, texts: int, length: int, vocab: int, al
           f"windows relabelled per text; one key per text for window 0), 99% band [{lo:.4f}, {hi:.4f}].\n")
     print("| scheme | corpus | FPR full text | any prefix: E | any checkpoint: valid size | any prefix: anytime |")
     print("|---|---|---|---|---|---|")
-    from mmw.prf import prf_int
-
     for name, params in SCHEMES.items():
         spec = SchemeSpec.from_params({**params, "alpha": alpha})
         for corpus in ("random", "text", "repetitive"):
-            seqs = null_sequences(corpus, texts, length, vocab, seed=11)
-            if spec.window == 0:
-                results = [Detector(spec, prf_int(key, i), vocab).detect([s])[0] for i, s in enumerate(seqs)]
-            else:
-                results = Detector(spec, key, vocab).detect(seqs)
+            results = _results(spec, key, null_sequences(corpus, texts, length, vocab, seed=11), vocab)
             cells = [np.mean([r.detected for r in results])] + [
                 np.mean([getattr(r, a) is not None for r in results]) for a in ("size", "size_valid", "size_anytime")]
             print(f"| {name} | {corpus} | " + " | ".join(f"{c:.4f}" for c in cells) + " |", flush=True)

@@ -25,16 +25,11 @@ from mmw.scheme import SchemeSpec
 from mmw.stages.common import generator_vocab_size
 from mmw.tasks import build_prompts, render_chat
 
-SCHEMES = {
-    "C4 shift, window 1": dict(sampler="distribution_shift", delta=2.0, randomness="window", window=1, score="sum"),
-    "C1 exponential, window 3": dict(sampler="exponential", randomness="window", window=3, score="sum"),
-    "C2 inverse, window 1": dict(sampler="inverse_transform", randomness="window", window=1, score="sum"),
-    "C3 binary, window 1": dict(sampler="binary", randomness="window", window=1, score="sum"),
-}
+from fpr import SCHEMES as FPR_SCHEMES, _median  # noqa: E402  (bench/ is the script's directory)
 
-
-def _median(sizes: list[int | None]) -> float:
-    return float(np.median([np.inf if s is None else s for s in sizes]))
+#: The sum schemes of bench/fpr.py with text-dependent randomness of window >= 1, one per sampler.
+SCHEMES = {name.removesuffix(", sum"): params for name, params in FPR_SCHEMES.items()
+           if params["score"] == "sum" and params["randomness"] == "window" and params["window"] >= 1}
 
 
 def main(per_task: int = 8, tokens: int = 200, temperatures: str = "0.7,1.0", alpha: float = 0.02,

@@ -191,35 +191,6 @@ def test_bad_grid_is_refused():
 
 
 # ---------------------------------------------------------------------------------------------- twins
-@pytest.mark.parametrize("scheme", list(SUM_SCHEMES))
-def test_twin_matches_the_reference(scheme):
-    """The twin's e-process of a ragged batch (empty texts, texts with no unit yet) equals the numpy reference:
-    log e-values to 1e-12 relative, sizes exactly."""
-    from mmw.kernels.backend import NumbaBackend
-
-    spec = sum_spec(scheme, alpha=0.1)
-    rng = np.random.default_rng(zlib.crc32(scheme.encode()))
-    lengths = [0, 1, 5, 40, 3, 120] if SIMULATOR else list(rng.integers(0, 300, 60)) + [0, 1]
-    drift = -0.5  # every watermark pushes the unit statistics down: some texts cross
-    outs = []
-    for n in lengths:
-        units = max(int(n) - 2, 0)  # the first two tokens carry no unit (a window's unscored context)
-        total, count = null_units(spec, rng, 1, units)
-        outs.append((np.concatenate([np.zeros(int(n) - units), total[0] + drift * count]),
-                     np.concatenate([np.zeros(int(n) - units, dtype=np.int64), count])))
-    bets = anytime_bets(spec, grid=ANYTIME_GRID)
-    detector = Detector(spec, KEY, VOCAB, device=TWIN)
-    assert isinstance(detector.backend, NumbaBackend) and detector.backend.device == TWIN
-    got = detector.backend.anytime_batch(outs, bets, anytime_threshold(spec.alpha))
-    crossed = 0
-    for (total, count), (log_e, size) in zip(outs, got, strict=True):
-        expected = anytime_log_evalues(total, count, bets)
-        np.testing.assert_allclose(log_e, expected, rtol=1e-12, atol=1e-12)
-        assert size == anytime_size(expected, spec.alpha)
-        crossed += size is not None
-    assert crossed > 0
-
-
 @pytest.mark.skipif(SIMULATOR, reason="host code")
 @pytest.mark.parametrize("scheme", list(SUM_SCHEMES))
 def test_detector_twin_and_reference_agree(scheme):
@@ -232,16 +203,6 @@ def test_detector_twin_and_reference_agree(scheme):
     assert any(r.size_anytime is not None for r in fast)
     for f, s in zip(fast, slow, strict=True):
         np.testing.assert_allclose(f.log_evalues, s.log_evalues, rtol=1e-9, atol=1e-12)
-
-
-@pytest.mark.skipif(SIMULATOR, reason="this is the launcher of the simulator run")
-def test_cuda_twin_in_simulator():
-    """Re-run this file with the CUDA simulator on: the twin tests then exercise the CUDA kernel."""
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": "ignore::RuntimeWarning"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                            env=env, capture_output=True, text=True, timeout=1800)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert "passed" in result.stdout
 
 
 # ---------------------------------------------------------------------------------------------- tables, metrics
