@@ -16,7 +16,7 @@ entropy log(support)) for the chosen grid and alternatives (the trade-off of a b
 ``--speed``: seconds per text at ``--length`` tokens of the e-process (CPU numba twin) against today's per-prefix
 p-value computation (the sampler's exact null over every prefix), both from the same running sums.
 
-    python bench/anytime.py --speed --length 1024 --rows 256
+    python bench/anytime.py --speed --length 1024 --rows 256 [--device cuda]
 """
 
 from __future__ import annotations
@@ -117,16 +117,20 @@ def power(rows: int, length: int, vocab: int, alpha: float) -> None:
             print(f"| {name} | {support} | " + " | ".join(cells) + " |", flush=True)
 
 
-def speed(rows: int, length: int, vocab: int, alpha: float, repeats: int) -> None:
-    """Both computations start from the same running sums (the sum kernel's output, shared by both)."""
+def speed(rows: int, length: int, vocab: int, alpha: float, repeats: int, device: str) -> None:
+    """Both computations start from the same running sums (the sum kernel's output, shared by both). On
+    ``--device cuda`` the GPU twin's e-values are also compared with the CPU twin's on the same sums."""
     key = key_from_string("bench-anytime-speed")
-    print(f"{rows} texts of {length} tokens, CPU numba twin (after one warm-up call); best of {repeats}.\n")
-    print("| scheme | per-prefix p-values (ms / text) | e-process + anytime size (ms / text) | ratio |")
-    print("|---|---|---|---|")
+    print(f"{rows} texts of {length} tokens, numba {device} twin (after one warm-up call); best of {repeats}.\n")
+    print("| scheme | per-prefix p-values (ms / text) | e-process + anytime size (ms / text) | ratio | "
+          "GPU vs CPU twin: max relative difference of log e-values, sizes equal |")
+    print("|---|---|---|---|---|")
     for name, params in SCHEMES.items():
         spec = SchemeSpec.from_params({**params, "alpha": alpha})
-        detector = Detector(spec, key, vocab, device="cpu")
-        texts = null_sequences("random", rows, length, vocab, seed=5)
+        detector = Detector(spec, key, vocab, device=device)
+        texts = null_sequences("random", rows // 2, length, vocab, seed=5) + list(
+            generate_synthetic(spec, key, uniform_subset_model(vocab, 4, rows - rows // 2, 4), rows - rows // 2,
+                               length, vocab))
         sums = detector.backend.sum_prefix_batch(texts)
         threshold = anytime_threshold(alpha)
         detector.backend.anytime_batch(sums[:2], detector.bets, threshold)
@@ -137,22 +141,28 @@ def speed(rows: int, length: int, vocab: int, alpha: float, repeats: int) -> Non
                 detector.sampler.pvalue_sum(total, count)
             best_p = min(best_p, time.perf_counter() - t0)
             t0 = time.perf_counter()
-            detector.backend.anytime_batch(sums, detector.bets, threshold)
+            out = detector.backend.anytime_batch(sums, detector.bets, threshold)
             best_e = min(best_e, time.perf_counter() - t0)
-        print(f"| {name} | {1e3 * best_p / rows:.3f} | {1e3 * best_e / rows:.3f} | {best_e / best_p:.2f} |",
+        check = ""
+        if device == "cuda":
+            cpu = Detector(spec, key, vocab, device="cpu").backend.anytime_batch(sums, detector.bets, threshold)
+            diff = max(float(np.max(np.abs(g[0] - c[0]) / np.maximum(np.abs(c[0]), 1e-300), initial=0.0))
+                       for g, c in zip(out, cpu, strict=True))
+            check = f"{diff:.1e}, {all(g[1] == c[1] for g, c in zip(out, cpu, strict=True))}"
+        print(f"| {name} | {1e3 * best_p / rows:.3f} | {1e3 * best_e / rows:.3f} | {best_e / best_p:.2f} | {check} |",
               flush=True)
 
 
 def main(validity_: bool = typer.Option(False, "--validity"), power_: bool = typer.Option(False, "--power"),
          speed_: bool = typer.Option(False, "--speed"), sequences: int = 20000, units: int = 1024,
          texts: int = 3000, length: int = 200, rows: int = 200, vocab: int = 1000, alpha: float = 0.02,
-         repeats: int = 5) -> None:
+         repeats: int = 5, device: str = "cpu") -> None:
     if validity_:
         validity(sequences, units, texts, length, vocab, alpha)
     if power_:
         power(rows, length, vocab, alpha)
     if speed_:
-        speed(rows, length, vocab, alpha, repeats)
+        speed(rows, length, vocab, alpha, repeats, device)
 
 
 if __name__ == "__main__":
