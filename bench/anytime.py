@@ -128,9 +128,9 @@ def speed(rows: int, length: int, vocab: int, alpha: float, repeats: int, device
     for name, params in SCHEMES.items():
         spec = SchemeSpec.from_params({**params, "alpha": alpha})
         detector = Detector(spec, key, vocab, device=device)
-        texts = null_sequences("random", rows // 2, length, vocab, seed=5) + list(
-            generate_synthetic(spec, key, uniform_subset_model(vocab, 4, rows - rows // 2, 4), rows - rows // 2,
-                               length, vocab))
+        marked = list(generate_synthetic(spec, key, uniform_subset_model(vocab, 4, 32, 4), 32, length, vocab))
+        texts = null_sequences("random", rows // 2, length, vocab, seed=5) + [
+            marked[i % len(marked)] for i in range(rows - rows // 2)]  # half null, half watermarked (they cross)
         sums = detector.backend.sum_prefix_batch(texts)
         threshold = anytime_threshold(alpha)
         detector.backend.anytime_batch(sums[:2], detector.bets, threshold)

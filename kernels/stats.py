@@ -17,6 +17,8 @@ Bit-for-bit notes (checked against ``tests/data/kat.json`` in ``tests/test_kerne
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba.extending import register_jitable
 
@@ -290,7 +292,7 @@ def log_mixture(a, b, log_weights, units, total):
             top = term
     acc = 0.0
     for j in range(k):
-        acc += np.exp(((log_weights[j] + a[j] * units) + b[j] * total) - top)
+        acc += math.exp(((log_weights[j] + a[j] * units) + b[j] * total) - top)  # np.exp fails on CUDA
     return top + np.log(acc)
 
 
