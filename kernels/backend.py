@@ -20,6 +20,7 @@ from mmw.kernels.stats import (BINARY, DISTRIBUTION_SHIFT, FIXED, PAIRWISE_BLOCK
 from mmw.randomness import RandomnessSource
 from mmw.samplers import Sampler
 from mmw.scheme import SchemeSpec
+from mmw.size import check_statistics
 
 DEVICES = ("auto", "cpu", "cuda")
 # Score-matrix entries (K keys x tokens) per chunk: 512 MiB of float64 on the CPU, 2 GiB on a GPU.
@@ -179,6 +180,21 @@ class NumbaBackend:
                 self.key, self.source.key_length, psi, steps, self.arrays)
             observed[a:z], n_le[a:z] = obs, le
         return [(observed[a:b], n_le[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+
+    # ------------------------------------------------------------------ e-process (anytime size)
+    def anytime_batch(self, outs: Sequence[tuple[np.ndarray, np.ndarray]], bets,
+                      log_threshold: float) -> list[tuple[np.ndarray, int | None]]:
+        """Per text (running sum, unit count) of ``sum_prefix_batch`` -> (log e-value float64 [N], first prefix
+        whose log e-value reaches ``log_threshold`` or None), as ``mmw.size.anytime_log_evalues``/``anytime_size``."""
+        offsets = np.zeros(len(outs) + 1, dtype=np.int64)
+        np.cumsum([len(total) for total, _ in outs], out=offsets[1:])
+        total = np.ascontiguousarray(np.concatenate([t for t, _ in outs]) if outs else np.zeros(0), dtype=np.float64)
+        count = np.ascontiguousarray(np.concatenate([c for _, c in outs]) if outs else np.zeros(0, np.int64),
+                                     dtype=np.int64)
+        for text_total, _ in outs:
+            check_statistics(text_total)
+        log_e, sizes = self.twin.run_anytime(total, count, offsets, bets, float(log_threshold))
+        return [(log_e[a:z], int(s) if s > 0 else None) for a, z, s in zip(offsets[:-1], offsets[1:], sizes)]
 
     def _pack(self, texts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         tokens, offsets = pack(texts)

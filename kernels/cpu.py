@@ -13,8 +13,8 @@ import numpy as np
 from numba import njit, parallel_chunksize, prange
 
 from mmw.kernels.prf import prf
-from mmw.kernels.stats import (FIXED, TAG_FIXED, edit_cell, fixed_seed, key_at, source_base, sum_prefix_text,
-                               text_seed, token_statistic)
+from mmw.kernels.stats import (FIXED, TAG_FIXED, anytime_text, edit_cell, fixed_seed, key_at, source_base,
+                               sum_prefix_text, text_seed, token_statistic)
 
 
 @njit(parallel=True, cache=True)
@@ -177,3 +177,20 @@ def run_empirical(score, source, tokens, offsets, order, n_keys, key, key_length
     n_le = np.empty(len(tokens), dtype=np.int64)
     count_at_most(scores, n_le)
     return scores[0].copy(), n_le
+
+
+@njit(parallel=True, cache=True)
+def anytime_sizes(total, count, offsets, a, b, log_weights, log_threshold, log_e, sizes):
+    """The mixture e-process of every text (one text per parallel iteration): log M per prefix into ``log_e``,
+    first crossing of ``log_threshold`` (tokens; 0 = never) into ``sizes``."""
+    for t in prange(len(offsets) - 1):
+        start = offsets[t]
+        sizes[t] = anytime_text(total, count, start, offsets[t + 1] - start, a, b, log_weights, log_threshold, log_e)
+
+
+def run_anytime(total, count, offsets, bets, log_threshold):
+    """E-process of a packed batch -> (log e-value float64 [total_tokens], size int64 [B], 0 = never)."""
+    log_e = np.empty(len(total))
+    sizes = np.zeros(len(offsets) - 1, dtype=np.int64)
+    anytime_sizes(total, count, offsets, bets.a, bets.b, bets.log_weights, log_threshold, log_e, sizes)
+    return log_e, sizes

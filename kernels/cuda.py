@@ -28,8 +28,8 @@ from numba import config, cuda, float64, int64, uint64  # noqa: E402
 from numba.extending import register_jitable  # noqa: E402
 
 from mmw.kernels.prf import prf  # noqa: E402
-from mmw.kernels.stats import (FIXED, TAG_FIXED, edit_cell, fixed_seed, key_at, source_base,  # noqa: E402
-                               sum_prefix_text, text_seed, token_statistic)
+from mmw.kernels.stats import (FIXED, TAG_FIXED, anytime_text, edit_cell, fixed_seed, key_at,  # noqa: E402
+                               source_base, sum_prefix_text, text_seed, token_statistic)
 
 BAND = 16  # DP columns held in registers per thread
 COLUMN_PAD = BAND  # the last band reads steps[j] up to N + BAND
@@ -301,6 +301,15 @@ def _edit_window_kernel(tokens, offsets, text_order, n_keys, key, source, psi, s
 
 
 @cuda.jit
+def _anytime_kernel(total, count, offsets, a, b, log_weights, log_threshold, log_e, sizes):
+    """One thread per text (see ``stats.anytime_text``)."""
+    t = cuda.grid(1)
+    if t < offsets.shape[0] - 1:
+        start = offsets[t]
+        sizes[t] = anytime_text(total, count, start, offsets[t + 1] - start, a, b, log_weights, log_threshold, log_e)
+
+
+@cuda.jit
 def _count_kernel(scores, n_le):
     p = cuda.grid(1)
     if p < scores.shape[1]:
@@ -400,3 +409,15 @@ def run_empirical(score, source, tokens, offsets, order, n_keys, key, key_length
     n_le = cuda.device_array(total_tokens, dtype=np.int64)
     _count_kernel[_blocks(total_tokens, 256), 256](scores, n_le)
     return scores[0].copy_to_host(), n_le.copy_to_host()
+
+
+def run_anytime(total, count, offsets, bets, log_threshold):
+    """E-process of a packed batch -> (log e-value float64 [total_tokens], size int64 [B], 0 = never)."""
+    texts = len(offsets) - 1
+    log_e = cuda.device_array(max(len(total), 1), dtype=np.float64)
+    sizes = cuda.device_array(max(texts, 1), dtype=np.int64)
+    if texts:
+        _anytime_kernel[_blocks(texts, 64), 64](cuda.to_device(total), cuda.to_device(count), cuda.to_device(offsets),
+                                                cuda.to_device(bets.a), cuda.to_device(bets.b),
+                                                cuda.to_device(bets.log_weights), log_threshold, log_e, sizes)
+    return log_e.copy_to_host()[: len(total)], sizes.copy_to_host()[:texts]

@@ -17,6 +17,8 @@ Bit-for-bit notes (checked against ``tests/data/kat.json`` in ``tests/test_kerne
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba.extending import register_jitable
 
@@ -274,3 +276,35 @@ def edit_cell(m_left, d_diag, d_up, cost, psi, step):
     candidate = c - step
     m = m_left if m_left < candidate else candidate
     return m, m + step
+
+
+# ---------------------------------------------------------------------------------------------------- e-process
+@register_jitable
+def log_mixture(a, b, log_weights, units, total):
+    """log of the mixture e-value sum_j exp(log_weights[j] + a[j] units + b[j] total) (``mmw.size.Bets``), by
+    log-sum-exp around the largest term. The products are rounded before the sums (no fused multiply-add on the
+    CPU; CUDA may contract them, a 1-ulp difference that the tests allow)."""
+    k = a.shape[0]
+    top = -np.inf
+    for j in range(k):
+        term = (log_weights[j] + a[j] * units) + b[j] * total
+        if term > top:
+            top = term
+    acc = 0.0
+    for j in range(k):
+        acc += math.exp(((log_weights[j] + a[j] * units) + b[j] * total) - top)  # np.exp fails on CUDA
+    return top + np.log(acc)
+
+
+@register_jitable
+def anytime_text(total, count, start, n, a, b, log_weights, log_threshold, log_e):
+    """One text's e-process from its running sums ``total[start:start+n]`` and unit counts: writes log M per prefix
+    into ``log_e`` (same indices) and returns the first prefix length whose log M reaches ``log_threshold``, or 0
+    when none does."""
+    first = 0
+    for pos in range(n):
+        value = log_mixture(a, b, log_weights, np.float64(count[start + pos]), total[start + pos])
+        log_e[start + pos] = value
+        if first == 0 and value >= log_threshold:
+            first = pos + 1
+    return first

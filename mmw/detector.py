@@ -18,7 +18,8 @@ from mmw.randomness import RandomnessSource
 from mmw.samplers import build_sampler
 from mmw.scheme import SchemeSpec
 from mmw.scores import ReferenceBackend
-from mmw.size import first_crossing, valid_size
+from mmw.size import (anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold, check_statistics,
+                      first_crossing, valid_size)
 
 DEVICES = ("auto", "cpu", "cuda", "reference")
 
@@ -28,6 +29,9 @@ class DetectionResult:
     """One text's verdict. ``pvalues[n-1]`` is the p-value of the first n tokens; ``size`` is the shortest
     prefix with p <= alpha (the paper's E, a first crossing; None when no prefix is detected) and ``size_valid``
     the FPR-controlled size (``mmw.size.valid_size``: checkpoint grid, alpha split across checkpoints).
+    ``size_anytime`` is the first prefix whose e-value reaches 1 / alpha (``mmw.size.anytime_bets``: valid at every
+    prefix, token resolution) and ``log_evalues`` the log e-value per prefix; both None for align/edit scores,
+    which have no per-token pivot.
     ``detected`` uses the whole text only: taking the best prefix would be a sequential test whose
     false-positive rate exceeds alpha."""
 
@@ -39,6 +43,8 @@ class DetectionResult:
     size: int | None
     detected: bool
     size_valid: int | None
+    size_anytime: int | None = None
+    log_evalues: np.ndarray | None = None
 
 
 class Detector:
@@ -53,6 +59,7 @@ class Detector:
         self.source = RandomnessSource.from_spec(spec)
         self.reference = ReferenceBackend(spec, self.sampler, self.source, key)
         self.backend = self.reference if device == "reference" else _kernel_backend(self, key, device)
+        self.bets = anytime_bets(spec) if spec.exact_null else None
 
     def detect(self, texts: Sequence[np.ndarray]) -> list[DetectionResult]:
         """texts: token-id arrays (int64, any lengths, empty allowed)."""
@@ -63,9 +70,9 @@ class Detector:
         if self.spec.exact_null:
             outs = self.backend.sum_prefix_batch(arrays)
             results = []
-            for t, (total, count) in zip(arrays, outs):
+            for t, (total, count), (log_e, anytime) in zip(arrays, outs, self._anytime(outs)):
                 p = self.sampler.pvalue_sum(total, count)
-                results.append(self._result(t, p, total, count))
+                results.append(self._result(t, p, total, count, anytime, log_e))
             return results
         outs = self.backend.empirical_prefix_batch(arrays)
         results = []
@@ -74,12 +81,25 @@ class Detector:
             results.append(self._result(t, p, observed, None))
         return results
 
+    def _anytime(self, outs: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, int | None]]:
+        """The e-process of each text from its running sum and unit count -> (log e-values, anytime size)."""
+        threshold = anytime_threshold(self.spec.alpha)
+        if self.backend is not self.reference:
+            return self.backend.anytime_batch(outs, self.bets, threshold)
+        out = []
+        for total, count in outs:
+            check_statistics(total)
+            log_e = anytime_log_evalues(total, count, self.bets)
+            out.append((log_e, anytime_size(log_e, self.spec.alpha)))
+        return out
+
     def detect_text(self, tokenizer, texts: Sequence[str]) -> list[DetectionResult]:
         """Tokenize without special tokens (the detector sees only the text) and detect."""
         ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         return self.detect([np.array(i, dtype=np.int64) for i in ids])
 
-    def _result(self, tokens: np.ndarray, p: np.ndarray, score: np.ndarray, count: np.ndarray | None):
+    def _result(self, tokens: np.ndarray, p: np.ndarray, score: np.ndarray, count: np.ndarray | None,
+                size_anytime: int | None = None, log_evalues: np.ndarray | None = None):
         n = len(tokens)
         if count is not None:
             n_scored = int(count[-1]) if n else 0
@@ -91,6 +111,7 @@ class Detector:
             n_tokens=n, n_scored=n_scored, score=float(score[-1]) if n else 0.0, pvalue=pvalue,
             pvalues=p, size=first_crossing(p, alpha), detected=pvalue <= alpha,
             size_valid=valid_size(p, alpha, None if self.spec.exact_null else self.spec.trials),
+            size_anytime=size_anytime, log_evalues=log_evalues,
         )
 
 

@@ -64,7 +64,7 @@ PERTURBED_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "attack": pl.Stri
                     "in_R": pl.Boolean, "text": pl.String, "ok": pl.Boolean, "error": pl.String}
 DETECTION_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "source": pl.String, "attack": pl.String,
                     "n_tokens": pl.Int64, "pvalue": pl.Float64, "detected": pl.Boolean, "size": pl.Int64,
-                    "size_valid": pl.Int64, "audit_pvalues": pl.List(pl.Float64)}
+                    "size_valid": pl.Int64, "size_anytime": pl.Int64, "audit_pvalues": pl.List(pl.Float64)}
 RATING_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "source": pl.String, "attack": pl.String,
                  "rating": pl.Float64, "rating_greedy": pl.Float64, "rating_expected": pl.Float64}
 LOW_ENTROPY_SCHEMA = {"source_id": pl.String, "text": pl.String}

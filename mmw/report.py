@@ -49,13 +49,15 @@ def _flips(detections: pl.DataFrame) -> int:
 
 
 def group_metrics(detections: pl.DataFrame, ratings: pl.DataFrame, points: pl.DataFrame,
-                  alpha: float) -> dict[str, Any]:
+                  alpha: float, anytime: bool = True) -> dict[str, Any]:
     """The headline numbers of one group of prompts (one task, or all of them).
 
     ``detections``/``ratings``: rows of every source for the group; ``points``: its :func:`attack_points` rows;
     ``alpha``: the detection threshold (for the FPR audit over keys). Sizes are in tokens; ``size`` is the paper's
     E (first crossing: the any-prefix rate ``fpr_any_prefix`` is its false-positive rate), ``size_valid`` the
-    FPR-controlled size (``mmw.size``; its any-prefix rate ``fpr_any_prefix_valid`` is <= alpha by design).
+    FPR-controlled size (``mmw.size``; its any-prefix rate ``fpr_any_prefix_valid`` is <= alpha by design) and
+    ``size_anytime`` the e-process size (token resolution; ``fpr_any_prefix_anytime`` <= alpha by Ville's
+    inequality). ``anytime``: False when the score has no e-process (align, edit): its three keys are null.
     """
     q_base = quality(ratings.filter(pl.col("source") == "baseline")["rating"])
     q_wm = quality(ratings.filter(pl.col("source") == "watermarked")["rating"])
@@ -80,6 +82,7 @@ def group_metrics(detections: pl.DataFrame, ratings: pl.DataFrame, points: pl.Da
         "size_undetected_share": _undetected_share(watermarked["size"]),
         "size_valid": finite_or_none(watermark_size(watermarked["size_valid"])),
         "size_valid_undetected_share": _undetected_share(watermarked["size_valid"]),
+        **_anytime_metrics(watermarked, baseline, anytime),
         "detection_rate": tpr.rate,
         "tamper_resistance": tamper_resistance_of(points),
         "no_attack_watermarked": float(no_attack[0]) if no_attack.len() else None,
@@ -95,10 +98,21 @@ def group_metrics(detections: pl.DataFrame, ratings: pl.DataFrame, points: pl.Da
     }
 
 
+def _anytime_metrics(watermarked: pl.DataFrame, baseline: pl.DataFrame, anytime: bool) -> dict[str, Any]:
+    """Median e-process size, its undetected share and its any-prefix FPR on the baseline (null when the score has
+    no e-process, or the tables predate the ``size_anytime`` column)."""
+    if not anytime or "size_anytime" not in watermarked.columns:
+        return {"size_anytime": None, "size_anytime_undetected_share": None, "fpr_any_prefix_anytime": None}
+    return {"size_anytime": finite_or_none(watermark_size(watermarked["size_anytime"])),
+            "size_anytime_undetected_share": _undetected_share(watermarked["size_anytime"]),
+            "fpr_any_prefix_anytime": detection_rate(baseline["size_anytime"].is_not_null()).rate}
+
+
 def build_metrics(detections: pl.DataFrame, ratings: pl.DataFrame, perturbed: pl.DataFrame,
-                  judge: dict[str, Any], alpha: float) -> tuple[dict[str, Any], pl.DataFrame]:
+                  judge: dict[str, Any], alpha: float, anytime: bool = True) -> tuple[dict[str, Any], pl.DataFrame]:
     """``reports/metrics.json`` content and the per-attack table (one row per attack and task, ``task == "all"``
-    for the pooled rows). Every metric is a number or null (see :func:`finite_or_none`)."""
+    for the pooled rows). Every metric is a number or null (see :func:`finite_or_none`). ``anytime``: whether the
+    scheme's score has an e-process (sum scores)."""
     by_task = attack_points(detections, ratings, perturbed, by_task=True)
     pooled = attack_points(detections, ratings, perturbed, by_task=False).with_columns(
         pl.lit(OVERALL).alias("task"))
@@ -106,11 +120,11 @@ def build_metrics(detections: pl.DataFrame, ratings: pl.DataFrame, perturbed: pl
     task_order = pl.DataFrame({"task": tasks, "task_rank": range(len(tasks))})
     by_task = by_task.join(task_order, on="task", how="left").sort("task_rank", "attack").drop("task_rank")
     attacks = pl.concat([pooled.select(by_task.columns), by_task])
-    metrics: dict[str, Any] = {OVERALL: group_metrics(detections, ratings, pooled, alpha)}
+    metrics: dict[str, Any] = {OVERALL: group_metrics(detections, ratings, pooled, alpha, anytime)}
     for task in tasks:
         metrics[task] = group_metrics(detections.filter(pl.col("task") == task),
                                       ratings.filter(pl.col("task") == task),
-                                      by_task.filter(pl.col("task") == task), alpha)
+                                      by_task.filter(pl.col("task") == task), alpha, anytime)
     metrics["attacks"] = {
         row["attack"]: {"watermarked": row["watermarked"], "quality_retained": row["quality_retained"],
                         "size": finite_or_none(row["size"]), "n": row["n"], "n_failed": row["n_failed"]}
@@ -211,10 +225,10 @@ def summary_markdown(metrics: dict[str, Any], attacks: pl.DataFrame, judge: dict
               "frontier, anchored at the measured no-attack point (1, W): the watermarked texts of the attacked "
               "prompts, detected from their text like the attacked ones; paraphrases excluded), at most W.", "",
               "## Size and false positives", "",
-              "| task | E first crossing (undetected) | size valid (undetected) | FPR full text [95% CI] | "
-              "FPR any prefix (E) | FPR any checkpoint (valid) | one-key FPR over keys: min / median / max "
-              "(above band) |",
-              "|---|---|---|---|---|---|---|"]
+              "| task | E first crossing (undetected) | size valid (undetected) | size anytime (undetected) | "
+              "FPR full text [95% CI] | FPR any prefix (E) | FPR any checkpoint (valid) | FPR any prefix (anytime) | "
+              "one-key FPR over keys: min / median / max (above band) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for group in groups:
         m = metrics[group]
         fpr = f"{_fmt(m['fpr'], percent=True)} [{_fmt(m['fpr_ci_low'], percent=True)}, " \
@@ -223,13 +237,17 @@ def summary_markdown(metrics: dict[str, Any], attacks: pl.DataFrame, judge: dict
                   f"{_fmt(m['fpr_key_max'], percent=True)} ({_fmt(m['fpr_keys_above_band'], percent=True)} of "
                   f"{m['fpr_keys']} keys > {_fmt(m['fpr_key_band_high'], percent=True)})")
         lines.append(f"| {group} | {_fmt_size(m['size'], m['size_undetected_share'])} | "
-                     f"{_fmt_size(m['size_valid'], m['size_valid_undetected_share'])} | {fpr} | "
+                     f"{_fmt_size(m['size_valid'], m['size_valid_undetected_share'])} | "
+                     f"{_fmt_size(m['size_anytime'], m['size_anytime_undetected_share'])} | {fpr} | "
                      f"{_fmt(m['fpr_any_prefix'], percent=True)} | {_fmt(m['fpr_any_prefix_valid'], percent=True)} | "
-                     f"{spread} |")
+                     f"{_fmt(m['fpr_any_prefix_anytime'], percent=True)} | {spread} |")
     lines += ["", "E (the paper's size): median over generations of the first prefix with p ≤ α, a first-crossing "
               "time over every prefix: on unwatermarked text its false-positive rate is the *any-prefix* rate, "
               "not α. Size valid: first checkpoint (16, 32, 64, ... tokens, then the full text) with p ≤ α / m "
-              "over the m checkpoints: its any-checkpoint false-positive rate is at most α (docs/SIZE.md). "
+              "over the m checkpoints: its any-checkpoint false-positive rate is at most α. Size anytime: first prefix "
+              "whose e-value (a mixture of likelihood-ratio martingales over the deduplicated units) reaches 1 / α: "
+              "its any-prefix false-positive rate is at most α (Ville's inequality; – for align/edit scores, which "
+              "have no per-token pivot; docs/SIZE.md). "
               "Undetected generations count as ∞ in the medians (– = half or more undetected). One-key FPR: the "
               "baseline re-detected under each audit key (derived one-way from the run's key); above band = the "
               "share of keys whose FPR exceeds the upper end of Binomial(n, α)'s central 95% interval.", "",

@@ -19,8 +19,11 @@ where such tests have power); with T = 99 and alpha = 0.02 that is {longest doub
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
+
+from mmw.errors import SpecError
 
 #: The first checkpoint (tokens) and the grid's growth factor. Doubling keeps the number of checkpoints
 #: logarithmic in the length (5 for 200 tokens, 7 for 1,024), so the Bonferroni price grows slowly, and
@@ -76,4 +79,100 @@ def first_crossing(pvalues: np.ndarray, alpha: float) -> int | None:
 
     ``pvalues``: float64 [N] per prefix. Its any-prefix false-positive rate is *not* alpha (see the module doc)."""
     hit = np.flatnonzero(np.asarray(pvalues) <= alpha)
+    return int(hit[0]) + 1 if hit.size else None
+
+
+# ---------------------------------------------------------------------------------------------------- anytime size
+#: Signal strengths rho of the mixture's alternatives (see :func:`anytime_bets`): a geometric grid from weak to
+#: strong evidence per unit, uniform weights. Chosen by measured power at 16-200 tokens (docs/SIZE.md).
+ANYTIME_GRID = (0.1, 0.3, 0.6, 0.9)
+
+#: Samplers with a per-unit pivot, and how the running sum S of the unit statistics moves under the watermark:
+#: "exp_up" -- each unit is -Exp(1) and the watermark makes Exp(1) draws large (C1, C2); "exp_down" -- each unit is
+#: +Exp(1) and shrinks when marked (C3, per tree node); "green" -- each unit is -1 (green, probability gamma) or 0
+#: (C4).
+PIVOTS = {"exponential": "exp_up", "inverse_transform": "exp_up", "binary": "exp_down",
+          "distribution_shift": "green"}
+
+
+@dataclass(frozen=True)
+class Bets:
+    """A mixture of K constant-bet test martingales, each a function of the running unit count C and sum S:
+    ``M_n = sum_j exp(log_weights[j] + a[j] C_n + b[j] S_n)`` (float64 [K] each, weights summing to one)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    log_weights: np.ndarray
+
+
+def _check_alpha(alpha: float) -> float:
+    if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and 0.0 < alpha < 1.0):
+        raise SpecError("scheme.alpha", f"{alpha!r} is not a level for the anytime size", "a number in (0, 1)")
+    return float(alpha)
+
+
+def anytime_threshold(alpha: float) -> float:
+    """log(1 / alpha): the anytime size is the first prefix whose log e-value reaches it (Ville's inequality)."""
+    return -math.log(_check_alpha(alpha))
+
+
+def anytime_bets(spec, grid: tuple[float, ...] = ANYTIME_GRID) -> Bets:
+    """The e-process of a sum-score scheme: the uniform mixture over ``grid`` of likelihood ratios of one unit's
+    pivot, each a nonnegative martingale under the null (the units are i.i.d. after deduplication):
+
+    - exp_up (C1, C2; X = -unit ~ Exp(1)): Exp(rate 1 - rho) against Exp(1), factor (1 - rho) e^{rho X};
+    - exp_down (C3; X = unit ~ Exp(1)): Exp(rate 1 / (1 - rho)), factor e^{-(r - 1) X} r with r = 1 / (1 - rho);
+    - green (C4; G = -unit ~ Bernoulli(gamma)): Bernoulli(q), q = gamma + rho (1 - gamma).
+
+    A product of constant factors depends only on (C_n, S_n), so the mixture needs no per-unit state. Align and
+    edit scores have no per-unit pivot (their nulls are permutation tests): asking raises ``SpecError``.
+    """
+    if spec.score != "sum" or not spec.exact_null:
+        raise SpecError("scheme.score", f"{spec.score!r} has no per-token pivot, so no anytime (e-process) size; "
+                        "its valid size is the checkpoint size `size_valid`", ("sum",))
+    if spec.sampler not in PIVOTS:
+        raise SpecError("scheme.sampler", f"{spec.sampler!r} has no per-unit pivot", tuple(PIVOTS))
+    rho = np.asarray(grid, dtype=np.float64)
+    if rho.ndim != 1 or rho.size == 0 or not np.all((rho > 0) & (rho < 1)):
+        raise SpecError("anytime grid", f"{list(grid)!r} is not a list of signal strengths", "numbers in (0, 1)")
+    pivot = PIVOTS[spec.sampler]
+    if pivot == "exp_up":  # log factor = c log(1 - rho) + rho X, X = -S
+        a, b = np.log1p(-rho), -rho
+    elif pivot == "exp_down":  # rate r: c log r - (r - 1) X, X = S
+        r = 1.0 / (1.0 - rho)
+        a, b = np.log(r), -(r - 1.0)
+    else:  # greens g = -S among c: g log(q / gamma) + (c - g) log((1 - q) / (1 - gamma))
+        gamma = float(spec.gamma)
+        q = gamma + rho * (1.0 - gamma)
+        a = np.log1p(-q) - math.log1p(-gamma)
+        b = -(np.log(q / gamma) - a)
+    log_w = np.full(rho.size, -math.log(rho.size))
+    return Bets(np.ascontiguousarray(a, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64), log_w)
+
+
+def check_statistics(total: np.ndarray, setting: str = "scheme.sampler") -> None:
+    """A NaN or infinite running sum makes every later e-value (and p-value) meaningless: refuse it."""
+    bad = ~np.isfinite(np.asarray(total, dtype=np.float64))
+    if bad.any():
+        raise SpecError(setting, f"non-finite unit statistic at token {int(np.flatnonzero(bad)[0]) + 1} "
+                        "(NaN or inf): no size is computed from an invalid process", "finite statistics")
+
+
+def anytime_log_evalues(total: np.ndarray, count: np.ndarray, bets: Bets) -> np.ndarray:
+    """log M_n for every prefix (numpy reference of the kernels): float64 [N] from the running sum and unit count
+    of the sum score (``sum_prefix``). log M_n = 0 before the first unit."""
+    from scipy.special import logsumexp
+
+    total = np.asarray(total, dtype=np.float64)
+    check_statistics(total)
+    count = np.asarray(count, dtype=np.float64)
+    terms = (bets.log_weights[:, None] + bets.a[:, None] * count[None, :]) + bets.b[:, None] * total[None, :]
+    return logsumexp(terms, axis=0) if total.size else np.zeros(0)
+
+
+def anytime_size(log_evalues: np.ndarray, alpha: float) -> int | None:
+    """The anytime-valid size: the first prefix (tokens) whose e-value reaches 1 / alpha; None if none does.
+
+    P_null(some prefix reaches 1 / alpha) <= alpha (Ville), at every prefix and under any stopping rule."""
+    hit = np.flatnonzero(np.asarray(log_evalues) >= anytime_threshold(alpha))
     return int(hit[0]) + 1 if hit.size else None

@@ -40,7 +40,8 @@ def run(params_path: Path) -> None:
         perturbed = read_table(PERTURBED)
         judge = read_json(JUDGE_REPORT)
 
-        metrics, attacks = build_metrics(detections, ratings, perturbed, judge, params.scheme.alpha)
+        metrics, attacks = build_metrics(detections, ratings, perturbed, judge, params.scheme.alpha,
+                                         anytime=params.scheme.exact_null)
         header = {"model": params.model.name, "scheme": params.scheme.describe(),
                   "alpha": f"{params.scheme.alpha:g}", "seed": str(params.seed),
                   "max new tokens": str(params.model.max_new_tokens), "temperature": f"{params.model.temperature:g}"}

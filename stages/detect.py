@@ -29,7 +29,7 @@ def detection_rows(texts: pl.DataFrame, source: str, results: list[DetectionResu
         "prompt_id": texts["prompt_id"], "task": texts["task"], "source": [source] * texts.height,
         "attack": attack, "n_tokens": [r.n_tokens for r in results], "pvalue": [r.pvalue for r in results],
         "detected": [r.detected for r in results], "size": [r.size for r in results],
-        "size_valid": [r.size_valid for r in results],
+        "size_valid": [r.size_valid for r in results], "size_anytime": [r.size_anytime for r in results],
         "audit_pvalues": audit if audit is not None else [None] * texts.height,
     }, schema=DETECTION_SCHEMA)
 

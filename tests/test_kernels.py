@@ -462,6 +462,37 @@ def check_kat_numba(twin: str) -> None:
             np.testing.assert_array_equal(first_value == -1.0, entry["green"])
 
 
+# ---------------------------------------------------------------------------------------------- e-process
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_anytime_twin_matches_the_reference(sampler):
+    """The twin's mixture e-process of a ragged batch (empty texts, texts with no unit yet) equals the numpy
+    reference ``mmw.size``: log e-values to 1e-12 relative, anytime sizes exactly."""
+    from mmw.size import anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold
+
+    spec = make_spec(sampler, "sum_window1")
+    rng = np.random.default_rng(zlib.crc32(sampler.encode()))
+    lengths = [0, 1, 5, 40, 3, 120] if SIMULATOR else [*rng.integers(0, 300, 60), 0, 1]
+    outs = []
+    for n in lengths:
+        units = max(int(n) - 2, 0)  # the first two tokens carry no unit, as a window's unscored context
+        draws = (rng.random(units) < 0.3) * 1.0 if sampler == "distribution_shift" else rng.exponential(size=units)
+        # null draws with a watermark-like downward drift of 0.5 per unit, so that some texts cross
+        sign = 1.0 if sampler.startswith("binary") else -1.0  # C4 units are -green, C1/C2 -Exp(1), C3 +Exp(1)
+        total = np.concatenate([np.zeros(n - units), np.cumsum(sign * draws - 0.5)])
+        outs.append((total, np.concatenate([np.zeros(n - units, np.int64), np.arange(1, units + 1)])))
+    bets = anytime_bets(spec)
+    backend = Detector(spec, KEY, VOCAB, device=TWIN).backend
+    assert isinstance(backend, NumbaBackend) and backend.device == TWIN
+    crossed = 0
+    for (total, count), (log_e, size) in zip(outs, backend.anytime_batch(outs, bets, anytime_threshold(ALPHA)),
+                                             strict=True):
+        expected = anytime_log_evalues(total, count, bets)
+        np.testing.assert_allclose(log_e, expected, rtol=1e-12, atol=1e-12)
+        assert size == anytime_size(expected, ALPHA)
+        crossed += size is not None
+    assert crossed > 0
+
+
 # ---------------------------------------------------------------------------------------------- CUDA twin
 @pytest.mark.skipif(SIMULATOR, reason="this is the launcher of the simulator run")
 def test_cuda_twin_in_simulator():

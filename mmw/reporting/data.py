@@ -542,7 +542,7 @@ def load_single_run(reports: Path, params_path: Path) -> SingleRun:
     for name, group in metrics.items():
         if not isinstance(group, dict):
             continue
-        for size in ("size", "size_valid"):  # null + undetected share >= 1/2: the median is +inf
+        for size in ("size", "size_valid", "size_anytime"):  # null + undetected share >= 1/2: the median is +inf
             if group.get(size) is None and (group.get(f"{size}_undetected_share") or 0) >= 0.5:
                 group[size] = math.inf
         if name == "attacks":
