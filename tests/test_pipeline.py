@@ -235,6 +235,7 @@ def _hand_made_run(directory: Path) -> None:
                         "n_tokens": pl.Int64, "pvalue": pl.Float64, "detected": pl.Boolean, "size": pl.Int64}
     table = pl.DataFrame(detections, schema=detection_schema, orient="row").with_columns(
         size_valid=pl.col("size"),
+        size_anytime=pl.col("size"),
         audit_pvalues=pl.when(pl.col("source") == "baseline").then(pl.concat_list(pl.col("pvalue"))))
     write_table(table.filter(pl.col("source") == "baseline"), directory / "data/detections/baseline.parquet")
     write_table(table.filter(pl.col("source") != "baseline"), directory / "data/detections/watermarked.parquet")
