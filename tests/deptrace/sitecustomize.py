@@ -74,7 +74,11 @@ def _install(out: str, stage: str) -> None:
                 return  # a file descriptor
             if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (mode is None and flags & writing):
                 return
-            opened.add(os.path.abspath(os.fsdecode(path)))
+            # A relative name opened against a directory descriptor (shutil.rmtree's dir_fd walk of a temporary
+            # directory) resolves against no directory the hook can see; only a file that exists was read.
+            absolute = os.path.abspath(os.fsdecode(path))
+            if os.path.exists(absolute):
+                opened.add(absolute)
         elif event == "mmw.params.load":
             sections.extend(args[0])
 
