@@ -8,6 +8,8 @@ its seed and its logits only, never on the batch it shares.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
@@ -404,6 +406,27 @@ def test_cached_hf_folder_equals_the_gguf_model(embedded, tmp_path):
     with torch.inference_mode():
         assert model(input_ids=ids).logits.equal(direct(input_ids=ids).logits)
     assert tokenizer.padding_side == "left" and tokenizer.pad_token_id is not None
+
+
+@pytest.mark.heavy
+def test_conversion_into_an_empty_cache_keeps_every_weight(tmp_path):
+    """The one-time GGUF -> HF folder conversion (built on the meta device, tensors assigned, not copied) stores
+    exactly the dequantized weights: every tensor equal to transformers' own GGUF load, tied head included."""
+    from mmw.engines.models import embedded_gguf_path, resolve_source
+
+    gguf = embedded_gguf_path("smollm2-135m")
+    folder = Path(resolve_source("embedded:smollm2-135m", tmp_path))
+    assert folder.parent == tmp_path / "models" and (folder / "config.json").is_file()
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    expected, stored = direct.state_dict(), loaded.state_dict()
+    assert expected.keys() == stored.keys()
+    assert all(expected[name].equal(stored[name]) for name in expected)
+    assert loaded.get_output_embeddings().weight.equal(direct.get_output_embeddings().weight)
+    assert not hasattr(loaded.config, "quantization_config")
+    ids = torch.tensor([[1, 504, 3058, 314, 253, 1345]])
+    with torch.inference_mode():
+        assert loaded(input_ids=ids).logits.equal(direct(input_ids=ids).logits)
 
 
 @pytest.fixture(scope="module")

@@ -184,12 +184,17 @@ def _gguf_to_hf_folder(gguf: Path, cache_dir: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained (its config carries a gguf quantization_config): rebuild a plain
-    # model from the same config without it and move the dequantized weights over.
+    # model from the same config without it and hand it the dequantized tensors. Built on the meta device and
+    # given the tensors themselves (assign=True): no random initialisation of a second model, no copy of the
+    # weights, one float32 copy in memory instead of two.
     config = gguf_model.config
     del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(gguf_model.state_dict())
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict(), assign=True)
+    plain.tie_weights()
     plain.generation_config = gguf_model.generation_config
+    del gguf_model
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
