@@ -320,6 +320,34 @@ def test_load_tokenizer_gives_load_models_tokenizer_and_vocabulary_without_weigh
         load_tokenizer(str(tmp_path / "absent"))
 
 
+@pytest.mark.heavy
+def test_light_tokenizer_of_the_embedded_generator_is_load_models_without_torch(embedded):
+    """The prompts and detect stages read the generator's tokenizer without AutoTokenizer/AutoConfig: same class,
+    same ids, chat renderings and decodes as load_model's tokenizer on every default prompt, and torch stays
+    unimported in that process."""
+    import subprocess
+    import sys
+
+    from mmw.engines.models import load_tokenizer
+    from mmw.tasks import build_prompts, render_chat
+
+    tokenizer, model = embedded
+    light, config = load_tokenizer("embedded:smollm2-135m")
+    assert type(light) is type(tokenizer) and config.vocab_size == model.config.vocab_size
+    assert (light.padding_side, light.pad_token_id, light.eos_token_id, light.bos_token_id) == \
+        (tokenizer.padding_side, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id)
+    prompts = build_prompts(["book_report", "story", "fake_news"], 8)["prompt"].to_list()  # the default board
+    chats = render_chat(tokenizer, prompts)
+    assert render_chat(light, prompts) == chats
+    ids = tokenizer(chats, add_special_tokens=False)["input_ids"]
+    assert light(chats, add_special_tokens=False)["input_ids"] == ids
+    assert light.batch_decode(ids, skip_special_tokens=True) == tokenizer.batch_decode(ids, skip_special_tokens=True)
+    probe = ("import sys; from mmw.engines.models import load_tokenizer; load_tokenizer('embedded:smollm2-135m'); "
+             "print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+
+
 def test_fast_dtype_is_bf16_only_where_the_cpu_multiplies_bf16_natively(tmp_path, monkeypatch):
     from mmw.engines import models
 
