@@ -8,6 +8,7 @@ its seed and its logits only, never on the batch it shares.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -318,6 +319,30 @@ def test_load_tokenizer_gives_load_models_tokenizer_and_vocabulary_without_weigh
     assert generator_vocab_size(light_tokenizer, config) == generator_vocab_size(full_tokenizer, full)
     with pytest.raises(SpecError, match="model.name"):
         load_tokenizer(str(tmp_path / "absent"))
+
+
+def test_the_light_tokenizer_path_is_taken_only_for_the_generic_fast_tokenizer(tiny, tmp_path):
+    """A folder with the generic fast tokenizer and a top-level vocab_size is read without the Auto classes; a
+    tokenizer with a class of its own, or a config without vocab_size, goes through AutoTokenizer/AutoConfig."""
+    import json
+
+    from mmw.engines.models import _light_tokenizer
+
+    tokenizer, model = tiny
+    tokenizer.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    light = _light_tokenizer(str(tmp_path))
+    assert light is not None and light[1].vocab_size == model.config.vocab_size
+    assert light[0]("a b c")["input_ids"] == tokenizer("a b c")["input_ids"]
+    for name, edit in (("tokenizer_config.json", {"tokenizer_class": "LlamaTokenizer"}),
+                       ("config.json", {"vocab_size": None})):
+        other = tmp_path / name.split(".")[0]
+        shutil.copytree(tmp_path, other, ignore=shutil.ignore_patterns("*config*", "model*"))
+        for kept in ("tokenizer_config.json", "config.json"):
+            content = json.loads((tmp_path / kept).read_text())
+            (other / kept).write_text(json.dumps({**content, **edit} if kept == name else content))
+        assert _light_tokenizer(str(other)) is None
+    assert _light_tokenizer(str(tmp_path / "absent")) is None
 
 
 @pytest.mark.heavy
