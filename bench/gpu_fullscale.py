@@ -12,6 +12,10 @@ this harness is for a box without DVC or real weights, such as the lent benchmar
     PYTHONPATH=. python3 bench/gpu_fullscale.py --params params-full.yaml --random-weights llama3-8b \\
         --tokenizer .gpu/tokenizer --workdir /tmp/mmw-full --out DIR
 
+``--probe`` runs every stage under ``bench/stage_probe.py`` (cProfile): ``<workdir>-logs/<stage>.profile.txt``
+lists where its time went (imports, model load, compilation, the work) and the result's ``probe`` entry gives the
+seconds from process start to the command's start and end (the rest of ``wall_s`` is interpreter exit).
+
 The stages run as ``python -m mmw <stage>`` subprocesses in ``--workdir`` (a scratch copy of the inputs, so the
 repository's own data/ is untouched). Attacks whose packages are missing on the machine are dropped from the
 params and listed in the result; a failing stage is recorded with the end of its log and the run goes on.
@@ -119,7 +123,9 @@ def usable_attacks(specs: list[dict]) -> tuple[list[dict], list[str]]:
 
 def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw-full"), random_weights: str = "",
          tokenizer: Path = Path(".gpu/tokenizer"), out: str = "", stages: str = "", timeout_s: int = 3600,
-         overrides: list[str] = typer.Option([], "--set", help="section.key=value, as dvc exp run -S")) -> None:
+         overrides: list[str] = typer.Option([], "--set", help="section.key=value, as dvc exp run -S"),
+         probe: bool = typer.Option(False, help="run each stage under bench/stage_probe.py (cProfile; where a "
+                                                "stage's process time goes), profiles beside the logs")) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     board = yaml.safe_load(params.read_text())
     result: dict = {"params": str(params), "random_weights": random_weights or None, "overrides": overrides,
@@ -158,9 +164,11 @@ def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw
 
     for name in wanted:
         cmd = dvc[name]["cmd"].split()
-        argv = [sys.executable, "-m", "mmw", *cmd[1:]] if cmd[0].endswith("mmw") else cmd
-        t0 = time.perf_counter()
         log = logs / f"{name}.log"  # outside the run directory, which stages may clean
+        argv = [sys.executable, "-m", "mmw", *cmd[1:]] if cmd[0].endswith("mmw") else cmd
+        if probe and cmd[0].endswith("mmw"):
+            argv = [sys.executable, str(ROOT / "bench" / "stage_probe.py"), str(logs / f"{name}.profile"), *cmd[1:]]
+        t0 = time.perf_counter()
         with log.open("w") as f:
             try:
                 rc = subprocess.run(argv, cwd=workdir, env=env, stdout=f, stderr=subprocess.STDOUT,
@@ -173,6 +181,9 @@ def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw
         timing = workdir / "reports" / "timings" / f"{name}.json"
         if timing.is_file():
             entry["timing"] = json.loads(timing.read_text())
+        probed = [line for line in log.read_text(errors="replace").splitlines() if line.startswith('{"probe"')]
+        if probed:
+            entry["probe"] = json.loads(probed[-1])["probe"]  # exit/teardown = wall_s - end_s
         if rc != 0:
             entry["log_tail"] = tail
         result["stages"].append(entry)

@@ -8,6 +8,9 @@ its seed and its logits only, never on the batch it shares.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
@@ -318,6 +321,58 @@ def test_load_tokenizer_gives_load_models_tokenizer_and_vocabulary_without_weigh
         load_tokenizer(str(tmp_path / "absent"))
 
 
+def test_the_light_tokenizer_path_is_taken_only_for_the_generic_fast_tokenizer(tiny, tmp_path):
+    """A folder with the generic fast tokenizer and a top-level vocab_size is read without the Auto classes; a
+    tokenizer with a class of its own, or a config without vocab_size, goes through AutoTokenizer/AutoConfig."""
+    import json
+
+    from mmw.engines.models import _light_tokenizer
+
+    tokenizer, model = tiny
+    tokenizer.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    light = _light_tokenizer(str(tmp_path))
+    assert light is not None and light[1].vocab_size == model.config.vocab_size
+    assert light[0]("a b c")["input_ids"] == tokenizer("a b c")["input_ids"]
+    for name, edit in (("tokenizer_config.json", {"tokenizer_class": "LlamaTokenizer"}),
+                       ("config.json", {"vocab_size": None})):
+        other = tmp_path / name.split(".")[0]
+        shutil.copytree(tmp_path, other, ignore=shutil.ignore_patterns("*config*", "model*"))
+        for kept in ("tokenizer_config.json", "config.json"):
+            content = json.loads((tmp_path / kept).read_text())
+            (other / kept).write_text(json.dumps({**content, **edit} if kept == name else content))
+        assert _light_tokenizer(str(other)) is None
+    assert _light_tokenizer(str(tmp_path / "absent")) is None
+
+
+@pytest.mark.heavy
+def test_light_tokenizer_of_the_embedded_generator_is_load_models_without_torch(embedded):
+    """The prompts and detect stages read the generator's tokenizer without AutoTokenizer/AutoConfig: same class,
+    same ids, chat renderings and decodes as load_model's tokenizer on every default prompt, and torch stays
+    unimported in that process."""
+    import subprocess
+    import sys
+
+    from mmw.engines.models import load_tokenizer
+    from mmw.tasks import build_prompts, render_chat
+
+    tokenizer, model = embedded
+    light, config = load_tokenizer("embedded:smollm2-135m")
+    assert type(light) is type(tokenizer) and config.vocab_size == model.config.vocab_size
+    assert (light.padding_side, light.pad_token_id, light.eos_token_id, light.bos_token_id) == \
+        (tokenizer.padding_side, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id)
+    prompts = build_prompts(["book_report", "story", "fake_news"], 8)["prompt"].to_list()  # the default board
+    chats = render_chat(tokenizer, prompts)
+    assert render_chat(light, prompts) == chats
+    ids = tokenizer(chats, add_special_tokens=False)["input_ids"]
+    assert light(chats, add_special_tokens=False)["input_ids"] == ids
+    assert light.batch_decode(ids, skip_special_tokens=True) == tokenizer.batch_decode(ids, skip_special_tokens=True)
+    probe = ("import sys; from mmw.engines.models import load_tokenizer; load_tokenizer('embedded:smollm2-135m'); "
+             "print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+
+
 def test_fast_dtype_is_bf16_only_where_the_cpu_multiplies_bf16_natively(tmp_path, monkeypatch):
     from mmw.engines import models
 
@@ -404,6 +459,27 @@ def test_cached_hf_folder_equals_the_gguf_model(embedded, tmp_path):
     with torch.inference_mode():
         assert model(input_ids=ids).logits.equal(direct(input_ids=ids).logits)
     assert tokenizer.padding_side == "left" and tokenizer.pad_token_id is not None
+
+
+@pytest.mark.heavy
+def test_conversion_into_an_empty_cache_keeps_every_weight(tmp_path):
+    """The one-time GGUF -> HF folder conversion (built on the meta device, tensors assigned, not copied) stores
+    exactly the dequantized weights: every tensor equal to transformers' own GGUF load, tied head included."""
+    from mmw.engines.models import embedded_gguf_path, resolve_source
+
+    gguf = embedded_gguf_path("smollm2-135m")
+    folder = Path(resolve_source("embedded:smollm2-135m", tmp_path))
+    assert folder.parent == tmp_path / "models" and (folder / "config.json").is_file()
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    expected, stored = direct.state_dict(), loaded.state_dict()
+    assert expected.keys() == stored.keys()
+    assert all(expected[name].equal(stored[name]) for name in expected)
+    assert loaded.get_output_embeddings().weight.equal(direct.get_output_embeddings().weight)
+    assert not hasattr(loaded.config, "quantization_config")
+    ids = torch.tensor([[1, 504, 3058, 314, 253, 1345]])
+    with torch.inference_mode():
+        assert loaded(input_ids=ids).logits.equal(direct(input_ids=ids).logits)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -20,6 +21,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from mmw.errors import SpecError
@@ -184,12 +186,17 @@ def _gguf_to_hf_folder(gguf: Path, cache_dir: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained (its config carries a gguf quantization_config): rebuild a plain
-    # model from the same config without it and move the dequantized weights over.
+    # model from the same config without it and hand it the dequantized tensors. Built on the meta device and
+    # given the tensors themselves (assign=True): no random initialisation of a second model, no copy of the
+    # weights, one float32 copy in memory instead of two.
     config = gguf_model.config
     del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(gguf_model.state_dict())
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict(), assign=True)
+    plain.tie_weights()
     plain.generation_config = gguf_model.generation_config
+    del gguf_model
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -233,16 +240,43 @@ def _padding_left(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase
     return tokenizer
 
 
+#: ``tokenizer_class`` values for which AutoTokenizer builds exactly ``PreTrainedTokenizerFast`` (transformers 5
+#: calls it ``TokenizersBackend``): a tokenizer.json with no class of its own.
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _light_tokenizer(source: str) -> tuple[PreTrainedTokenizerBase, SimpleNamespace] | None:
+    """Tokenizer and ``vocab_size`` of a local folder whose tokenizer is the generic fast one, loaded without
+    the Auto classes: ``AutoTokenizer`` and ``AutoConfig`` import torch and transformers' model registry (seconds
+    per process), ``PreTrainedTokenizerFast`` and a JSON read do not. None where that shortcut does not apply."""
+    folder = Path(source)
+    try:
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    vocab_size = config.get("vocab_size")
+    if (tokenizer_config.get("tokenizer_class") not in GENERIC_TOKENIZER_CLASSES or not isinstance(vocab_size, int)
+            or not (folder / "tokenizer.json").is_file()):
+        return None
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(source), SimpleNamespace(vocab_size=vocab_size)
+
+
 def load_tokenizer(
     spec: str = DEFAULT_MODEL, cache_dir: Path | None = None
-) -> tuple[PreTrainedTokenizerBase, PretrainedConfig]:
+) -> tuple[PreTrainedTokenizerBase, PretrainedConfig | SimpleNamespace]:
     """``(tokenizer, config)`` of a model without its weights (for stages that only tokenize): the same tokenizer
-    as :func:`load_model`'s, and the model's config (``vocab_size`` etc.)."""
-    from transformers import AutoConfig, AutoTokenizer
-
+    as :func:`load_model`'s, and the model's config (at least ``vocab_size``)."""
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
     source = resolve_source(spec, cache_dir)
     try:
+        light = _light_tokenizer(source)
+        if light is not None:
+            return _padding_left(light[0]), light[1]
+        from transformers import AutoConfig, AutoTokenizer
+
         return _padding_left(AutoTokenizer.from_pretrained(source)), AutoConfig.from_pretrained(source)
     except OSError as err:
         raise SpecError(SPEC_KEY, f"cannot load {spec!r} ({str(err).splitlines()[0]})", ALLOWED_SPECS) from None
