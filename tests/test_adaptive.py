@@ -261,13 +261,14 @@ class FakeRunner:
 
 
 def _groups() -> tuple[dict[str, list[str]], dict[str, Truth]]:
-    truths = {"T=1 ds": Truth.trade_off(n=6), "T=0.7 ds": Truth.trade_off(n=5, quality_at_strongest=0.7)}
+    truths = {"T=1 ds": Truth.trade_off(n=6, quality_at_strongest=0.5),
+              "T=0.7 ds": Truth.trade_off(n=5, quality_at_strongest=0.4)}
     return {g: [f"{g}-{j}" for j in range(t.size.size)] for g, t in truths.items()}, truths
 
 
 def test_round_log_and_resume_after_a_kill_between_rounds(tmp_path: Path) -> None:
     groups, truths = _groups()
-    schedule = Schedule((4, 12, 30), level=0.2)
+    schedule = Schedule((2, 6, 18), level=0.5)
     kwargs = {"tasks": 3, "attacks": FakeRunner.ATTACKS, "cost": COST, "constraints": CONSTRAINTS}
 
     whole = FakeRunner(tmp_path / "whole", truths)
@@ -277,7 +278,7 @@ def test_round_log_and_resume_after_a_kill_between_rounds(tmp_path: Path) -> Non
     # Every round's decisions: kept or dropped, why, at how many prompts; a dropped config never runs again.
     assert set(log["decision"].unique().to_list()) <= {"kept", "dropped"}
     assert log.filter(pl.col("decision") == "dropped")["reason"].null_count() == 0
-    assert log["prompts_per_task"].unique().sort().to_list() == [4, 12, 30][:log["round"].max() + 1]
+    assert log["prompts_per_task"].unique().sort().to_list() == [2, 6, 18][:log["round"].max() + 1]
     dropped = log.filter(pl.col("decision") == "dropped")
     assert dropped.height > 0, "the schedule should drop something (a weak test otherwise)"
     for row in dropped.iter_rows(named=True):
@@ -299,4 +300,4 @@ def test_round_log_and_resume_after_a_kill_between_rounds(tmp_path: Path) -> Non
     assert outcome.log.equals(log) and outcome.candidates == reference.candidates
     # A resume under another schedule is refused, naming it.
     with pytest.raises(SpecError, match="^adaptive: "):
-        run_adaptive(groups, Schedule((4, 12, 30), level=0.1), resumed, tmp_path / "killed.parquet", **kwargs)
+        run_adaptive(groups, Schedule((2, 6, 18), level=0.1), resumed, tmp_path / "killed.parquet", **kwargs)

@@ -372,7 +372,7 @@ def decidable(bounds: Bounds, contending: np.ndarray, constraints: Sequence[Cons
         ok = clears(bounds.quality, bounds.quality_low, constraint.min_relative_quality)
         if constraint.min_tamper_resistance > 0:
             ok &= clears(bounds.resistance, bounds.resistance_low, constraint.min_tamper_resistance)
-        ok &= np.isfinite(bounds.size_low)  # confidently undetected: never an answer, whatever its quality
+        ok &= bounds.size_low < np.inf  # confidently undetected: never an answer, whatever its quality
         out.append((ok & contending[..., x, :]).any(-1))
     return np.stack(out, axis=-1)
 
