@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--quality-sd", type=float, default=0.2)
     parser.add_argument("--reckless", action="store_true", help="no multiplicity correction (negative control)")
+    parser.add_argument("--unit-s", type=float, default=None,
+                        help="fixed seconds per unit instead of GPU_STAGED's 95 (per-prompt cost unchanged)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -60,14 +62,16 @@ def main() -> None:
                      validate=False).configs
     groups = paper_groups(configs)
     schedule = Schedule(tuple(int(v) for v in args.shards.split(",")), args.level, corrected=not args.reckless)
+    cost = GPU_STAGED if args.unit_s is None else CostModel(args.unit_s, GPU_STAGED.prompt_s,
+                                                            GPU_STAGED.baseline_unit_s, GPU_STAGED.baseline_prompt_s)
     settings = ConfirmSettings(level=0.05, max_tries=schedule.keep, resamples=200)
     start = time.perf_counter()
     result = simulate_adaptive(groups, schedule, args.sweeps, args.tuning, args.confirm, args.k, settings,
-                               GPU_STAGED, budget_fraction=args.budget, quality_sd=args.quality_sd)
-    summary = adaptive_summary(result, GPU_STAGED, args.confirm, args.k)
+                               cost, budget_fraction=args.budget, quality_sd=args.quality_sd)
+    summary = adaptive_summary(result, cost, args.confirm, args.k)
     summary["seconds"] = time.perf_counter() - start
-    summary["uniform_h100_h"] = hours(summary, "uniform", schedule, GPU_STAGED, args.tuning, args.confirm, args.k)
-    summary["adaptive_h100_h"] = hours(summary, "adaptive", schedule, GPU_STAGED, args.tuning, args.confirm, args.k)
+    summary["uniform_h100_h"] = hours(summary, "uniform", schedule, cost, args.tuning, args.confirm, args.k)
+    summary["adaptive_h100_h"] = hours(summary, "adaptive", schedule, cost, args.tuning, args.confirm, args.k)
     summary["today_h100_h"] = TODAY_H
     resolved = result.filter(pl.col("uniform_status") != "unresolved").with_columns(
         agree=(pl.col("adaptive_status") == pl.col("uniform_status")) & (pl.col("adaptive_pick") == pl.col("uniform_pick")))
