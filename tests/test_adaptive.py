@@ -284,6 +284,8 @@ def test_round_log_and_resume_after_a_kill_between_rounds(tmp_path: Path) -> Non
     for row in dropped.iter_rows(named=True):
         assert log.filter((pl.col("config_id") == row["config_id"]) & (pl.col("round") > row["round"])).height == 0
     assert pl.read_parquet(tmp_path / "whole.parquet").equals(log)
+    stops = log["cells_stopped"].drop_nulls().to_list()
+    assert all(part.split(": ")[1] in ("futile", "budget") for text in stops for part in text.split("; "))
 
     # Killed during round 2 (after round 1's units and some of round 2's): the round log holds round 1 only.
     first_round = sum(len(v) for v in groups.values())

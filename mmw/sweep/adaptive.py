@@ -396,7 +396,7 @@ class RaceResult:
     """A group's race: ``candidates`` ``(..., X, C)`` per cell (-1 pads), ``codes`` ``(..., X, C)`` why each
     configuration left each cell (:data:`REASONS`), ``left_at`` ``(..., X, C)`` the round it left (-1: never),
     ``units`` ``(..., C)`` rounds each configuration ran, ``prompts`` ``(..., C)`` its prompts per task, ``cost_s``
-    ``(...)`` units' seconds, ``cells_stopped`` ``(..., X)`` the round each cell's budget stopped it (-1: never),
+    ``(...)`` units' seconds, ``cells_stopped`` ``(..., X)`` the round each cell stopped (budget or futile; -1: never),
     ``bounds`` the final :class:`Bounds`."""
 
     candidates: np.ndarray
@@ -523,7 +523,7 @@ LOG_SCHEMA = {"round": pl.Int64, "group": pl.String, "config_id": pl.String, "pr
               "decision": pl.String, "reason": pl.String, "quality": pl.Float64, "quality_low": pl.Float64,
               "quality_high": pl.Float64, "resistance": pl.Float64, "resistance_low": pl.Float64,
               "resistance_high": pl.Float64, "size": pl.Float64, "size_low": pl.Float64, "size_high": pl.Float64,
-              "schedule": pl.String}
+              "cells_stopped": pl.String, "schedule": pl.String}
 
 
 def tuning_arrays(rows: pl.DataFrame, attacks: Sequence[str], size_column: str = "size_valid") -> Tuning:
@@ -591,10 +591,13 @@ def _observe(runner: UnitRunner, schedule: Schedule, ids: Sequence[str], r: int,
 
 
 def _log_rows(r: int, label: str, ids: Sequence[str], state: Race, fingerprint: str) -> pl.DataFrame:
-    """Round ``r``'s decisions of one group: one row per configuration that ran it."""
+    """Round ``r``'s decisions of one group: one row per configuration that ran it; ``cells_stopped`` names the
+    group's cells that stopped at this round (futile: the planner's rule; budget: their share is spent)."""
     rows = []
     bounds = state.bounds
     assert bounds is not None
+    stopped = "; ".join(f"{_cell(c)}: {'futile' if state.futile[i] else 'budget'}"
+                        for i, c in enumerate(state.constraints) if state.stopped[i] == r) or None
     for j, cid in enumerate(ids):
         if not state.running[j]:
             continue
@@ -603,6 +606,7 @@ def _log_rows(r: int, label: str, ids: Sequence[str], state: Race, fingerprint: 
         dropped = bool((state.codes[:, j] != IN).all()) and bool((state.left_at[:, j] == r).any())
         rows.append({"round": r, "group": label, "config_id": cid, "prompts_per_task": state.schedule.shards[r],
                      "decision": "dropped" if dropped else "kept", "reason": "; ".join(out) or None,
+                     "cells_stopped": stopped,
                      "schedule": fingerprint, **{f: _finite(getattr(bounds, f)[j]) for f in LOG_SCHEMA
                                                  if f.startswith(("quality", "resistance", "size"))}})
     return pl.DataFrame(rows, schema=LOG_SCHEMA)
