@@ -74,7 +74,8 @@ def main() -> None:
     summary["adaptive_h100_h"] = hours(summary, "adaptive", schedule, cost, args.tuning, args.confirm, args.k)
     summary["today_h100_h"] = TODAY_H
     resolved = result.filter(pl.col("uniform_status") != "unresolved").with_columns(
-        agree=(pl.col("adaptive_status") == pl.col("uniform_status")) & (pl.col("adaptive_pick") == pl.col("uniform_pick")))
+        agree=(pl.col("adaptive_status") == pl.col("uniform_status"))
+        & (pl.col("adaptive_pick") == pl.col("uniform_pick")))
     per_constraint = resolved.group_by("max_quality_loss", "min_tamper_resistance").agg(
         resolved=pl.len(), agreement=pl.col("agree").mean()).sort("max_quality_loss", "min_tamper_resistance")
     summary["per_constraint"] = per_constraint.to_dicts()

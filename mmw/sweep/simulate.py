@@ -15,7 +15,8 @@ Bernoulli detections). One simulated sweep:
   real sweep.
 
 Everything is vectorised over sweeps (numpy), so thousands of sweeps take seconds. The adaptive sweep reuses
-:class:`Truth` and the per-run draws (:func:`draw_runs`).
+:class:`Truth` and the per-run draws (:func:`draw_runs`): :func:`simulate_adaptive` races configurations of the
+paper grid's shape against the uniform grid on the same simulated prompts.
 """
 
 from __future__ import annotations
@@ -367,8 +368,6 @@ def _walk(candidates: np.ndarray, status_of: Callable, max_tries: int) -> tuple[
                 status[s], pick[s] = CONFIRMED, config
                 break
             unresolved |= st == UNRESOLVED
-        else:
-            pass
         if status[s] != CONFIRMED and candidates[s, 0] >= 0:
             status[s] = UNRESOLVED if unresolved else NOT_CONFIRMED
     return status, pick, tried
