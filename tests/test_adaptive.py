@@ -361,3 +361,39 @@ def test_simulated_race_against_the_grid() -> None:
     # The negative control: the uncorrected race breaks its own guarantee.
     assert binomtest(round(reckless["adaptive_lost"] * reckless_n), reckless_n, 0.05,
                      alternative="greater").pvalue < 0.01
+
+
+def test_dvc_unit_runner_names_shards_and_never_reruns_a_finished_unit(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmw.sweep import evidence, runner
+    from mmw.sweep.adaptive import DvcUnitRunner
+    from mmw.sweep.runner import Outcome
+
+    refs: dict[str, str] = {"s-abc-r0": "sha0"}
+    monkeypatch.setattr(runner, "finished_experiments", lambda repo, baseline=None: dict(refs))
+    monkeypatch.setattr(evidence, "prompt_rows", lambda repo, rev: pl.DataFrame({"rev": [rev]}))
+
+    class Executor:
+        def __init__(self) -> None:
+            self.jobs: list = []
+
+        def run(self, jobs: list, record) -> None:
+            for job in jobs:
+                self.jobs.append(job)
+                refs[job.name] = f"sha-{job.name}"
+                record(Outcome(job.name, job.config_id, "done", None, 1.0, "now"))
+
+    executor = Executor()
+    units = DvcUnitRunner(tmp_path, "s", {"abc": {"scheme.delta": 2.0}, "def": {"scheme.delta": 3.0}}, executor,
+                          tuning_offset=10, echo=lambda _: None)
+    shard0 = [Unit("abc", 0, 0, 4), Unit("def", 0, 0, 4)]
+    units.run(shard0)
+    assert [j.name for j in executor.jobs] == ["s-def-r0"]  # abc's shard 0 was finished already
+    assert executor.jobs[0].overrides == {"scheme.delta": 3.0, "prompts.offset": 10, "prompts.per_task": 4}
+    units.run(shard0)
+    assert len(executor.jobs) == 1
+    units.run([Unit("abc", 1, 4, 8)])
+    assert executor.jobs[-1].overrides["prompts.offset"] == 14 and executor.jobs[-1].name == "s-abc-r1"
+    assert units.rows(shard0[0])["rev"].to_list() == ["sha0"]
+    assert units.rows(Unit("def", 1, 4, 8)) is None
+    assert len((tmp_path / ".dvc/tmp/sweeps/s/runs.jsonl").read_text().splitlines()) == 2

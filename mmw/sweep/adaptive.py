@@ -519,6 +519,46 @@ class UnitRunner(Protocol):
     def rows(self, unit: Unit) -> pl.DataFrame | None: ...
 
 
+class DvcUnitRunner:
+    """:class:`UnitRunner` over a sweep's executor (local or Ray): a unit is the DVC experiment
+    ``<sweep>-<config_id>-r<round>`` of its configuration with ``prompts.offset`` = tuning offset + shard start and
+    ``prompts.per_task`` = shard size (a shard's baseline is then shared by every configuration through DVC's
+    run-cache). A unit with an experiment ref is done and never runs again (:func:`mmw.sweep.runner.run_jobs`
+    skips it and logs every attempt); its rows are read from its own tables (:func:`mmw.sweep.evidence.prompt_rows`).
+    ``overrides``: config id -> its ``-S`` overrides."""
+
+    def __init__(self, repo: Path, sweep: str, overrides: Mapping[str, Mapping[str, Any]], executor: Any,
+                 tuning_offset: int = 0, echo: Callable[[str], None] = print) -> None:
+        self.repo, self.sweep, self.overrides, self.executor = repo, sweep, overrides, executor
+        self.tuning_offset, self.echo = tuning_offset, echo
+        self._finished: dict[str, str] | None = None
+
+    def name(self, unit: Unit) -> str:
+        return f"{self.sweep}-{unit.key}"
+
+    def job(self, unit: Unit) -> Any:
+        from mmw.sweep.runner import Job
+
+        overrides = {**self.overrides[unit.config_id], "prompts.offset": self.tuning_offset + unit.offset,
+                     "prompts.per_task": unit.per_task}
+        return Job(name=self.name(unit), config_id=unit.config_id, overrides=overrides)
+
+    def run(self, units: Sequence[Unit]) -> None:
+        from mmw.sweep import runner
+
+        label = f"{self.sweep}: round {units[0].shard + 1}" if units else self.sweep
+        runner.run_jobs(self.repo, self.sweep, label, [self.job(u) for u in units], self.executor, self.echo)
+        self._finished = None
+
+    def rows(self, unit: Unit) -> pl.DataFrame | None:
+        from mmw.sweep import evidence, runner
+
+        if self._finished is None:
+            self._finished = runner.finished_experiments(self.repo)
+        rev = self._finished.get(self.name(unit))
+        return None if rev is None else evidence.prompt_rows(self.repo, rev)
+
+
 LOG_SCHEMA = {"round": pl.Int64, "group": pl.String, "config_id": pl.String, "prompts_per_task": pl.Int64,
               "decision": pl.String, "reason": pl.String, "quality": pl.Float64, "quality_low": pl.Float64,
               "quality_high": pl.Float64, "resistance": pl.Float64, "resistance_low": pl.Float64,
