@@ -15,17 +15,20 @@ Bernoulli detections). One simulated sweep:
   real sweep.
 
 Everything is vectorised over sweeps (numpy), so thousands of sweeps take seconds. The adaptive sweep reuses
-:class:`Truth` and the per-run draws (:func:`draw_runs`).
+:class:`Truth` and the per-run draws (:func:`draw_runs`): :func:`simulate_adaptive` races configurations of the
+paper grid's shape against the uniform grid on the same simulated prompts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
-from mmw.selection import Constraints
+from mmw.selection import PAPER_CONSTRAINTS, Constraints
+from mmw.sweep.adaptive import Bounds, CostModel, Race, Schedule, Tuning, race_bounds
 from mmw.sweep.confirm import (
     CONFIRMED,
     NO_FEASIBLE,
@@ -224,3 +227,247 @@ def false_confirmation_rates(result: pl.DataFrame) -> dict[str, float]:
     for status in (CONFIRMED, NOT_CONFIRMED, UNRESOLVED, NO_FEASIBLE):
         rates[f"share {status}"] = float((result["status"] == status).sum()) / n
     return rates
+
+
+# -- the adaptive sweep against the uniform grid, on the paper grid's shape ----------------------------------------
+
+#: Per temperature, how much a distortion-free sampler's text varies (0: deterministic, never watermarked) —
+#: a synthetic stand-in: lower temperature, larger watermarks.
+_ENTROPY = {0.0: 0.0, 0.3: 0.45, 0.7: 0.8, 1.0: 1.0}
+_DF_SIZE = {"exponential": 30.0, "inverse_transform": 40.0, "binary": 45.0}
+MAX_TOKENS = 1024
+
+
+def config_truth(overrides: dict, jitter: np.ndarray) -> tuple[float, float, tuple[float, float], float]:
+    """Synthetic truth of one paper-grid config ``(relative quality, median size, (W_A swap, W_A typo), W_0)``
+    from its params: distribution shift trades quality for size through δ; the distortion-free samplers keep
+    quality (except short fixed keys, which repeat) and are undetectable at T = 0; windows and skips cost
+    robustness; fixed keys and align/edit scores cost size. ``jitter`` (2 normals) spreads configs that share a
+    rule. Plausible shapes, not measurements: what the simulation needs is a spread of configs on both sides of
+    each constraint."""
+    t = float(overrides["model.temperature"])
+    sampler, score, randomness = overrides["scheme.sampler"], overrides["scheme.score"], overrides["scheme.randomness"]
+    window = overrides.get("scheme.window") or 0
+    key_length = overrides.get("scheme.key_length") or 0
+    skip = overrides.get("scheme.skip_prob") or 0.0
+    score_factor = {"sum": 1.0, "align": 1.4, "edit": 1.8}[score]
+    if sampler == "distribution_shift":
+        s = (float(overrides["scheme.delta"]) - 1.0) / 4.0
+        quality = 1.01 - 0.2 * s - (0.03 if randomness == "window" and window == 0 else 0.0)
+        quality -= 0.1 / key_length if key_length else 0.0
+        size = 250.0 * np.exp(-2.2 * s) / (0.35 + 0.65 * _ENTROPY[t]) * score_factor * (1 + 0.05 * window)
+        survival = (0.25 + 0.6 * s - 0.03 * window, 0.1 + 0.4 * s - 0.02 * window)
+        no_attack = 0.75 + 0.25 * s
+    else:
+        quality = 1.0 - (0.25 / key_length if key_length else (0.03 if window == 1 else 0.0))
+        entropy = _ENTROPY[t]
+        size = np.inf if entropy == 0 else (_DF_SIZE[sampler] / entropy * (1 + 3 * skip) * (1 + 0.1 * window)
+                                            * score_factor * (1 + 0.15 * np.log2(key_length) if key_length else 1))
+        robust = 0.0 if entropy == 0 else 0.55 - 0.04 * window - 2.0 * skip
+        survival = (robust, robust / 2)
+        no_attack = 0.0 if entropy == 0 else 0.95 - skip
+    quality += 0.01 * float(jitter[0])
+    size *= float(np.exp(0.15 * jitter[1]))
+    return quality, (size if size <= MAX_TOKENS else np.inf), tuple(float(np.clip(v, 0.01, 0.99)) for v in survival), \
+        float(np.clip(no_attack, 0.0, 0.99))
+
+
+def paper_groups(configs: list, seed: int = 0) -> dict[str, tuple[list[str], Truth]]:
+    """The paper grid's groups (temperature x family, :func:`mmw.sweep.collect.family` of the sampler) with the
+    synthetic truth of each config (:func:`config_truth`; the jitter is fixed by ``seed``, so every simulated sweep
+    shares one truth)."""
+    rng = np.random.default_rng(seed)
+    grouped: dict[str, list] = {}
+    for config in configs:
+        o = config.overrides
+        grouped.setdefault(f"T={o['model.temperature']:g} {o['scheme.sampler']}", []).append(config)
+    out = {}
+    for label, members in grouped.items():
+        rows = [config_truth(c.overrides, rng.normal(size=2)) for c in members]
+        out[label] = ([c.config_id for c in members], Truth(
+            relative_quality=np.array([r[0] for r in rows]), size=np.array([r[1] for r in rows]),
+            survival=np.array([r[2] for r in rows]), retained=np.tile([0.9, 0.6], (len(rows), 1)),
+            no_attack=np.array([r[3] for r in rows])))
+    return out
+
+
+def draw_tuning(truth: Truth, sweeps: int, n: int, rng: np.random.Generator, quality_sd: float = QUALITY_SD,
+                rating_mean: float = 6.0, rating_sd: float = 1.5):
+    """Per-prompt tuning results of every config of a group in ``sweeps`` sweeps on ``n`` prompts (in shard
+    order; every third prompt attacked; one shared baseline per sweep), with :func:`draw_runs`' noise model."""
+    c = truth.relative_quality.shape[0]
+    difficulty = np.maximum(rng.normal(rating_mean, rating_sd, (sweeps, 1, n)), 1.0)
+    baseline = np.broadcast_to(difficulty * (1 + rng.normal(0, 0.1, (sweeps, 1, n))), (sweeps, c, n))
+    watermarked = truth.relative_quality[:, None] * baseline * (1 + rng.normal(0, quality_sd, (sweeps, c, n)))
+    sizes = truth.size[:, None] * np.exp(rng.normal(0, 0.5, (sweeps, c, n)))
+    sizes = np.where(sizes > MAX_TOKENS, np.inf, sizes)
+    attacked = np.arange(0, n, 3)
+    m = truth.survival.shape[1]
+    detected = (rng.random((sweeps, c, m, attacked.size)) < truth.survival[:, :, None]).astype(float)
+    reference = watermarked[..., attacked]
+    rating_attacked = (truth.retained[:, :, None] * reference[:, :, None, :]
+                       * (1 + rng.normal(0, quality_sd, (sweeps, c, m, attacked.size))))
+    no_attack = (rng.random((sweeps, c, attacked.size)) < truth.no_attack[:, None]).astype(float)
+    return Tuning(watermarked, baseline, sizes, detected, rating_attacked, reference, no_attack)
+
+
+def _prefix(tuning, n: int):
+    """The first ``n`` prompts of a :class:`~mmw.sweep.adaptive.Tuning` (their attacked ones too)."""
+    n_a = -(-n // 3)
+    return Tuning(tuning.watermarked[..., :n], tuning.baseline[..., :n], tuning.sizes[..., :n],
+                  tuning.detected[..., :n_a], tuning.rating_attacked[..., :n_a], tuning.rating_reference[..., :n_a],
+                  tuning.no_attack[..., :n_a])
+
+
+def _bounds_of(data: Tuning, running: np.ndarray, n: int, alpha: float) -> Bounds:
+    """:func:`~mmw.sweep.adaptive.race_bounds` on the first ``n`` prompts of the running configs only (``(S, C)``
+    mask; the others get NaN, which :class:`~mmw.sweep.adaptive.Race` ignores)."""
+    part = _prefix(data, n)
+    picked = race_bounds(Tuning(*(getattr(part, f)[running] for f in Tuning.__dataclass_fields__)), alpha)
+    out = {}
+    for f in Bounds.__dataclass_fields__:
+        full = np.full(running.shape, np.nan)
+        full[running] = getattr(picked, f)
+        out[f] = full
+    return Bounds(**out)
+
+
+def _confirm_verdicts(truth: Truth, pairs: np.ndarray, constraints: list[Constraints], settings: ConfirmSettings,
+                      n_confirm: int, k: int, rng: np.random.Generator, quality_sd: float = QUALITY_SD
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Confirmation runs (K on ``n_confirm`` fresh prompts) of config ``pairs[i]``, judged for every constraint:
+    statuses and reasons ``(P, X)``."""
+    scenario = Scenario(truth, constraints[0], n_confirm=n_confirm, k=k, quality_sd=quality_sd)
+    runs = draw_runs(scenario, pairs, n_confirm, k, rng)
+    counts = resample_counts(n_confirm, settings.resamples, settings.seed)
+    n_a = max(1, round(n_confirm * scenario.attacked_fraction))
+    _, q_low, q_high = quality_bounds(runs.watermarked, runs.baseline, settings.per_try, counts)
+    _, r_low, r_high = resistance_bounds(runs.attacks, settings.per_try,
+                                         resample_counts(n_a, settings.resamples, settings.seed + 1))
+    undetected = ~np.isfinite(np.median(runs.sizes, axis=-1))
+    out = [verdict(undetected, q_low, q_high, r_low, r_high, c) for c in constraints]
+    return np.stack([o[0] for o in out], axis=1), np.stack([o[1] for o in out], axis=1)
+
+
+def _walk(candidates: np.ndarray, status_of: Callable, max_tries: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Confirmation of one cell per row: candidates ``(S, C)``; ``status_of(row, config)`` the try's status.
+    Returns status, pick (-1) and the tried configs ``(S, max_tries)`` (-1)."""
+    sweeps = candidates.shape[0]
+    status = np.where(candidates[:, 0] < 0, NO_FEASIBLE, NOT_CONFIRMED).astype(object)
+    pick = np.full(sweeps, -1)
+    tried = np.full((sweeps, max_tries), -1)
+    for s in range(sweeps):
+        unresolved = False
+        for t in range(min(max_tries, candidates.shape[1])):
+            config = candidates[s, t]
+            if config < 0:
+                break
+            tried[s, t] = config
+            st = status_of(s, config)
+            if st == CONFIRMED:
+                status[s], pick[s] = CONFIRMED, config
+                break
+            unresolved |= st == UNRESOLVED
+        if status[s] != CONFIRMED and candidates[s, 0] >= 0:
+            status[s] = UNRESOLVED if unresolved else NOT_CONFIRMED
+    return status, pick, tried
+
+
+def simulate_adaptive(groups: dict[str, tuple[list[str], Truth]], schedule: Schedule, sweeps: int, tuning: int,
+                      n_confirm: int, k: int, settings: ConfirmSettings, cost: CostModel, tasks: int = 3, seed: int = 0,
+                      chunk: int = 100, budget_fraction: float | None = None, quality_sd: float = QUALITY_SD
+                      ) -> pl.DataFrame:
+    """One row per simulated sweep x group x constraint (cell): the uniform grid's and the race's status, pick
+    and whether the pick truly violates the constraint, on the **same** simulated data (the race sees prefixes of
+    the grid's tuning prompts; a config confirmed by both is judged on the same confirmation runs), and per row
+    the tuning and confirmation seconds of the group (repeated on its cells: sum over one cell per group).
+
+    ``schedule``: :class:`mmw.sweep.adaptive.Schedule` (cumulative per-task prompts; its budget is ignored when
+    ``budget_fraction`` is given: the race's budget is then that share of the grid's tuning cost); ``tuning``:
+    tuning prompts per task of the grid; ``cost``: :class:`mmw.sweep.adaptive.CostModel`."""
+    constraints = [Constraints(loss, r) for loss, r in PAPER_CONSTRAINTS]
+    rng = np.random.default_rng(seed)
+    n_total = tuning * tasks
+    total_configs = sum(len(ids) for ids, _ in groups.values())
+    grid_unit = float(cost.unit(n_total))
+    if budget_fraction is not None:
+        schedule = Schedule(schedule.shards, schedule.level, budget_fraction * total_configs * grid_unit,
+                            schedule.keep, schedule.corrected)
+    budget_cell = np.inf if schedule.budget_s is None else schedule.budget_s / (len(groups) * len(constraints))
+    uniform = Schedule.uniform(tuning, schedule.keep)
+    frames = []
+    for label, (ids, truth) in groups.items():
+        violates = np.stack([truth.violates(c) for c in constraints])  # (X, C)
+        best = []  # per cell, the keep truly smallest feasible (and detected) configs
+        for x in range(len(constraints)):
+            ok = np.flatnonzero(~violates[x] & np.isfinite(truth.size))
+            best.append(ok[np.argsort(truth.size[ok], kind="stable")][:schedule.keep])
+        c = len(ids)
+        for start in range(0, sweeps, chunk):
+            size = min(chunk, sweeps - start)
+            data = draw_tuning(truth, size, n_total, rng, quality_sd)
+            alpha = schedule.alpha(c, truth.survival.shape[1])
+            results = {}
+            for name, plan in (("uniform", uniform), ("adaptive", schedule)):
+                state = Race((size, c), plan, constraints, lambda r, plan=plan: float(cost.unit(plan.shard(r)[1] *
+                                                                                               tasks)), budget_cell)
+                for r in range(plan.rounds):
+                    running = state.plan(r)
+                    if not running.any():
+                        break
+                    state.update(r, _bounds_of(data, running, plan.shards[r] * tasks, alpha))
+                results[name] = state.result()
+            # Confirmation runs, drawn once per (sweep, config) that either procedure tries.
+            needed = np.unique(np.concatenate([
+                (np.arange(size)[:, None, None] * c + results[n].candidates[:, :, :settings.max_tries]).reshape(-1)
+                [results[n].candidates[:, :, :settings.max_tries].reshape(-1) >= 0] for n in results]))
+            statuses, _ = _confirm_verdicts(truth, needed % c, constraints, settings, n_confirm, k, rng, quality_sd)
+            where = {int(p): i for i, p in enumerate(needed)}
+            tried_by = {name: [set() for _ in range(size)] for name in results}
+            rows = []
+            for x, constraint in enumerate(constraints):
+                row = {"group": label, "cell": x, "max_quality_loss": constraint.max_quality_loss,
+                       "min_tamper_resistance": constraint.min_tamper_resistance}
+                columns = {}
+                for name, result in results.items():
+                    status, pick, tried = _walk(result.candidates[:, x, :], lambda s, cfg, x=x:
+                                                statuses[where[s * c + cfg], x], settings.max_tries)
+                    for s, t in enumerate(tried):
+                        tried_by[name][s].update(int(v) for v in t if v >= 0)
+                    columns[f"{name}_status"] = status.astype(str)
+                    columns[f"{name}_pick"] = pick
+                    columns[f"{name}_false"] = (pick >= 0) & violates[x][np.maximum(pick, 0)]
+                    columns[f"{name}_tuning_s"] = result.cost_s
+                    # The race's own guarantee: a cell's truly smallest feasible configs are never dropped.
+                    columns[f"{name}_lost"] = (result.codes[:, x, best[x]] != 0).any(-1) if best[x].size else \
+                        np.zeros(size, bool)
+                    columns[f"{name}_units"] = result.units.sum(-1)
+                rows.append(pl.DataFrame({"sweep": np.arange(start, start + size), **row, **columns}))
+            confirmed_configs = {f"{name}_confirm_configs": [len(t) for t in tried_by[name]] for name in results}
+            frames += [r.with_columns(pl.Series(k, v) for k, v in confirmed_configs.items()) for r in rows]
+    return pl.concat(frames)
+
+
+def adaptive_summary(result: pl.DataFrame, cost: CostModel, n_confirm: int, k: int, tasks: int = 3) -> dict[str, float]:
+    """Agreement on the cells the grid resolves (status confirmed, not confirmed or no feasible setting: same
+    status and same pick), cost ratios (tuning units; and with confirmation: K runs per distinct config tried,
+    baselines aside), and both procedures' false-confirmation rates."""
+    resolved = result.filter(pl.col("uniform_status") != UNRESOLVED)
+    agree = resolved.filter((pl.col("adaptive_status") == pl.col("uniform_status"))
+                            & (pl.col("adaptive_pick") == pl.col("uniform_pick")))
+    per_group = result.filter(pl.col("cell") == 0)
+    confirm_s = float(cost.unit(n_confirm * tasks)) * k
+    out = {"sweeps": float(result["sweep"].n_unique()), "cells": float(result.height),
+           "resolved": resolved.height / result.height,
+           "agreement": agree.height / max(resolved.height, 1),
+           "tuning_ratio": per_group["adaptive_tuning_s"].sum() / per_group["uniform_tuning_s"].sum()}
+    for name in ("uniform", "adaptive"):
+        tries = per_group[f"{name}_confirm_configs"].sum()
+        out[f"{name}_total_s"] = (per_group[f"{name}_tuning_s"].sum() + tries * confirm_s) / out["sweeps"]
+        out[f"{name}_false"] = float(result[f"{name}_false"].mean())
+        out[f"{name}_confirmed"] = float((result[f"{name}_status"] == CONFIRMED).mean())
+        # Per group (the race's level is per group): any cell lost a truly smallest feasible config.
+        out[f"{name}_lost"] = float(result.group_by(["sweep", "group"]).agg(pl.col(f"{name}_lost").any())
+                                    [f"{name}_lost"].mean())
+    out["total_ratio"] = out["adaptive_total_s"] / out["uniform_total_s"]
+    return out
