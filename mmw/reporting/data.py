@@ -28,10 +28,8 @@ import polars as pl
 
 from mmw.errors import SpecError
 from mmw.metrics import tamper_frontier, tamper_resistance
+from mmw.samplers import LABELS
 
-#: The paper's four sampler families, in its table's column order, with their display names.
-FAMILY_LABELS = {"distribution_shift": "Distribution shift", "exponential": "Exponential",
-                 "inverse_transform": "Inverse transform", "binary": "Binary"}
 #: results.parquet columns the report reads (dtype when absent: filled with nulls).
 RESULT_COLUMNS: dict[str, pl.DataType] = {
     "status": pl.String(), "error": pl.String(), "family": pl.String(), "randomness_kind": pl.String(),
@@ -69,13 +67,13 @@ def family_label(family: str | None) -> str:
     """Display name of a sampler family (unknown ones: underscores to spaces, capitalized)."""
     if family is None:
         return "unknown"
-    return FAMILY_LABELS.get(family, family.replace("_", " ").capitalize())
+    return LABELS.get(family, family.replace("_", " ").capitalize())
 
 
 def ordered_families(values: Iterable[str | None]) -> list[str]:
     """The families present, the paper's four first (in its order), then any others alphabetically."""
     present = {v for v in values if v is not None}
-    return [f for f in FAMILY_LABELS if f in present] + sorted(present - set(FAMILY_LABELS))
+    return [f for f in LABELS if f in present] + sorted(present - set(LABELS))
 
 
 def _finite(value: Any) -> float | None:
