@@ -97,14 +97,15 @@ def test_binary_edit_rejection_says_why():
 
 def test_validation_imports_no_torch():
     """The config path (scheme, params, the whole board, the key and aggregate stages, the CLI) reads the
-    samplers' declarations only: validating a scheme and the default board must not load torch (seconds)."""
+    samplers' declarations only: validating a scheme and the default board must not load torch, nor the attacks'
+    text tools (seconds each)."""
     code = ("import sys, mmw.scheme, mmw.params, mmw.board, mmw.samplers, mmw.cli, stages.key, stages.aggregate\n"
             "from mmw.scheme import SAMPLERS, SchemeSpec\n"
             "for name in SAMPLERS:\n"
             "    SchemeSpec.from_params(dict(sampler=name, randomness='window', window=1, score='sum', "
             "delta=2.0 if name == 'distribution_shift' else None))\n"
             "mmw.board.check_board(mmw.params.read_params('params.yaml'))\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'numba')))")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'numba', 'nltk')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert result.stdout.strip() == "[]", result.stdout[:500]
 
