@@ -18,7 +18,7 @@ from mmw.errors import SpecError
 from mmw.kernels.stats import (BINARY, DISTRIBUTION_SHIFT, FIXED, PAIRWISE_BLOCK, SAMPLER_CODES,
                                SOURCE_CODES)
 from mmw.randomness import RandomnessSource
-from mmw.samplers import Sampler
+from mmw.samplers.base import Sampler
 from mmw.scheme import SchemeSpec
 from mmw.size import check_statistics
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmw import nulls
+from mmw.params import DETECT_DEVICES
 from mmw.randomness import RandomnessSource
 from mmw.samplers import build_sampler
 from mmw.scheme import SchemeSpec
@@ -21,7 +22,8 @@ from mmw.scores import ReferenceBackend
 from mmw.size import (anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold, check_statistics,
                       first_crossing, valid_size)
 
-DEVICES = ("auto", "cpu", "cuda", "reference")
+#: The devices a detector runs on: params ``detect.device``'s values (declared once, in mmw.params).
+DEVICES = DETECT_DEVICES
 
 
 @dataclass

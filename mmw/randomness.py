@@ -5,6 +5,7 @@
 - R3 ``fixed``: a key sequence of length L, read at ``(n + shift) mod L`` with a per-generation shift.
 
 Each source has a numpy twin (detector reference) and a torch twin (generation); both give the same uint64 bits.
+torch is imported where the torch twin runs (as in ``mmw.prf``), so validation and detection stay torch-free.
 Its class declares the scheme keys it uses (``mmw.validation.Part``, applied by ``mmw.scheme.SchemeSpec``).
 """
 
@@ -14,12 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import torch
 
 from mmw import prf
 from mmw.validation import Key, Part, Refuse, Unused
 
 if TYPE_CHECKING:
+    import torch
+
     from mmw.scheme import SchemeSpec
 
 
@@ -76,6 +78,8 @@ class SlidingWindow(RandomnessSource):
         return acc
 
     def seeds_t(self, context_ids, key, step, shifts):
+        import torch
+
         b = context_ids.shape[0]
         acc = torch.full((b,), prf.to_signed(prf.prf_int(key, prf.WINDOW)), dtype=torch.int64,
                          device=context_ids.device)
@@ -123,6 +127,8 @@ class FixedKey(RandomnessSource):
         return seq[(np.arange(len(tokens)) + shift) % self.key_length]
 
     def seeds_t(self, context_ids, key, step, shifts):
+        import torch
+
         seq = torch.from_numpy(self.key_sequence(key).view(np.int64)).to(context_ids.device)
         return seq[(shifts + step) % self.key_length]
 

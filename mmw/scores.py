@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from mmw.randomness import FixedKey, RandomnessSource, trial_keys
-from mmw.samplers import Sampler
 from mmw.validation import Key, Part, Refuse, Unused, Values
 
 if TYPE_CHECKING:
+    from mmw.samplers.base import Sampler
     from mmw.scheme import SchemeSpec
 
 #: Permutation-test trials of the align and edit scores when ``trials`` is not set.

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmw.errors import SpecError
+from mmw.samplers import WATERMARKING
 
 #: The first checkpoint (tokens) and the grid's growth factor. Doubling keeps the number of checkpoints
 #: logarithmic in the length (5 for 200 tokens, 7 for 1,024), so the Bonferroni price grows slowly, and
@@ -87,12 +88,9 @@ def first_crossing(pvalues: np.ndarray, alpha: float) -> int | None:
 #: strong evidence per unit, uniform weights. Chosen by measured power at 16-200 tokens (docs/SIZE.md).
 ANYTIME_GRID = (0.1, 0.3, 0.6, 0.9)
 
-#: Samplers with a per-unit pivot, and how the running sum S of the unit statistics moves under the watermark:
-#: "exp_up" -- each unit is -Exp(1) and the watermark makes Exp(1) draws large (C1, C2); "exp_down" -- each unit is
-#: +Exp(1) and shrinks when marked (C3, per tree node); "green" -- each unit is -1 (green, probability gamma) or 0
-#: (C4).
-PIVOTS = {"exponential": "exp_up", "inverse_transform": "exp_up", "binary": "exp_down",
-          "distribution_shift": "green"}
+#: Samplers with a per-unit pivot, and how the running sum S of the unit statistics moves under the watermark
+#: (each sampler declares its own: ``mmw.samplers.parts.SamplerPart.pivot``).
+PIVOTS = {cls.name: cls.pivot for cls in WATERMARKING if cls.pivot is not None}
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from mmw.io import (
     write_with,
 )
 from mmw.params import load_params
-from mmw.quality.report import quality_markdown
-from mmw.report import build_metrics, plot_tables, summary_markdown, tamper_figure
+from mmw.reporting.run import build_metrics, plot_tables
+from mmw.reporting.summary import quality_markdown, summary_markdown, tamper_figure
 from mmw.scheme import SchemeSpec
 from mmw.stages.timing import timed
 

@@ -13,7 +13,7 @@ from mmw.io import GENERATIONS, read_table, write_json, write_table
 from mmw.params import derive_seed, load_params
 from mmw.quality.params import QualityParams
 from mmw.quality.repetition import ORDERS, repetition
-from mmw.quality.report import SCORE_SCHEMA, quality_report
+from mmw.reporting.quality import SCORE_SCHEMA, quality_report
 from mmw.quality.task_measures import Verdict, run_humaneval, score_choice
 from mmw.sandbox import SandboxLimits, isolation
 from mmw.stages.timing import timed

@@ -208,7 +208,7 @@ def test_detector_twin_and_reference_agree(scheme):
 # ---------------------------------------------------------------------------------------------- tables, metrics
 @pytest.mark.skipif(SIMULATOR, reason="host code")
 def test_detection_rows_and_metrics_carry_the_anytime_size():
-    from mmw.report import _anytime_metrics
+    from mmw.reporting.run import anytime_metrics
     from mmw.stages.detect import DETECTION_SCHEMA, detection_rows
 
     spec = sum_spec("exp-w3")
@@ -221,9 +221,9 @@ def test_detection_rows_and_metrics_carry_the_anytime_size():
     assert rows["size_anytime"].to_list() == [r.size_anytime for r in results]
     assert rows["size_anytime"][4] is None and rows["size_anytime"].null_count() == 1
     baseline = rows.with_columns(pl.Series("size_anytime", [None, None, None, 7, None], dtype=pl.Int64))
-    m = _anytime_metrics(rows, baseline, anytime=True)
+    m = anytime_metrics(rows, baseline, anytime=True)
     assert m["size_anytime_undetected_share"] == pytest.approx(0.2)
     assert m["size_anytime"] == float(np.median([r.size_anytime for r in results[:4]] + [np.inf]))
     assert m["fpr_any_prefix_anytime"] == pytest.approx(0.2)
-    assert _anytime_metrics(rows, baseline, anytime=False) == {
+    assert anytime_metrics(rows, baseline, anytime=False) == {
         "size_anytime": None, "size_anytime_undetected_share": None, "fpr_any_prefix_anytime": None}

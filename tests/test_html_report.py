@@ -26,11 +26,12 @@ from typer.testing import CliRunner
 
 from mmw.cli import app
 from mmw.reporting import dvc_template
-from mmw.reporting.data import FAMILY_LABELS, load_sweep
+from mmw.reporting.data import load_sweep
+from mmw.samplers import LABELS
 from mmw.reporting.page import build_report
 
 REPO = Path(__file__).resolve().parents[1]
-FAMILIES = list(FAMILY_LABELS)
+FAMILIES = list(LABELS)
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0)
 #: The paper's appendix table (Llama 2), typed from the PDF: constraint -> temperature -> cell per family, in the
 #: order distribution shift, exponential, inverse transform, binary.

@@ -27,7 +27,7 @@ from mmw.metrics import (
     tamper_resistance_of,
     watermark_size,
 )
-from mmw.report import build_metrics
+from mmw.reporting.run import build_metrics
 
 # --- tamper resistance: hand-made configurations -------------------------------------------------------------
 

@@ -110,9 +110,14 @@ def test_no_stage_copies_the_key_into_dvc_lock_and_scheme_users_take_the_whole_s
 
 
 def test_detect_devices_agree_with_the_detector() -> None:
-    from mmw.detector import DEVICES
+    from mmw.detector import DEVICES, Detector
+    from mmw.errors import SpecError
+    from mmw.scheme import SchemeSpec
 
-    assert set(DETECT_DEVICES) == set(DEVICES)
+    assert DEVICES == DETECT_DEVICES
+    spec = SchemeSpec.from_params(dict(sampler="exponential", randomness="window", window=1, score="sum"))
+    with pytest.raises(SpecError, match=r"^detect\.device: unknown device 'gpu'; allowed: auto, cpu, cuda, reference$"):
+        Detector(spec, 1 << 40, 64, device="gpu")
 
 
 # --- scripts/mmw: the stage commands' launcher --------------------------------------------------------------------

@@ -181,7 +181,8 @@ def test_mauve_is_high_for_one_distribution_and_low_for_two():
 # --- report and params -----------------------------------------------------------------------------------------
 
 def test_quality_report_groups_by_task_with_hand_computed_values():
-    from mmw.quality.report import SCORE_SCHEMA, quality_markdown, quality_report
+    from mmw.reporting.quality import SCORE_SCHEMA, quality_report
+    from mmw.reporting.summary import quality_markdown
 
     rows = [  # prompt_id, task, source, measure, task_score, status, perplexity, rep1..rep4
         ("humaneval-000", "humaneval", "baseline", "pass@1", 1.0, "passed", 2.0, 0.1, 0.0, 0.0, 0.0),

@@ -1,9 +1,17 @@
 """SchemeSpec validation: every meaningless combination fails with the key named and the allowed values."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from mmw.errors import SpecError
-from mmw.scheme import SchemeSpec
+from mmw.samplers import DECLARED, LABELS, WATERMARKING, implementation
+from mmw.samplers.base import Sampler
+from mmw.scheme import SAMPLERS, SchemeSpec
+
+ROOT = Path(__file__).resolve().parents[1]
 
 OK = [
     dict(sampler="distribution_shift", randomness="window", window=1, delta=2.5, score="sum"),
@@ -85,3 +93,30 @@ def test_defaults():
 def test_binary_edit_rejection_says_why():
     with pytest.raises(SpecError, match="always exceeds the gap cost"):
         SchemeSpec.from_params(dict(sampler="binary", randomness="minhash", window=1, score="edit", psi=5.0))
+
+
+def test_validation_imports_no_torch():
+    """The config path (scheme, params, the whole board, the key and aggregate stages, the CLI) reads the
+    samplers' declarations only: validating a scheme and the default board must not load torch, nor the attacks'
+    text tools (seconds each)."""
+    code = ("import sys, mmw.scheme, mmw.params, mmw.board, mmw.samplers, mmw.cli, stages.key, stages.aggregate\n"
+            "from mmw.scheme import SAMPLERS, SchemeSpec\n"
+            "for name in SAMPLERS:\n"
+            "    SchemeSpec.from_params(dict(sampler=name, randomness='window', window=1, score='sum', "
+            "delta=2.0 if name == 'distribution_shift' else None))\n"
+            "mmw.board.check_board(mmw.params.read_params('params.yaml'))\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'numba', 'nltk')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert result.stdout.strip() == "[]", result.stdout[:500]
+
+
+def test_each_declaration_names_its_implementation():
+    """The scheme's samplers are the declared ones, in the paper's order; each declaration's implementation
+    samples and scores under the same name, label and rules (it subclasses the declaration)."""
+    assert SAMPLERS == tuple(cls.name for cls in WATERMARKING) == tuple(LABELS)
+    assert set(DECLARED) == {*SAMPLERS, "none"}
+    for name, part in DECLARED.items():
+        cls = implementation(name)
+        assert issubclass(cls, Sampler) and issubclass(cls, part), (name, cls.__mro__)
+        assert (cls.name, cls.label, cls.scheme_keys, cls.refuses, cls.pivot) == (
+            name, part.label, part.scheme_keys, part.refuses, part.pivot)

@@ -14,8 +14,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
-from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+if TYPE_CHECKING:  # nltk (seconds to import) loads when a text is first split, not when an attack is validated
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
 
 # Untrained Punkt ends a sentence at every "Mr." or "e.g."; these lower-case, dot-less forms are the usual
 # English abbreviations that take a following capitalised word.
@@ -35,6 +37,8 @@ def word_count(text: str) -> int:
 
 @cache
 def _sentence_splitter() -> PunktSentenceTokenizer:
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
     parameters = PunktParameters()
     parameters.abbrev_types = set(_ABBREVIATIONS)
     return PunktSentenceTokenizer(parameters)

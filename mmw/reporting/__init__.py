@@ -1,5 +1,10 @@
-"""The human-readable report: ``reports/index.html`` (one self-contained file) and the offline ``dvc plots`` page.
+"""Every report mmw writes: one run's numbers and summary, ``reports/index.html`` (one self-contained file) and
+the offline ``dvc plots`` page.
 
+- :mod:`mmw.reporting.run`: one run's ``reports/metrics.json`` and ``dvc plots`` tables (stage ``aggregate``).
+- :mod:`mmw.reporting.quality`: one run's ``reports/quality.json`` (stage ``quality``).
+- :mod:`mmw.reporting.summary`: one run's ``reports/summary.md`` and tamper-resistance figure.
+- :mod:`mmw.reporting.formats`: how numbers print, in every report.
 - :mod:`mmw.reporting.data`: reads a sweep's tables (``reports/sweeps/<name>/``) or a single run's
   ``reports/metrics.json`` and shapes them into what the page shows (the paper's table cells, figure data).
 - :mod:`mmw.reporting.figures`: matplotlib figures, inlined into the page as SVG (no script, no network).
@@ -8,3 +13,6 @@
 
 Design and usage: docs/REPORT.md.
 """
+
+#: The group that pools every task (metrics.json, quality.json and summary.md: ``all``, then each task).
+OVERALL = "all"

@@ -28,10 +28,9 @@ import polars as pl
 
 from mmw.errors import SpecError
 from mmw.metrics import tamper_frontier, tamper_resistance
+from mmw.reporting.formats import finite, fmt_number, fmt_percent, fmt_tokens
+from mmw.samplers import LABELS
 
-#: The paper's four sampler families, in its table's column order, with their display names.
-FAMILY_LABELS = {"distribution_shift": "Distribution shift", "exponential": "Exponential",
-                 "inverse_transform": "Inverse transform", "binary": "Binary"}
 #: results.parquet columns the report reads (dtype when absent: filled with nulls).
 RESULT_COLUMNS: dict[str, pl.DataType] = {
     "status": pl.String(), "error": pl.String(), "family": pl.String(), "randomness_kind": pl.String(),
@@ -69,45 +68,13 @@ def family_label(family: str | None) -> str:
     """Display name of a sampler family (unknown ones: underscores to spaces, capitalized)."""
     if family is None:
         return "unknown"
-    return FAMILY_LABELS.get(family, family.replace("_", " ").capitalize())
+    return LABELS.get(family, family.replace("_", " ").capitalize())
 
 
 def ordered_families(values: Iterable[str | None]) -> list[str]:
     """The families present, the paper's four first (in its order), then any others alphabetically."""
     present = {v for v in values if v is not None}
-    return [f for f in FAMILY_LABELS if f in present] + sorted(present - set(FAMILY_LABELS))
-
-
-def _finite(value: Any) -> float | None:
-    """A float, or None for null/NaN (infinity is kept: it means "not detected")."""
-    if value is None:
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
-
-
-def fmt_tokens(value: float | None) -> str:
-    """A token count as the paper prints it: ``53``, ``114.5``, ``∞``; ``–`` when missing."""
-    value = _finite(value)
-    if value is None:
-        return "–"
-    if math.isinf(value):
-        return "∞"
-    return f"{value:.1f}".removesuffix(".0") if value < 1000 else f"{value:.0f}"
-
-
-def fmt_number(value: Any, digits: int = 3) -> str:
-    value = _finite(value)
-    if value is None:
-        return "–"
-    if math.isinf(value):
-        return "∞"
-    return f"{value:.{digits}g}"
-
-
-def fmt_percent(value: Any, digits: int = 1) -> str:
-    value = _finite(value)
-    return "–" if value is None else f"{100 * value:.{digits}f}%"
+    return [f for f in LABELS if f in present] + sorted(present - set(LABELS))
 
 
 def _with_columns(frame: pl.DataFrame, columns: dict[str, pl.DataType]) -> pl.DataFrame:
@@ -300,7 +267,7 @@ def _cell(row: dict[str, Any] | None) -> Cell:
                   f"relative quality ≥ {_bound(row.get('quality_low'))}"
                   + (f", R > {_bound(row.get('resistance_low'))}" if row.get("resistance_low") is not None else "")
                   + f"; size kind {row.get('size_kind')}")
-    median, mad, k = _finite(row["size_median"]), _finite(row["size_mad"]), row["k"]
+    median, mad, k = finite(row["size_median"]), finite(row["size_mad"]), row["k"]
     if not k and row["pick_size"] is not None:  # picked but not (yet) re-evaluated: the optimistic size
         return Cell(f"{fmt_tokens(row['pick_size'])}*", None,
                     title + " (selection-time size, not re-evaluated)", "unreevaluated")

@@ -22,6 +22,7 @@ import polars as pl
 from mmw.errors import SpecError
 from mmw.io import write_text, write_with
 from mmw.reporting import data, figures
+from mmw.samplers import LABELS
 
 TEMPLATES = Path(__file__).with_name("templates")
 #: Where `mmw report` writes the CSVs that dvc.yaml's sweep plots read (one file per family: DVC colours by file).
@@ -174,7 +175,7 @@ def sweep_plot_tables(sweep: data.Sweep) -> dict[str, pl.DataFrame]:
     main = data.Constraint(*data.MAIN_CONSTRAINT)
     chosen = data.picks(sweep, main)
     done = sweep.done.filter(pl.col("all.size").is_finite() & pl.col("all.relative_quality").is_not_null())
-    for family in data.FAMILY_LABELS:
+    for family in LABELS:
         tables[f"sizes/{family}.csv"] = (chosen.filter((pl.col("family") == family) & pl.col("size_median").is_finite())
                                          .select("temperature", "size_median", "size_mad").sort("temperature"))
         tables[f"size_quality/{family}.csv"] = done.filter(pl.col("family") == family).select(

@@ -1,21 +1,37 @@
-"""Samplers C1-C4 (+ plain sampling for the unwatermarked baseline)."""
+"""Samplers C1-C4 (+ plain sampling for the unwatermarked baseline).
 
-from mmw.samplers.base import Plain, Sampler
-from mmw.samplers.binary import Binary
-from mmw.samplers.distribution_shift import DistributionShift
-from mmw.samplers.exponential import Exponential
-from mmw.samplers.inverse_transform import InverseTransform
+The registry reads the declarations (``mmw.samplers.parts``, no torch); an implementation (torch) is imported
+when :func:`build_sampler` first builds it.
+"""
 
-#: The watermarking samplers, in the paper's order: the values of the scheme's ``sampler``.
-WATERMARKING: tuple[type[Sampler], ...] = (DistributionShift, Exponential, InverseTransform, Binary)
-#: Every sampler by name, plain sampling (``none``) included.
-SAMPLERS: dict[str, type[Sampler]] = {cls.name: cls for cls in (*WATERMARKING, Plain)}
-#: Display names of the watermarking samplers (the report's families), in the paper's order.
-LABELS: dict[str, str] = {cls.name: cls.label for cls in WATERMARKING}
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import TYPE_CHECKING
+
+from mmw.samplers.parts import DECLARED, LABELS, WATERMARKING
+
+if TYPE_CHECKING:
+    from mmw.samplers.base import Sampler
+    from mmw.scheme import SchemeSpec
 
 
-def build_sampler(spec, key: int, vocab_size: int) -> Sampler:
-    return SAMPLERS[spec.sampler](spec, key, vocab_size)
+def implementation(name: str) -> type[Sampler]:
+    """The class that samples and scores for the sampler ``name``: the subclass of its declaration in the module
+    the declaration names (imported here, hence torch)."""
+    declared = DECLARED[name]
+    module = importlib.import_module(declared.implementation)
+    found = [obj for obj in vars(module).values() if isinstance(obj, type) and issubclass(obj, declared)
+             and obj.__module__ == module.__name__ and not inspect.isabstract(obj)]
+    if len(found) != 1:
+        raise ImportError(f"{declared.implementation} must define exactly one subclass of {declared.__name__}, "
+                          f"found {len(found)}")
+    return found[0]
 
 
-__all__ = ["LABELS", "SAMPLERS", "WATERMARKING", "Sampler", "build_sampler"]
+def build_sampler(spec: SchemeSpec, key: int, vocab_size: int) -> Sampler:
+    return implementation(spec.sampler)(spec, key, vocab_size)
+
+
+__all__ = ["DECLARED", "LABELS", "WATERMARKING", "build_sampler", "implementation"]

@@ -1,20 +1,21 @@
 """Sampler base: next-token selection from logits + a seed (torch), and its per-token statistic (numpy).
 
-A new sampler is one small class: ``choose`` (generation), ``statistic`` (detection), and, when its null
-differs, ``units`` (what counts as one independent random draw) and ``pvalue_sum`` (the exact null of the sum);
-its class also declares the scheme keys it uses and the combinations it refuses (``mmw.validation.Part``, applied
-by ``mmw.scheme.SchemeSpec``). Convention (docs/PRF.md): lower statistic = more watermark evidence.
+A new sampler is its declaration in ``mmw.samplers.parts`` (name, label, the scheme keys it uses and the
+combinations it refuses, which ``mmw.scheme.SchemeSpec`` applies without importing torch) and one small class
+here that subclasses it: ``choose`` (generation), ``statistic`` (detection), and, when its null differs,
+``units`` (what counts as one independent random draw) and ``pvalue_sum`` (the exact null of the sum); plus its
+kernel statistic (``mmw.kernels.stats``). Convention (docs/PRF.md): lower statistic = more watermark evidence.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from mmw import nulls, prf
-from mmw.validation import Key, Part, Refuse
+from mmw.samplers.parts import PlainPart, SamplerPart
 
 if TYPE_CHECKING:
     from mmw.scheme import SchemeSpec
@@ -48,25 +49,9 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return (cdf < target).sum(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-def refuse_constant_randomness(holds: str) -> Refuse:
-    """Constant randomness (window=0) gives every token one seed; the sum score counts each random draw once, so
-    a sampler whose draws are shared across tokens (C2: one uniform per seed, C3: one per tree node, most of them
-    forced by the model) stops gathering evidence with length. Measured on synthetic text of entropy log 16: 17%
-    (C2) and 0-8% (C3) detected at 64 and 200 tokens (tests/test_power.py)."""
-    return Refuse("window", lambda v: v["window"] == 0, "window=0 (constant randomness) cannot detect "
-                  "sampler={sampler}: every token shares one seed, so the text holds " + holds
-                  + " and evidence stops growing with length", "an integer >= 1")
-
-
-class Sampler(Part, ABC):
-    """One sampling strategy C of the design space (the scheme's ``sampler``; ``label``: its display name)."""
-
-    part = "sampler"
-    chosen = "by sampler={name}"
-    label: ClassVar[str]
-    distortion_free: ClassVar[bool] = True
-    # A distortion-free sampler is deterministic given the key, so it may sample plainly with probability skip_prob.
-    scheme_keys = (Key("skip_prob", default=0.0),)
+class Sampler(SamplerPart, ABC):
+    """The implementation of a sampling strategy: generation (torch) and its statistic (numpy). A concrete sampler
+    also subclasses its declaration, e.g. ``class Exponential(Sampler, ExponentialPart)``."""
 
     def __init__(self, spec: SchemeSpec, key: int, vocab_size: int):
         self.spec = spec
@@ -111,11 +96,8 @@ class Sampler(Part, ABC):
         return nulls.erlang_upper(total, n_units)
 
 
-class Plain(Sampler):
+class Plain(Sampler, PlainPart):
     """Ordinary sampling (the unwatermarked baseline, and skipped tokens). No statistic."""
-
-    name = "none"
-    label = "Plain"
 
     def choose(self, logits, seeds, temperature, plain_u):
         if temperature == 0:

@@ -5,29 +5,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 from mmw import nulls, prf
-from mmw.samplers.base import Sampler, cumsum_last, probabilities, refuse_constant_randomness
-from mmw.samplers.binary_code import CODES, build_code
-from mmw.validation import Key, Refuse
+from mmw.samplers.base import Sampler, cumsum_last, probabilities
+from mmw.samplers.binary_code import build_code
+from mmw.samplers.parts import BinaryPart
 
 
-class Binary(Sampler):
+class Binary(Sampler, BinaryPart):
     """At internal node m with seed r: w = unit(prf(r, NODE + m)); bit 0 iff w < P(left subtree | node).
 
     Statistic per node (the paper's): -log(1 - w) for bit 0, -log(w) for bit 1 — Exp(1) under H0 and smaller
     when watermarked; a token's statistic is the sum over its nodes. Each (seed, node) pair is one draw."""
-
-    name = "binary"
-    label = "Binary"
-    scheme_keys = (*Sampler.scheme_keys, Key("binary_code", default=CODES[0]))
-    # The edit DP compares per-token costs with the gap cost psi, which only means something when the statistic
-    # is on the -Exp(1) scale (C1, C2) or in [-1, 0] (C4). This sampler's per-token statistic is a sum of ~depth
-    # (10-17) positive Exp(1) node values, always far above 2 psi, so the DP takes only gaps and every text (and
-    # every null trial) scores exactly 2 n psi: p = 1, nothing is ever detected.
-    refuses = (Refuse("score", lambda v: v["score"] == "edit", "the edit score cannot detect the binary sampler: "
-                      "its per-token statistic (a sum of ~10-17 positive node values) always exceeds the gap cost "
-                      "2*psi, so every text scores 2*n*psi and p = 1; use score=align with randomness=fixed, or "
-                      "score=sum", ("sum", "align")),
-               refuse_constant_randomness("only the tree nodes' draws, shared by all tokens"))
 
     def __init__(self, spec, key, vocab_size):
         super().__init__(spec, key, vocab_size)

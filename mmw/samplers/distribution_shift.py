@@ -6,20 +6,13 @@ import numpy as np
 import torch
 from mmw import nulls, prf
 from mmw.samplers.base import Sampler, inverse_cdf, probabilities
-from mmw.validation import Key, Unused
+from mmw.samplers.parts import DistributionShiftPart
 
 
-class DistributionShift(Sampler):
+class DistributionShift(Sampler, DistributionShiftPart):
     """Green list of token i under seed r: ``unit(prf(r, i)) < gamma`` — a keyed random subset of expected size
     gamma*d. Membership is decided per token, so no per-step permutation of the vocabulary is needed, and under H0
     each (seed, token) pair is green with probability exactly gamma."""
-
-    name = "distribution_shift"
-    label = "Distribution shift"
-    distortion_free = False
-    scheme_keys = (Unused("skip_prob", "by the distribution-shift sampler (it is not deterministic given the key)"),
-                   Key("delta", required=True, purpose="the distribution-shift bias"),
-                   Key("gamma", default=0.5, purpose="the distribution-shift green-list fraction"))
 
     def prepare(self, device):
         self.token_ids(device)

@@ -7,11 +7,10 @@ import torch
 
 from mmw import prf
 from mmw.samplers.base import Sampler, probabilities
+from mmw.samplers.parts import ExponentialPart
 
 
-class Exponential(Sampler):
-    name = "exponential"
-    label = "Exponential"
+class Exponential(Sampler, ExponentialPart):
 
     def prepare(self, device):
         self.token_ids(device)

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from mmw import prf
-from mmw.samplers.base import Sampler, inverse_cdf, probabilities, refuse_constant_randomness
+from mmw.samplers.base import Sampler, inverse_cdf, probabilities
+from mmw.samplers.parts import InverseTransformPart
 
 TINY = 2.0**-60  # floor for F: the statistic stays finite if v lands exactly on eta
 
@@ -17,13 +18,9 @@ def keyed_permutation(key: int, vocab_size: int) -> np.ndarray:
     return np.argsort((h >> np.uint64(1)).astype(np.int64), kind="stable")
 
 
-class InverseTransform(Sampler):
+class InverseTransform(Sampler, InverseTransformPart):
     """Statistic: the probability integral transform of Kuditipudi's |v - eta|. Given the token (so eta), v is
     uniform under H0 and ``F_eta(c) = P(|v - eta| <= c) = min(eta + c, 1) - max(eta - c, 0)``; log F is -Exp(1)."""
-
-    name = "inverse_transform"
-    label = "Inverse transform"
-    refuses = (refuse_constant_randomness("one random draw"),)
 
     def __init__(self, spec, key, vocab_size):
         super().__init__(spec, key, vocab_size)

@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from mmw.errors import SpecError
+from mmw.samplers import LABELS
 from mmw.selection import PAPER_CONSTRAINTS, Constraints, median_mad
 from mmw.sweep.confirm import (
     PENDING,
@@ -180,7 +181,7 @@ def cell_text(row: dict[str, Any]) -> str:
 
 
 #: The paper's family columns, in its order.
-FAMILIES = ("distribution_shift", "exponential", "inverse_transform", "binary")
+FAMILIES = tuple(LABELS)
 
 
 def paper_rows(table: pl.DataFrame, cell: Callable[[dict[str, Any]], str], r_sign: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""``reports/quality.json`` from the ``quality`` stage's per-text scores, and its section of summary.md.
+"""One run's secondary quality: ``reports/quality.json`` from the ``quality`` stage's per-text scores.
 
 Per group (``all`` and each task): the task measure (pass@1 / accuracy; null for judge-rated tasks, whose
 quality is the judge's Q in metrics.json), median perplexity and mean repeated-n-gram shares, baseline vs
@@ -15,9 +15,9 @@ import polars as pl
 
 from mmw.quality.mauve import MauveResult
 from mmw.quality.repetition import ORDERS
+from mmw.reporting import OVERALL
 from mmw.tasks import JUDGE, MEASURES
 
-OVERALL = "all"
 SOURCES = ("baseline", "watermarked")
 #: Columns of data/quality/scores.parquet.
 SCORE_SCHEMA = {"prompt_id": pl.String, "task": pl.String, "source": pl.String, "measure": pl.String,
@@ -59,34 +59,3 @@ def quality_report(scores: pl.DataFrame, mauve: MauveResult | None, header: dict
         "value": _number(mauve.value), "n_baseline": mauve.n_baseline, "n_watermarked": mauve.n_watermarked,
         "num_buckets": mauve.num_buckets}  # its run time goes to the timings log (`mmw timings`), not a DVC output
     return {**header, "mauve": mauve_out, "groups": groups}
-
-
-def _fmt(value: Any, percent: bool = False) -> str:
-    if value is None:
-        return "–"
-    return f"{100 * value:.1f}%" if percent else f"{value:.3g}"
-
-
-def quality_markdown(report: dict[str, Any]) -> str:
-    """The "Secondary quality" section of summary.md."""
-    lines = ["## Secondary quality (reports/quality.json)", "",
-             f"- scorer: {report.get('scorer')}; metrics: {', '.join(report.get('metrics', []))}"]
-    mauve = report.get("mauve")
-    if mauve:
-        lines.append(f"- MAUVE baseline vs watermarked (all tasks): **{_fmt(mauve['value'])}** "
-                     f"(n = {mauve['n_baseline']} + {mauve['n_watermarked']}; noisy below "
-                     "thousands of texts)")
-    lines += ["", "| group | measure | task score base → wm | perplexity base → wm | repeated 1-grams base → wm "
-              "| repeated 4-grams base → wm |", "|---|---|---|---|---|---|"]
-    for group, m in report["groups"].items():
-        measure = m["measure"] or "–"
-        task = f"{_fmt(m['task_score_baseline'], True)} → {_fmt(m['task_score_watermarked'], True)}" \
-            if m["task_score_baseline"] is not None else "–"
-        lines.append(f"| {group} | {measure} | {task} | {_fmt(m['perplexity_baseline'])} → "
-                     f"{_fmt(m['perplexity_watermarked'])} | {_fmt(m['repetition_1_baseline'], True)} → "
-                     f"{_fmt(m['repetition_1_watermarked'], True)} | {_fmt(m['repetition_4_baseline'], True)} → "
-                     f"{_fmt(m['repetition_4_watermarked'], True)} |")
-    lines += ["", "Task score: pass@1 (code run in the sandbox) or accuracy; judge-rated tasks show their Q above. "
-              "Perplexity: median, under the scorer, of each reply given its prompt. Repeated n-grams: mean share "
-              "of a text's n-grams that occur earlier in it."]
-    return "\n".join(lines) + "\n"

@@ -1,0 +1,111 @@
+"""The samplers' declarations: what the scheme's validation needs of each sampler C1-C4 (and plain sampling) —
+its name, display label, the scheme keys it uses (with defaults) and the combinations it refuses
+(``mmw.validation.Part``, applied by ``mmw.scheme.SchemeSpec``).
+
+This module imports no torch: validation, the params board and the reports read it without loading
+the generation code. Each sampler's implementation (``mmw.samplers.<module>``) subclasses its declaration, and
+the declaration names it (``implementation``), so :func:`mmw.samplers.build_sampler` imports it on first use.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from mmw.samplers.binary_code import CODES
+from mmw.validation import Key, Part, Refuse, Unused
+
+
+def refuse_constant_randomness(holds: str) -> Refuse:
+    """Constant randomness (window=0) gives every token one seed; the sum score counts each random draw once, so
+    a sampler whose draws are shared across tokens (C2: one uniform per seed, C3: one per tree node, most of them
+    forced by the model) stops gathering evidence with length. Measured on synthetic text of entropy log 16: 17%
+    (C2) and 0-8% (C3) detected at 64 and 200 tokens (tests/test_power.py)."""
+    return Refuse("window", lambda v: v["window"] == 0, "window=0 (constant randomness) cannot detect "
+                  "sampler={sampler}: every token shares one seed, so the text holds " + holds
+                  + " and evidence stops growing with length", "an integer >= 1")
+
+
+class SamplerPart(Part):
+    """One sampling strategy C of the design space (the scheme's ``sampler``; ``label``: its display name;
+    ``implementation``: the module whose subclass of this declaration samples and scores)."""
+
+    part = "sampler"
+    chosen = "by sampler={name}"
+    label: ClassVar[str]
+    implementation: ClassVar[str]
+    distortion_free: ClassVar[bool] = True
+    #: How the running sum S of its unit statistics moves under the watermark (``mmw.size``'s anytime e-process):
+    #: "exp_up" -- each unit is -Exp(1) and the watermark makes Exp(1) draws large (C1, C2); "exp_down" -- each
+    #: unit is +Exp(1) and shrinks when marked (C3, per tree node); "green" -- each unit is -1 (green, probability
+    #: gamma) or 0 (C4). None: no per-unit pivot.
+    pivot: ClassVar[str | None] = None
+    # A distortion-free sampler is deterministic given the key, so it may sample plainly with probability skip_prob.
+    scheme_keys = (Key("skip_prob", default=0.0),)
+
+
+class PlainPart(SamplerPart):
+    """Ordinary sampling: the unwatermarked baseline (not a value of the scheme's ``sampler``)."""
+
+    name = "none"
+    label = "Plain"
+    implementation = "mmw.samplers.base"
+
+
+class DistributionShiftPart(SamplerPart):
+    """C4 distribution shift (Kirchenbauer et al.): delta added to a keyed green list of fraction gamma."""
+
+    name = "distribution_shift"
+    label = "Distribution shift"
+    implementation = "mmw.samplers.distribution_shift"
+    distortion_free = False
+    pivot = "green"
+    scheme_keys = (Unused("skip_prob", "by the distribution-shift sampler (it is not deterministic given the key)"),
+                   Key("delta", required=True, purpose="the distribution-shift bias"),
+                   Key("gamma", default=0.5, purpose="the distribution-shift green-list fraction"))
+
+
+class ExponentialPart(SamplerPart):
+    """C1 exponential (Aaronson): Gumbel-max with keyed per-token uniforms; distortion-free."""
+
+    name = "exponential"
+    label = "Exponential"
+    implementation = "mmw.samplers.exponential"
+    pivot = "exp_up"
+
+
+class InverseTransformPart(SamplerPart):
+    """C2 inverse transform (Kuditipudi et al.): inverse-CDF sampling over a keyed permutation of the vocabulary."""
+
+    name = "inverse_transform"
+    label = "Inverse transform"
+    implementation = "mmw.samplers.inverse_transform"
+    pivot = "exp_up"
+    refuses = (refuse_constant_randomness("one random draw"),)
+
+
+class BinaryPart(SamplerPart):
+    """C3 binary (Christ et al.): tokens as bit strings, each bit drawn by a keyed uniform."""
+
+    name = "binary"
+    label = "Binary"
+    implementation = "mmw.samplers.binary"
+    pivot = "exp_down"
+    scheme_keys = (*SamplerPart.scheme_keys, Key("binary_code", default=CODES[0]))
+    # The edit DP compares per-token costs with the gap cost psi, which only means something when the statistic
+    # is on the -Exp(1) scale (C1, C2) or in [-1, 0] (C4). This sampler's per-token statistic is a sum of ~depth
+    # (10-17) positive Exp(1) node values, always far above 2 psi, so the DP takes only gaps and every text (and
+    # every null trial) scores exactly 2 n psi: p = 1, nothing is ever detected.
+    refuses = (Refuse("score", lambda v: v["score"] == "edit", "the edit score cannot detect the binary sampler: "
+                      "its per-token statistic (a sum of ~10-17 positive node values) always exceeds the gap cost "
+                      "2*psi, so every text scores 2*n*psi and p = 1; use score=align with randomness=fixed, or "
+                      "score=sum", ("sum", "align")),
+               refuse_constant_randomness("only the tree nodes' draws, shared by all tokens"))
+
+
+#: The watermarking samplers, in the paper's order: the values of the scheme's ``sampler``.
+WATERMARKING: tuple[type[SamplerPart], ...] = (DistributionShiftPart, ExponentialPart, InverseTransformPart,
+                                               BinaryPart)
+#: Every sampler's declaration by name, plain sampling (``none``) included.
+DECLARED: dict[str, type[SamplerPart]] = {cls.name: cls for cls in (*WATERMARKING, PlainPart)}
+#: Display names of the watermarking samplers (the report's families), in the paper's order.
+LABELS: dict[str, str] = {cls.name: cls.label for cls in WATERMARKING}
