@@ -11,7 +11,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from mmw.errors import SpecError
 
@@ -187,22 +189,65 @@ def select_watermark(
         typer.echo("  " + command.replace("dvc exp run", "MMW_KEY=$(openssl rand -hex 16) dvc exp run", 1))
 
 
-@app.command("sweep")
-def sweep(
-    name: Annotated[str, typer.Argument(help="a sweep of sweeps/<name>.yaml, or `run`, `collect` or `plan` "
-                                             "followed by the name")],
-    collect_name: Annotated[str | None, typer.Argument(metavar="[NAME]", help="after a verb: the sweep")] = None,
-    repo: Annotated[Path, typer.Option(help="the repository (its params.yaml, sweeps/ and experiments)")] = Path("."),
+class _SweepVerbs(TyperGroup):
+    """``mmw sweep``'s verbs. A word that is not a verb (``mmw sweep small``) is refused in one line that shows
+    the command meant, instead of Click's usage block."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            typer.echo(f"error: sweep: {args[0]!r} is not a verb of `mmw sweep` (allowed: "
+                       f"{', '.join(self.list_commands(ctx))}); to run that sweep: mmw sweep run {args[0]}", err=True)
+            raise typer.Exit(2)
+        return super().resolve_command(ctx, args)
+
+
+sweep_app = typer.Typer(cls=_SweepVerbs, no_args_is_help=True, help=(
+    "Sweeps of sweeps/<name>.yaml as DVC experiments: run, collect, plan (docs/SWEEP.md)."))
+app.add_typer(sweep_app, name="sweep")
+
+SweepName = Annotated[str, typer.Argument(metavar="NAME", help="the sweep: sweeps/NAME.yaml")]
+RepoOption = Annotated[Path, typer.Option(help="the repository (its params.yaml, sweeps/ and experiments)")]
+OutOption = Annotated[Path, typer.Option(help="where the collected reports/sweeps/NAME/ is")]
+ScaleOption = Annotated[str | None, typer.Option(help="the scale shown beside the table (default: from the "
+                                                      "sweep's base)")]
+TimingsOption = Annotated[bool, typer.Option(help="collect per-stage wall times (slow)")]
+
+
+def _load_sweep(repo: Path, name: str, validate: bool = True) -> Any:
+    """The expanded sweep and its counts on stdout; exit 2 with one line on an unknown or invalid one."""
+    from mmw.sweep import load_sweep
+
+    try:
+        # Collecting and planning read what ran: today's params validation is not a condition for that.
+        definition = load_sweep(repo, name, validate=validate)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    grids: dict[str, int] = {}
+    for config in definition.configs:
+        grids[config.grid] = grids.get(config.grid, 0) + 1
+    typer.echo(f"sweep {name}: {len(definition.configs)} configs ("
+               + ", ".join(f"{g} {n}" for g, n in grids.items()) + f"); re-evaluation k={definition.reevaluate.k}")
+    if definition.split is not None:
+        split = definition.split
+        typer.echo(f"  tuning prompts [{split.tuning_offset}, {split.tuning_offset + split.tuning}) per task; "
+                   f"confirmation [{split.offset}, {split.offset + split.prompts}) per task, level {split.level:g} "
+                   f"per cell over at most {split.max_tries} tries")
+    return definition
+
+
+@sweep_app.command("run")
+def sweep_run(
+    name: SweepName,
+    repo: RepoOption = Path("."),
     dry_run: Annotated[bool, typer.Option("--dry-run", help="expand and validate, print the counts, run nothing")]
     = False,
-    configs: Annotated[bool, typer.Option(help="run the configs not done yet (--no-configs: only re-evaluate)")]
-    = True,
-    reevaluate: Annotated[bool, typer.Option(help="then re-evaluate the picks with the definition's K seeds")]
-    = True,
-    out: Annotated[Path, typer.Option(help="with `collect` / `plan`: where reports/sweeps/<name>/ is")] = Path(
-        "reports/sweeps"),
-    timings: Annotated[bool, typer.Option(help="with `collect`: read per-stage wall times (slow)")] = True,
-    scale: Annotated[str | None, typer.Option(help="with `collect`: the scale shown beside the table")] = None,
+    configs: Annotated[bool, typer.Option(help="run the configs not done yet (--no-configs: only confirm / "
+                                               "re-evaluate)")] = True,
+    reevaluate: Annotated[bool, typer.Option(help="then confirm / re-evaluate the picks with the definition's K "
+                                                  "seeds")] = True,
+    scale: ScaleOption = None,
+    timings: TimingsOption = True,
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS",
         help="run the configs as Ray tasks on the cluster at ADDRESS (`auto`: the one `ray start` made here, "
@@ -213,47 +258,19 @@ def sweep(
     timeout_retries: Annotated[int, typer.Option(
         help="with --ray: how often a timed-out config is submitted again before it stays failed")] = 1,
 ) -> None:
-    """Run a sweep as DVC experiments (`mmw sweep NAME` or `mmw sweep run NAME`), collect it (`mmw sweep collect
-    NAME`) or plan the prompts its unresolved cells need (`mmw sweep plan NAME`, from the collected tables).
+    """Run a sweep (configs, then confirmation runs), collect it and write the report.
 
-    Running skips finished configs (retries failed and missing ones), prints done / queued / failed and an ETA,
-    then re-evaluates the picks, then collects it and writes reports/index.html. Collecting writes
-    reports/sweeps/<name>/ (results, attacks, the paper's table).
+    Runs the configs not done yet as DVC experiments (failed and missing ones are retried), then the
+    confirmation (or re-evaluation) runs of the picks, then collects it into reports/sweeps/NAME/ and writes
+    reports/index.html. Progress, failures and an ETA are printed after every run; an interrupted run resumes
+    without repeating a finished experiment.
+
     Exit code 2 on an unknown sweep or an invalid entry (before anything runs), 1 when some config failed.
     """
-    from mmw.sweep import load_sweep, run_sweep
+    from mmw.sweep import run_sweep
 
-    verb = name if name in SWEEP_VERBS else "run"
-    collecting = verb in ("collect", "plan")
-    sweep_name = collect_name if name in SWEEP_VERBS else name
-    forms = "mmw sweep NAME | mmw sweep run NAME | mmw sweep collect NAME | mmw sweep plan NAME"
-    try:
-        if sweep_name is None:
-            raise SpecError("sweep", f"`mmw sweep {verb}` needs the sweep's name", forms)
-        if collect_name is not None and name not in SWEEP_VERBS:
-            raise SpecError("sweep", f"unexpected argument {collect_name!r}", forms)
-        # Collecting reads what ran: the params validation of today's code is not a condition for that.
-        definition = load_sweep(repo, sweep_name, validate=not collecting)
-    except SpecError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
-    grids: dict[str, int] = {}
-    for config in definition.configs:
-        grids[config.grid] = grids.get(config.grid, 0) + 1
-    typer.echo(f"sweep {sweep_name}: {len(definition.configs)} configs ("
-               + ", ".join(f"{g} {n}" for g, n in grids.items()) + f"); re-evaluation k={definition.reevaluate.k}")
-    if definition.split is not None:
-        split = definition.split
-        typer.echo(f"  tuning prompts [{split.tuning_offset}, {split.tuning_offset + split.tuning}) per task; "
-                   f"confirmation [{split.offset}, {split.offset + split.prompts}) per task, level {split.level:g} "
-                   f"per cell over at most {split.max_tries} tries")
+    definition = _load_sweep(repo, name)
     if dry_run:
-        return
-    if verb == "plan":
-        _plan_sweep(definition, out / sweep_name)
-        return
-    if collecting:
-        _collect_sweep(repo, definition, out / sweep_name, scale, timings)
         return
     try:
         executor = None
@@ -272,14 +289,32 @@ def sweep(
     if reruns is not None:  # the sweep has its answer: write its tables (reports/sweeps/<name>/) and the report
         from mmw.reporting.page import build_report
 
-        _collect_sweep(repo, definition, repo / "reports" / "sweeps" / sweep_name, scale, timings)
-        info = build_report(repo, sweep_name, repo / "reports" / "index.html", repo / "params.yaml")
-        typer.echo(f"wrote {repo / 'reports' / 'sweeps' / sweep_name}/ and {info.path}")
+        _collect_sweep(repo, definition, repo / "reports" / "sweeps" / name, scale, timings)
+        info = build_report(repo, name, repo / "reports" / "index.html", repo / "params.yaml")
+        typer.echo(f"wrote {repo / 'reports' / 'sweeps' / name}/ and {info.path}")
     if any(p is not None and p.failed for p in (pool, reruns)):
         raise typer.Exit(1)
 
 
-SWEEP_VERBS = ("run", "collect", "plan")
+@sweep_app.command("collect")
+def sweep_collect(name: SweepName, repo: RepoOption = Path("."), out: OutOption = Path("reports/sweeps"),
+                  scale: ScaleOption = None, timings: TimingsOption = True) -> None:
+    """Collect a sweep's experiments into tables: OUT/NAME/ (table.md and Parquet files).
+
+    Results, attacks, re-evaluations, the paper's table (with `confirm`: the confirmed table, per-prompt rows,
+    tries, split and plan), randomness and delta tables; readable without the DVC cache."""
+    definition = _load_sweep(repo, name, validate=False)
+    _collect_sweep(repo, definition, out / name, scale, timings)
+
+
+@sweep_app.command("plan")
+def sweep_plan_command(name: SweepName, repo: RepoOption = Path("."), out: OutOption = Path("reports/sweeps"))\
+        -> None:
+    """Print the prompts and the time each unresolved cell of a collected sweep needs.
+
+    Exit 2 when the sweep has not been collected yet."""
+    definition = _load_sweep(repo, name, validate=False)
+    _plan_sweep(definition, out / name)
 
 
 def _plan_sweep(definition: Any, dest: Path) -> None:
