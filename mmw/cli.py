@@ -308,39 +308,60 @@ def sweep_collect(name: SweepName, repo: RepoOption = Path("."), out: OutOption 
 
 
 @sweep_app.command("plan")
-def sweep_plan_command(name: SweepName, repo: RepoOption = Path("."), out: OutOption = Path("reports/sweeps"))\
-        -> None:
+def sweep_plan_command(
+    name: SweepName, repo: RepoOption = Path("."), out: OutOption = Path("reports/sweeps"),
+    level: Annotated[float | None, typer.Option(help="for a sweep without `confirm` (a pilot): the per-cell error "
+                                                     "level to plan for (default 0.05)")] = None,
+    max_tries: Annotated[int | None, typer.Option(help="for a pilot: the tries per cell the level is split over "
+                                                       "(default 2)")] = None,
+) -> None:
     """Print the prompts and the time each unresolved cell of a collected sweep needs.
 
-    Exit 2 when the sweep has not been collected yet."""
+    A sweep with `confirm` is planned from its confirmation runs' per-prompt spread; one without (its picks re-run
+    on their tuning prompts) as a pilot, from the spread of each pick's re-runs. Exit 2 when the sweep has not been
+    collected yet."""
     definition = _load_sweep(repo, name, validate=False)
-    _plan_sweep(definition, out / name)
+    _plan_sweep(definition, out / name, level, max_tries)
 
 
-def _plan_sweep(definition: Any, dest: Path) -> None:
-    """Print the prompts and time each unresolved cell of a collected sweep needs (exit 2 without one)."""
+def _plan_sweep(definition: Any, dest: Path, level: float | None, max_tries: int | None) -> None:
+    """Print the prompts and time each unresolved cell of a collected sweep needs (exit 2 without one); a sweep
+    without a confirm section is planned as a pilot."""
     import polars as pl
 
-    from mmw.sweep.plan import plan_markdown, sweep_plan
+    from mmw.sweep.confirm import ConfirmSettings
+    from mmw.sweep.plan import pilot_plan, plan_markdown, sweep_plan
 
+    split = definition.split
     try:
-        if definition.split is None:
-            raise SpecError("confirm", f"sweep {definition.name} has no confirm section: nothing is confirmed, so "
-                            "nothing can be planned", "add confirm: {prompts: N} to its definition")
+        if split is not None and (level is not None or max_tries is not None):
+            raise SpecError("--level" if level is not None else "--max-tries", f"sweep {definition.name} sets it in "
+                            "its confirm section", "leave it out (it applies to a sweep without confirm)")
+        settings = ConfirmSettings(level=0.05 if level is None else level, max_tries=max_tries or 2) \
+            if split is None else None
         missing = [f for f in ("table", "results", "reevaluations") if not (dest / f"{f}.parquet").is_file()]
         if missing:
             raise SpecError("sweep", f"{dest} has no {', '.join(missing)}.parquet",
                             f"mmw sweep collect {definition.name} first")
         table, results, reevaluations = (pl.read_parquet(dest / f"{f}.parquet")
                                          for f in ("table", "results", "reevaluations"))
-        if "status" not in table.columns or "n_prompts" not in table.columns:
+        if split is not None and ("status" not in table.columns or "n_prompts" not in table.columns):
             raise SpecError("sweep", f"{dest}/table.parquet was collected without confirmation",
                             f"mmw sweep collect {definition.name} again")
+        if split is None and "config_id" not in table.columns:
+            raise SpecError("sweep", f"{dest}/table.parquet has no picks", f"mmw sweep collect {definition.name} again")
     except SpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    plan = sweep_plan(table, results, reevaluations, definition.split, definition.reevaluate.k)
-    typer.echo(plan_markdown(plan, definition.split.level, definition.reevaluate.k))
+    if settings is None:
+        plan = sweep_plan(table, results, reevaluations, split, definition.reevaluate.k)
+        typer.echo(plan_markdown(plan, split.level, definition.reevaluate.k))
+        return
+    plan = pilot_plan(table, results, reevaluations, settings.level, settings.max_tries, definition.reevaluate.k)
+    typer.echo(f"pilot: sweep {definition.name} has no confirm section; every picked cell is planned from the spread "
+               f"of its pick's re-runs on the tuning prompts (same prompts every run: the prompt counts are lower "
+               f"bounds), level {settings.level:g} split over {settings.max_tries} tries per cell")
+    typer.echo(plan_markdown(plan, settings.level, definition.reevaluate.k))
 
 
 def _collect_sweep(repo: Path, definition: Any, dest: Path, scale: str | None, timings: bool) -> None:

@@ -117,6 +117,10 @@ DS = {"scheme.sampler": "distribution_shift", "scheme.score": "sum", "scheme.ran
      ["confirm.offset", "overlap", ">= 4"]),
     (DS, {"base": {"prompts.per_task": None}, "confirm": {"prompts": 6}}, ["confirm", "no prompt is left"]),
     (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 6, "level": 0.9}}, ["confirm.level"]),
+    (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 6, "quality_losses": [0.05]}},
+     ["confirm.quality_losses", "[0.01, 0.1]"]),
+    (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 6, "quality_losses": []}},
+     ["confirm.quality_losses", "non-empty"]),
     ({**DS, "model.engine": ["transformers", "vllm"]}, {}, ["model.engine", "would mix 2 values"]),
     ({**DS, "rate.backend": ["transformers", "openai"]}, {}, ["rate.backend", "would mix"]),
 ])
@@ -344,6 +348,26 @@ def test_the_confirmation_split_is_recorded_and_disjoint(tmp_path: Path) -> None
     assert split.overrides == {"prompts.offset": 3, "prompts.per_task": 6}
     assert (split.level, split.max_tries) == (0.1, 3)
     assert expand("smoke", BOARD, SWEEPS).split.overrides == {"prompts.offset": 1, "prompts.per_task": 4}
+    assert split.constraints == ((0.01, 0.2), (0.01, 0.0), (0.1, 0.2), (0.1, 0.0))
+    repo = _definition(tmp_path, DS, base={"prompts.per_task": 2}, confirm={"prompts": 6, "quality_losses": [0.1]})
+    ten = expand("bad", BOARD, repo / "sweeps").split
+    assert ten.constraints == ((0.1, 0.2), (0.1, 0.0)) and ten.as_dict()["quality_losses"] == [0.1]
+
+
+def test_only_the_configured_constraints_are_confirmed() -> None:
+    """`confirm.quality_losses: [0.1]`: the confirmed table has the 10 % cells (with and without R) only."""
+    from test_confirm import _sweep_tables
+
+    from mmw.sweep.cells import confirmed_table
+    from mmw.sweep.definition import Split
+
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
+    for losses in ((0.01, 0.1), (0.1,)):
+        split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30, quality_losses=losses)
+        table, _ = confirmed_table(results, reevaluations, prompts, split, k=2)
+        assert sorted(set(table["max_quality_loss"])) == list(losses) and table.height == 2 * len(losses)
+        ten = table.filter((pl.col("max_quality_loss") == 0.1) & (pl.col("min_tamper_resistance") == 0.0))
+        assert ten.select("status", "config_id").row(0) == ("confirmed", "b")
 
 
 #: One config with held-out confirmation (the smallest end-to-end case: one tuning run, K = 2 confirmation runs
@@ -611,3 +635,52 @@ def test_a_killed_local_run_leaves_nothing_that_a_rerun_repeats_or_lists_twice(t
     names = [r.get("Experiment") for r in dvc.api.exp_show(repo=str(repo)) if r.get("Experiment")]
     assert sorted(names) == ["t-0", "t-1"], names
     assert not list((repo / ".dvc/tmp/exps/standalone").glob("tmp*"))
+
+
+# ------------------------------------------------------------------------------------------ fast: the pilot plan
+
+
+def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -> None:
+    """Two picks re-run 5 times each on 3 prompts: quality runs 0.90..0.98 (mean 0.94) and 0.99..1.03 (mean 1.02)
+    in steps of 0.02 and 0.01: SDs sqrt(0.001) and sqrt(0.00025), pooled sqrt(0.000625) = 0.025. Level 0.05 over
+    2 tries: z = 1.95996. For the 10 % cell of the first pick, h = z * 0.025 / sqrt(5) = 0.0219, gap 0.94 - 0.9 =
+    0.04: n' = 3 * (h / gap)^2 = 0.9 -> the 3 prompts it has; the plan is the smallest set the definition accepts
+    (4 per task: 4 attacked of 12)."""
+    from scipy.stats import norm
+
+    from mmw.sweep.plan import pilot_plan, pilot_table
+
+    table = pl.DataFrame({"temperature": [1.0, 1.0], "family": ["binary", "binary"], "max_quality_loss": [0.1, 0.01],
+                          "min_tamper_resistance": [0.0, 0.0], "config_id": ["p", "q"]})
+    quality = {"p": [0.90, 0.92, 0.94, 0.96, 0.98], "q": [1.00, 1.01, 1.02, 1.03, 1.04]}
+    reevaluations = pl.DataFrame([{"config_id": c, "seed": 1000 + i, "status": "done", "all.relative_quality": v,
+                                   "all.tamper_resistance": 0.5} for c, vs in quality.items() for i, v in enumerate(vs)])
+    results = pl.DataFrame({"attacks.fraction": [1 / 3], "prompts.per_task": [1], "all.relative_quality_n": [3],
+                            "wall_s": [60.0]})
+    pilot = pilot_table(table, results, reevaluations, level=0.05, max_tries=2)
+    half = norm.ppf(1 - 0.025) * 0.000625 ** 0.5 / 5 ** 0.5
+    p = pilot.row(0, named=True)
+    assert (p["quality"], p["n_prompts"], p["n_attacked"], p["k"]) == (pytest.approx(0.94), 3, 3, 5)
+    assert p["quality_low"] == pytest.approx(0.94 - half)
+    plan = pilot_plan(table, results, reevaluations, 0.05, 2, 5).sort("max_quality_loss")
+    rows = plan.to_dicts()
+    assert (rows[1]["quality_prompts"], rows[1]["prompts_per_task"], rows[1]["quality_toward"]) == (3, 4, "pass")
+    # 1 %: estimate 1.02 vs 0.99 -> gap 0.03, n' = 3 (h / 0.03)^2 = 1.6 -> the 3 it has, 4 per task; 5 runs of
+    # 12 prompts at 20 s a prompt (60 s over 3 prompts, all charged per prompt).
+    assert rows[0]["quality_prompts"] == 3 and rows[0]["prompts_per_task"] == 4
+    assert rows[0]["quality"] == pytest.approx(1.02)
+    assert rows[0]["cpu_s"] == pytest.approx(5 * 12 * 20.0)
+
+
+def test_plan_on_the_committed_small_sweep_prints_every_picked_cell() -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["sweep", "plan", "small", "--repo", str(REPO)])
+    assert result.exit_code == 0, result.output
+    assert "pilot: sweep small has no confirm section" in result.output
+    picked = pl.read_parquet(REPO / "reports/sweeps/small/table.parquet").filter(pl.col("config_id").is_not_null())
+    rows = [line for line in result.output.splitlines() if line.startswith("| ") and "% q" in line]
+    assert len(rows) == picked.height
+    assert any(line.startswith("| 10% q, no R | 1 | distribution_shift | 3 | q ") for line in rows)
+    # A sweep with confirm takes its level from its definition.
+    refused = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(REPO), "--level", "0.1"])
+    assert refused.exit_code == 2 and "--level: sweep smoke sets it in its confirm section" in refused.output
