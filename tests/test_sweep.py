@@ -71,6 +71,15 @@ def test_small_and_smoke_grids_cover_what_they_promise() -> None:
                      for s in ("distribution_shift", "exponential", "inverse_transform", "binary")}
     assert small.reevaluate.k >= 5
     assert len(expand("smoke", BOARD, SWEEPS).configs) == 3
+    # The confirmed part of small: its configs at T = 1 and 0.7 (9 x 2), tuned on the same prompt, confirmed on 16
+    # held-out prompts per task, 10 % cells only.
+    confirmed = expand("small-confirmed", BOARD, SWEEPS)
+    assert {c.config_id for c in confirmed.configs} == {c.config_id for c in small.configs
+                                                        if c.overrides["model.temperature"] in (0.7, 1.0)}
+    assert len(confirmed.configs) == 18 and confirmed.reevaluate.k == 5
+    split = confirmed.split
+    assert (split.tuning_offset, split.tuning, split.offset, split.prompts) == (0, 1, 1, 16)
+    assert split.constraints == ((0.1, 0.2), (0.1, 0.0))
 
 
 def test_config_ids_are_stable_and_distinct(tmp_path: Path) -> None:
