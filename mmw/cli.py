@@ -368,18 +368,35 @@ def _collect_sweep(repo: Path, definition: Any, dest: Path, scale: str | None, t
     """Write a sweep's tables to ``dest`` (reports/sweeps/<name>/) and say what they hold."""
     from mmw.sweep.collect import collect
 
-    collected = collect(repo, definition, dest, scale or _scale_of(definition), with_timings=timings,
+    collected = collect(repo, definition, dest, scale or _scale_of(definition, repo), with_timings=timings,
                         echo=typer.echo)
     counts = collected.results["status"].value_counts().sort("status").iter_rows()
     typer.echo(f"collected {dest}: " + ", ".join(f"{s} {n}" for s, n in counts)
                + f"; {collected.reevaluations.height} re-evaluation runs")
 
 
-def _scale_of(definition: Any) -> str:
-    """``<prompts per task> prompts/task x <tokens> tokens`` from a sweep's base (what the table states)."""
-    base = definition.configs[0].overrides if definition.configs else {}
-    return (f"{base.get('prompts.per_task', 'params.yaml')} prompts/task x {base.get('model.max_new_tokens', '?')} "
-            f"tokens, {base.get('model.name', 'params.yaml model')}, judge {base.get('rate.judge', 'params.yaml')}")
+def _scale_of(definition: Any, repo: Path) -> str:
+    """``<prompts per task> prompts/task x <tokens> tokens, <model>, judge <judge>`` of a sweep's first config: its
+    overrides, else the repository's params.yaml (what the table states)."""
+    import yaml
+
+    from mmw.sweep.definition import apply_overrides
+
+    params = repo / "params.yaml"
+    board = yaml.safe_load(params.read_text()) if params.is_file() else {}
+    try:
+        merged = apply_overrides(board, definition.configs[0].overrides if definition.configs else {})
+    except (KeyError, TypeError):  # a sweep collected against a params.yaml that has changed since
+        merged = board
+
+    def get(dotted: str) -> Any:
+        value: Any = merged
+        for part in dotted.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return "?" if value is None else value
+
+    return (f"{get('prompts.per_task')} prompts/task x {get('model.max_new_tokens')} tokens, {get('model.name')}, "
+            f"judge {get('rate.judge')}")
 
 
 @app.command("report")
