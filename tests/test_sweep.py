@@ -390,8 +390,6 @@ CONFIRM_SWEEP = {
 
 
 @pytest.mark.heavy
-@pytest.mark.skip(reason="end to end (tuning run, two confirmation runs, collection) not yet seen passing: its only "
-                         "run found a collection bug, now fixed and covered by a fast test; run it by hand to see it pass")
 def test_a_real_sweep_is_tuned_confirmed_on_held_out_prompts_and_tabled(tmp_path: Path) -> None:
     repo = make_pipeline_repo(tmp_path / "repo", tiny_board())
     (repo / "sweeps").mkdir(exist_ok=True)
