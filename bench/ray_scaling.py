@@ -1,7 +1,7 @@
 """Wall time of one small sweep on a local Ray cluster with 1 and with 2 worker nodes (1 CPU each), from scratch.
 
 Each run gets a fresh copy of the pipeline (its own DVC cache: no run-cache carried over), the two-config sweep of
-tests/test_ray.py, and ``mmw sweep t --no-reevaluate --ray ADDRESS`` from a plain shell. Prints one JSON line per
+tests/test_ray.py, and ``mmw sweep run t --no-reevaluate --ray ADDRESS`` from a plain shell. Prints one JSON line per
 run and the ratio. Usage: ``python bench/ray_scaling.py [--nodes 1 2]``.
 """
 
@@ -41,7 +41,7 @@ def one(nodes: int, base: Path) -> dict[str, float | int]:
                             "--metrics-export-port", str(_free_port()), "--runtime-env-agent-port",
                             str(_free_port()), *common], env=env, check=True, capture_output=True)
         started = time.perf_counter()
-        run(repo, "mmw", "sweep", "t", "--no-reevaluate", "--ray", f"127.0.0.1:{port}",
+        run(repo, "mmw", "sweep", "run", "t", "--no-reevaluate", "--ray", f"127.0.0.1:{port}",
             env={**THREADS, "MMW_KEY": KEY})
         wall = time.perf_counter() - started
     finally:

@@ -11,7 +11,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from mmw.errors import SpecError
 
@@ -187,22 +189,65 @@ def select_watermark(
         typer.echo("  " + command.replace("dvc exp run", "MMW_KEY=$(openssl rand -hex 16) dvc exp run", 1))
 
 
-@app.command("sweep")
-def sweep(
-    name: Annotated[str, typer.Argument(help="a sweep of sweeps/<name>.yaml, or `run`, `collect` or `plan` "
-                                             "followed by the name")],
-    collect_name: Annotated[str | None, typer.Argument(metavar="[NAME]", help="after a verb: the sweep")] = None,
-    repo: Annotated[Path, typer.Option(help="the repository (its params.yaml, sweeps/ and experiments)")] = Path("."),
+class _SweepVerbs(TyperGroup):
+    """``mmw sweep``'s verbs. A word that is not a verb (``mmw sweep small``) is refused in one line that shows
+    the command meant, instead of Click's usage block."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            typer.echo(f"error: sweep: {args[0]!r} is not a verb of `mmw sweep` (allowed: "
+                       f"{', '.join(self.list_commands(ctx))}); to run that sweep: mmw sweep run {args[0]}", err=True)
+            raise typer.Exit(2)
+        return super().resolve_command(ctx, args)
+
+
+sweep_app = typer.Typer(cls=_SweepVerbs, no_args_is_help=True, help=(
+    "Sweeps of sweeps/<name>.yaml as DVC experiments: run, collect, plan (docs/SWEEP.md)."))
+app.add_typer(sweep_app, name="sweep")
+
+SweepName = Annotated[str, typer.Argument(metavar="NAME", help="the sweep: sweeps/NAME.yaml")]
+RepoOption = Annotated[Path, typer.Option(help="the repository (its params.yaml, sweeps/ and experiments)")]
+OutOption = Annotated[Path, typer.Option(help="where the collected reports/sweeps/NAME/ is")]
+ScaleOption = Annotated[str | None, typer.Option(help="the scale shown beside the table (default: from the "
+                                                      "sweep's base)")]
+TimingsOption = Annotated[bool, typer.Option(help="collect per-stage wall times (slow)")]
+
+
+def _load_sweep(repo: Path, name: str, validate: bool = True) -> Any:
+    """The expanded sweep and its counts on stdout; exit 2 with one line on an unknown or invalid one."""
+    from mmw.sweep import load_sweep
+
+    try:
+        # Collecting and planning read what ran: today's params validation is not a condition for that.
+        definition = load_sweep(repo, name, validate=validate)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    grids: dict[str, int] = {}
+    for config in definition.configs:
+        grids[config.grid] = grids.get(config.grid, 0) + 1
+    typer.echo(f"sweep {name}: {len(definition.configs)} configs ("
+               + ", ".join(f"{g} {n}" for g, n in grids.items()) + f"); re-evaluation k={definition.reevaluate.k}")
+    if definition.split is not None:
+        split = definition.split
+        typer.echo(f"  tuning prompts [{split.tuning_offset}, {split.tuning_offset + split.tuning}) per task; "
+                   f"confirmation [{split.offset}, {split.offset + split.prompts}) per task, level {split.level:g} "
+                   f"per cell over at most {split.max_tries} tries")
+    return definition
+
+
+@sweep_app.command("run")
+def sweep_run(
+    name: SweepName,
+    repo: RepoOption = Path("."),
     dry_run: Annotated[bool, typer.Option("--dry-run", help="expand and validate, print the counts, run nothing")]
     = False,
-    configs: Annotated[bool, typer.Option(help="run the configs not done yet (--no-configs: only re-evaluate)")]
-    = True,
-    reevaluate: Annotated[bool, typer.Option(help="then re-evaluate the picks with the definition's K seeds")]
-    = True,
-    out: Annotated[Path, typer.Option(help="with `collect` / `plan`: where reports/sweeps/<name>/ is")] = Path(
-        "reports/sweeps"),
-    timings: Annotated[bool, typer.Option(help="with `collect`: read per-stage wall times (slow)")] = True,
-    scale: Annotated[str | None, typer.Option(help="with `collect`: the scale shown beside the table")] = None,
+    configs: Annotated[bool, typer.Option(help="run the configs not done yet (--no-configs: only confirm / "
+                                               "re-evaluate)")] = True,
+    reevaluate: Annotated[bool, typer.Option(help="then confirm / re-evaluate the picks with the definition's K "
+                                                  "seeds")] = True,
+    scale: ScaleOption = None,
+    timings: TimingsOption = True,
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS",
         help="run the configs as Ray tasks on the cluster at ADDRESS (`auto`: the one `ray start` made here, "
@@ -213,47 +258,19 @@ def sweep(
     timeout_retries: Annotated[int, typer.Option(
         help="with --ray: how often a timed-out config is submitted again before it stays failed")] = 1,
 ) -> None:
-    """Run a sweep as DVC experiments (`mmw sweep NAME` or `mmw sweep run NAME`), collect it (`mmw sweep collect
-    NAME`) or plan the prompts its unresolved cells need (`mmw sweep plan NAME`, from the collected tables).
+    """Run a sweep (configs, then confirmation runs), collect it and write the report.
 
-    Running skips finished configs (retries failed and missing ones), prints done / queued / failed and an ETA,
-    then re-evaluates the picks, then collects it and writes reports/index.html. Collecting writes
-    reports/sweeps/<name>/ (results, attacks, the paper's table).
+    Runs the configs not done yet as DVC experiments (failed and missing ones are retried), then the
+    confirmation (or re-evaluation) runs of the picks, then collects it into reports/sweeps/NAME/ and writes
+    reports/index.html. Progress, failures and an ETA are printed after every run; an interrupted run resumes
+    without repeating a finished experiment.
+
     Exit code 2 on an unknown sweep or an invalid entry (before anything runs), 1 when some config failed.
     """
-    from mmw.sweep import load_sweep, run_sweep
+    from mmw.sweep import run_sweep
 
-    verb = name if name in SWEEP_VERBS else "run"
-    collecting = verb in ("collect", "plan")
-    sweep_name = collect_name if name in SWEEP_VERBS else name
-    forms = "mmw sweep NAME | mmw sweep run NAME | mmw sweep collect NAME | mmw sweep plan NAME"
-    try:
-        if sweep_name is None:
-            raise SpecError("sweep", f"`mmw sweep {verb}` needs the sweep's name", forms)
-        if collect_name is not None and name not in SWEEP_VERBS:
-            raise SpecError("sweep", f"unexpected argument {collect_name!r}", forms)
-        # Collecting reads what ran: the params validation of today's code is not a condition for that.
-        definition = load_sweep(repo, sweep_name, validate=not collecting)
-    except SpecError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
-    grids: dict[str, int] = {}
-    for config in definition.configs:
-        grids[config.grid] = grids.get(config.grid, 0) + 1
-    typer.echo(f"sweep {sweep_name}: {len(definition.configs)} configs ("
-               + ", ".join(f"{g} {n}" for g, n in grids.items()) + f"); re-evaluation k={definition.reevaluate.k}")
-    if definition.split is not None:
-        split = definition.split
-        typer.echo(f"  tuning prompts [{split.tuning_offset}, {split.tuning_offset + split.tuning}) per task; "
-                   f"confirmation [{split.offset}, {split.offset + split.prompts}) per task, level {split.level:g} "
-                   f"per cell over at most {split.max_tries} tries")
+    definition = _load_sweep(repo, name)
     if dry_run:
-        return
-    if verb == "plan":
-        _plan_sweep(definition, out / sweep_name)
-        return
-    if collecting:
-        _collect_sweep(repo, definition, out / sweep_name, scale, timings)
         return
     try:
         executor = None
@@ -272,58 +289,114 @@ def sweep(
     if reruns is not None:  # the sweep has its answer: write its tables (reports/sweeps/<name>/) and the report
         from mmw.reporting.page import build_report
 
-        _collect_sweep(repo, definition, repo / "reports" / "sweeps" / sweep_name, scale, timings)
-        info = build_report(repo, sweep_name, repo / "reports" / "index.html", repo / "params.yaml")
-        typer.echo(f"wrote {repo / 'reports' / 'sweeps' / sweep_name}/ and {info.path}")
+        _collect_sweep(repo, definition, repo / "reports" / "sweeps" / name, scale, timings)
+        info = build_report(repo, name, repo / "reports" / "index.html", repo / "params.yaml")
+        typer.echo(f"wrote {repo / 'reports' / 'sweeps' / name}/ and {info.path}")
     if any(p is not None and p.failed for p in (pool, reruns)):
         raise typer.Exit(1)
 
 
-SWEEP_VERBS = ("run", "collect", "plan")
+@sweep_app.command("collect")
+def sweep_collect(name: SweepName, repo: RepoOption = Path("."), out: OutOption = Path("reports/sweeps"),
+                  scale: ScaleOption = None, timings: TimingsOption = True) -> None:
+    """Collect a sweep's experiments into tables: OUT/NAME/ (table.md and Parquet files).
+
+    Results, attacks, re-evaluations, the paper's table (with `confirm`: the confirmed table, per-prompt rows,
+    tries, split and plan), randomness and delta tables; readable without the DVC cache."""
+    definition = _load_sweep(repo, name, validate=False)
+    _collect_sweep(repo, definition, out / name, scale, timings)
 
 
-def _plan_sweep(definition: Any, dest: Path) -> None:
-    """Print the prompts and time each unresolved cell of a collected sweep needs (exit 2 without one)."""
+@sweep_app.command("plan")
+def sweep_plan_command(
+    name: SweepName, repo: RepoOption = Path("."), out: OutOption = Path("reports/sweeps"),
+    level: Annotated[float | None, typer.Option(help="for a sweep without `confirm` (a pilot): the per-cell error "
+                                                     "level to plan for (default 0.05)")] = None,
+    max_tries: Annotated[int | None, typer.Option(help="for a pilot: the tries per cell the level is split over "
+                                                       "(default 2)")] = None,
+) -> None:
+    """Print the prompts and the time each unresolved cell of a collected sweep needs.
+
+    A sweep with `confirm` is planned from its confirmation runs' per-prompt spread; one without (its picks re-run
+    on their tuning prompts) as a pilot, from the spread of each pick's re-runs. Exit 2 when the sweep has not been
+    collected yet."""
+    definition = _load_sweep(repo, name, validate=False)
+    _plan_sweep(definition, out / name, level, max_tries)
+
+
+def _plan_sweep(definition: Any, dest: Path, level: float | None, max_tries: int | None) -> None:
+    """Print the prompts and time each unresolved cell of a collected sweep needs (exit 2 without one); a sweep
+    without a confirm section is planned as a pilot."""
     import polars as pl
 
-    from mmw.sweep.plan import plan_markdown, sweep_plan
+    from mmw.sweep.confirm import ConfirmSettings
+    from mmw.sweep.plan import pilot_plan, plan_markdown, sweep_plan
 
+    split = definition.split
     try:
-        if definition.split is None:
-            raise SpecError("confirm", f"sweep {definition.name} has no confirm section: nothing is confirmed, so "
-                            "nothing can be planned", "add confirm: {prompts: N} to its definition")
+        if split is not None and (level is not None or max_tries is not None):
+            raise SpecError("--level" if level is not None else "--max-tries", f"sweep {definition.name} sets it in "
+                            "its confirm section", "leave it out (it applies to a sweep without confirm)")
+        settings = ConfirmSettings(level=0.05 if level is None else level, max_tries=max_tries or 2) \
+            if split is None else None
         missing = [f for f in ("table", "results", "reevaluations") if not (dest / f"{f}.parquet").is_file()]
         if missing:
             raise SpecError("sweep", f"{dest} has no {', '.join(missing)}.parquet",
                             f"mmw sweep collect {definition.name} first")
         table, results, reevaluations = (pl.read_parquet(dest / f"{f}.parquet")
                                          for f in ("table", "results", "reevaluations"))
-        if "status" not in table.columns or "n_prompts" not in table.columns:
+        if split is not None and ("status" not in table.columns or "n_prompts" not in table.columns):
             raise SpecError("sweep", f"{dest}/table.parquet was collected without confirmation",
                             f"mmw sweep collect {definition.name} again")
+        if split is None and "config_id" not in table.columns:
+            raise SpecError("sweep", f"{dest}/table.parquet has no picks", f"mmw sweep collect {definition.name} again")
     except SpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    plan = sweep_plan(table, results, reevaluations, definition.split, definition.reevaluate.k)
-    typer.echo(plan_markdown(plan, definition.split.level, definition.reevaluate.k))
+    if settings is None:
+        plan = sweep_plan(table, results, reevaluations, split, definition.reevaluate.k)
+        typer.echo(plan_markdown(plan, split.level, definition.reevaluate.k))
+        return
+    plan = pilot_plan(table, results, reevaluations, settings.level, settings.max_tries, definition.reevaluate.k)
+    typer.echo(f"pilot: sweep {definition.name} has no confirm section; every picked cell is planned from the spread "
+               f"of its pick's re-runs on the tuning prompts (same prompts every run: the prompt counts are lower "
+               f"bounds), level {settings.level:g} split over {settings.max_tries} tries per cell")
+    typer.echo(plan_markdown(plan, settings.level, definition.reevaluate.k))
 
 
 def _collect_sweep(repo: Path, definition: Any, dest: Path, scale: str | None, timings: bool) -> None:
     """Write a sweep's tables to ``dest`` (reports/sweeps/<name>/) and say what they hold."""
     from mmw.sweep.collect import collect
 
-    collected = collect(repo, definition, dest, scale or _scale_of(definition), with_timings=timings,
+    collected = collect(repo, definition, dest, scale or _scale_of(definition, repo), with_timings=timings,
                         echo=typer.echo)
     counts = collected.results["status"].value_counts().sort("status").iter_rows()
     typer.echo(f"collected {dest}: " + ", ".join(f"{s} {n}" for s, n in counts)
                + f"; {collected.reevaluations.height} re-evaluation runs")
 
 
-def _scale_of(definition: Any) -> str:
-    """``<prompts per task> prompts/task x <tokens> tokens`` from a sweep's base (what the table states)."""
-    base = definition.configs[0].overrides if definition.configs else {}
-    return (f"{base.get('prompts.per_task', 'params.yaml')} prompts/task x {base.get('model.max_new_tokens', '?')} "
-            f"tokens, {base.get('model.name', 'params.yaml model')}, judge {base.get('rate.judge', 'params.yaml')}")
+def _scale_of(definition: Any, repo: Path) -> str:
+    """``<prompts per task> prompts/task x <tokens> tokens, <model>, judge <judge>`` of a sweep's first config: its
+    overrides, else the repository's params.yaml (what the table states)."""
+    import yaml
+
+    from mmw.sweep.definition import apply_overrides
+
+    params = repo / "params.yaml"
+    board = yaml.safe_load(params.read_text()) if params.is_file() else {}
+    try:
+        merged = apply_overrides(board, definition.configs[0].overrides if definition.configs else {})
+    except (KeyError, TypeError):  # a sweep collected against a params.yaml that has changed since
+        merged = board
+
+    def get(dotted: str) -> Any:
+        value: Any = merged
+        for part in dotted.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return "?" if value is None else value
+
+    return (f"{get('prompts.per_task')} prompts/task x {get('model.max_new_tokens')} tokens, {get('model.name')}, "
+            f"judge {get('rate.judge')}")
 
 
 @app.command("report")

@@ -159,14 +159,14 @@ def test_missing_input_without_dvc_yaml_still_names_the_file(workdir: Path) -> N
 
 # ---------------------------------------------------------------------------------------------- other commands
 def test_unknown_sweep_exits_2(workdir: Path) -> None:
-    result = invoke(["sweep", "no-such-sweep"])
+    result = invoke(["sweep", "run", "no-such-sweep"])
     assert result.exit_code == 2 and one_error_line(result).startswith("error: sweep: unknown sweep")
 
 
 def test_task_timeout_without_ray_exits_2(workdir: Path) -> None:
     (workdir / "sweeps").mkdir()
     shutil.copy(ROOT / "sweeps/smoke.yaml", workdir / "sweeps/smoke.yaml")
-    result = invoke(["sweep", "smoke", "--task-timeout", "60"])
+    result = invoke(["sweep", "run", "smoke", "--task-timeout", "60"])
     assert result.exit_code == 2 and one_error_line(result).startswith("error: --task-timeout: only applies to Ray")
 
 

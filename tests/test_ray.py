@@ -146,7 +146,7 @@ def test_a_ray_sweep_survives_a_dead_node_and_equals_the_local_run(cluster: dict
     # 2. The sweep through the command, from a plain shell; node 2 is killed (raylet and its workers, as when a
     # machine dies) while both configs run, one on each node.
     log_path = tmp_path / "driver.log"
-    command = [str(BIN / "mmw"), "sweep", "t", "--no-reevaluate", "--ray", cluster["address"]]
+    command = [str(BIN / "mmw"), "sweep", "run", "t", "--no-reevaluate", "--ray", cluster["address"]]
     with log_path.open("w") as log:
         driver = subprocess.Popen(command, cwd=repo, env=cluster["env"], stdout=log, stderr=subprocess.STDOUT)
         request.addfinalizer(lambda: driver.poll() is None and driver.kill())
@@ -194,13 +194,13 @@ def test_a_ray_sweep_survives_a_dead_node_and_equals_the_local_run(cluster: dict
         assert JOB_KEY.encode() not in text and NODE_KEY.encode() not in text, path
 
     # 4. A restarted driver finds both done and runs nothing.
-    again = run(repo, "mmw", "sweep", "t", "--no-reevaluate", "--ray", cluster["address"],
+    again = run(repo, "mmw", "sweep", "run", "t", "--no-reevaluate", "--ray", cluster["address"],
                 env={**THREADS, "MMW_KEY": NODE_KEY})
     assert "done 2/2" in again.stdout and len(_outcomes(repo)) == 2, again.stdout
 
     # 5. The local run of the same sweep (its own repository and cache, the same key): identical metrics.
     local = _repo(tmp_path / "local")
-    run(local, "mmw", "sweep", "t", "--no-reevaluate", env={**THREADS, "MMW_KEY": NODE_KEY})
+    run(local, "mmw", "sweep", "run", "t", "--no-reevaluate", env={**THREADS, "MMW_KEY": NODE_KEY})
     assert _metrics(local) == _metrics(repo)
 
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,15 @@ def test_small_and_smoke_grids_cover_what_they_promise() -> None:
                      for s in ("distribution_shift", "exponential", "inverse_transform", "binary")}
     assert small.reevaluate.k >= 5
     assert len(expand("smoke", BOARD, SWEEPS).configs) == 3
+    # The confirmed part of small: its configs at T = 1 and 0.7 (9 x 2), tuned on the same prompt, confirmed on 16
+    # held-out prompts per task, 10 % cells only.
+    confirmed = expand("small-confirmed", BOARD, SWEEPS)
+    assert {c.config_id for c in confirmed.configs} == {c.config_id for c in small.configs
+                                                        if c.overrides["model.temperature"] in (0.7, 1.0)}
+    assert len(confirmed.configs) == 18 and confirmed.reevaluate.k == 5
+    split = confirmed.split
+    assert (split.tuning_offset, split.tuning, split.offset, split.prompts) == (0, 1, 1, 16)
+    assert split.constraints == ((0.1, 0.2), (0.1, 0.0))
 
 
 def test_config_ids_are_stable_and_distinct(tmp_path: Path) -> None:
@@ -116,6 +126,10 @@ DS = {"scheme.sampler": "distribution_shift", "scheme.score": "sum", "scheme.ran
      ["confirm.offset", "overlap", ">= 4"]),
     (DS, {"base": {"prompts.per_task": None}, "confirm": {"prompts": 6}}, ["confirm", "no prompt is left"]),
     (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 6, "level": 0.9}}, ["confirm.level"]),
+    (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 6, "quality_losses": [0.05]}},
+     ["confirm.quality_losses", "[0.01, 0.1]"]),
+    (DS, {"base": {"prompts.per_task": 2}, "confirm": {"prompts": 6, "quality_losses": []}},
+     ["confirm.quality_losses", "non-empty"]),
     ({**DS, "model.engine": ["transformers", "vllm"]}, {}, ["model.engine", "would mix 2 values"]),
     ({**DS, "rate.backend": ["transformers", "openai"]}, {}, ["rate.backend", "would mix"]),
 ])
@@ -127,15 +141,36 @@ def test_bad_entries_are_refused_naming_the_entry(tmp_path: Path, grid: dict[str
     for name in names:
         assert name in str(caught.value)
     # The command: exit 2, one line on stderr, nothing run (no experiment log written).
-    result = CliRunner().invoke(app, ["sweep", "bad", "--repo", str(repo)])
+    result = CliRunner().invoke(app, ["sweep", "run", "bad", "--repo", str(repo)])
     assert result.exit_code == 2 and names[-1] in result.output
     assert not (repo / ".dvc").exists()
 
 
 def test_an_unknown_sweep_lists_the_available_ones() -> None:
-    result = CliRunner().invoke(app, ["sweep", "nonesuch", "--repo", str(REPO)])
+    result = CliRunner().invoke(app, ["sweep", "run", "nonesuch", "--repo", str(REPO)])
     assert result.exit_code == 2
     assert "nonesuch" in result.output and "smoke" in result.output and "paper" in result.output
+
+
+def test_sweep_is_a_command_group_and_a_sweep_named_like_a_verb_is_just_a_sweep(tmp_path: Path) -> None:
+    runner = CliRunner()
+    listed = runner.invoke(app, ["sweep", "--help"])
+    assert listed.exit_code == 0
+    assert all(f"│ {verb}" in listed.output for verb in ("run", "collect", "plan")), listed.output
+    # A definition called `plan`: `mmw sweep run plan` expands it; `mmw sweep plan plan` plans it.
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(BOARD))
+    shutil.copy(SWEEPS / "smoke.yaml", tmp_path / "sweeps" / "plan.yaml")
+    ran = runner.invoke(app, ["sweep", "run", "plan", "--dry-run", "--repo", str(tmp_path)])
+    assert ran.exit_code == 0 and ran.output.startswith("sweep plan: 3 configs"), ran.output
+    planned = runner.invoke(app, ["sweep", "plan", "plan", "--repo", str(tmp_path), "--out", str(tmp_path / "r")])
+    assert planned.exit_code == 2 and "mmw sweep collect plan first" in planned.output, planned.output
+    # A sweep's name where the verb belongs: one line saying what to type instead, exit 2, nothing run.
+    wrong = runner.invoke(app, ["sweep", "smoke", "--repo", str(tmp_path)])
+    assert wrong.exit_code == 2 and wrong.output.strip().splitlines() == [
+        "error: sweep: 'smoke' is not a verb of `mmw sweep` (allowed: run, collect, plan); to run that sweep: "
+        "mmw sweep run smoke"]
+    assert not (tmp_path / ".dvc").exists()
 
 
 def test_set_args_round_trip_through_dvcs_override_parser(tmp_path: Path) -> None:
@@ -191,7 +226,7 @@ def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -
 
     # 1. Start, and kill the whole process group while the second config runs.
     log = (tmp_path / "first.log").open("w")
-    first = subprocess.Popen([*mmw, "t", "--no-reevaluate"], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT,
+    first = subprocess.Popen([*mmw, "run", "t", "--no-reevaluate"], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True)
     deadline = time.monotonic() + 3000  # a loaded 2-core machine took 990 s for a first config
     while not _outcomes(repo) and first.poll() is None and time.monotonic() < deadline:
@@ -206,7 +241,7 @@ def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -
 
     # 2. Resume: only what is not done runs; the failing config is recorded, does not stop the sweep, and the
     # exit code says something failed. The baseline is never regenerated for the second config.
-    resumed = subprocess.run([*mmw, "t"], cwd=repo, env=env, capture_output=True, text=True, timeout=2400)
+    resumed = subprocess.run([*mmw, "run", "t"], cwd=repo, env=env, capture_output=True, text=True, timeout=2400)
     output = resumed.stdout + resumed.stderr
     assert resumed.returncode == 1, output
     assert "done 1/3" in output and "queued 2" in output, output
@@ -234,7 +269,7 @@ def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -
     assert f"collected reports/sweeps/t: done 2, failed 1; {len(reevals)} re-evaluation runs" in output, output
 
     # 3. A rerun retries only the failed config.
-    again = subprocess.run([*mmw, "t", "--no-reevaluate"], cwd=repo, env=env, capture_output=True, text=True,
+    again = subprocess.run([*mmw, "run", "t", "--no-reevaluate"], cwd=repo, env=env, capture_output=True, text=True,
                            timeout=1200)
     assert "done 2/3, failed 1, queued 1" in again.stdout, again.stdout
     assert len(_outcomes(repo)) == len(outcomes) + 1
@@ -322,6 +357,26 @@ def test_the_confirmation_split_is_recorded_and_disjoint(tmp_path: Path) -> None
     assert split.overrides == {"prompts.offset": 3, "prompts.per_task": 6}
     assert (split.level, split.max_tries) == (0.1, 3)
     assert expand("smoke", BOARD, SWEEPS).split.overrides == {"prompts.offset": 1, "prompts.per_task": 4}
+    assert split.constraints == ((0.01, 0.2), (0.01, 0.0), (0.1, 0.2), (0.1, 0.0))
+    repo = _definition(tmp_path, DS, base={"prompts.per_task": 2}, confirm={"prompts": 6, "quality_losses": [0.1]})
+    ten = expand("bad", BOARD, repo / "sweeps").split
+    assert ten.constraints == ((0.1, 0.2), (0.1, 0.0)) and ten.as_dict()["quality_losses"] == [0.1]
+
+
+def test_only_the_configured_constraints_are_confirmed() -> None:
+    """`confirm.quality_losses: [0.1]`: the confirmed table has the 10 % cells (with and without R) only."""
+    from test_confirm import _sweep_tables
+
+    from mmw.sweep.cells import confirmed_table
+    from mmw.sweep.definition import Split
+
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
+    for losses in ((0.01, 0.1), (0.1,)):
+        split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30, quality_losses=losses)
+        table, _ = confirmed_table(results, reevaluations, prompts, split, k=2)
+        assert sorted(set(table["max_quality_loss"])) == list(losses) and table.height == 2 * len(losses)
+        ten = table.filter((pl.col("max_quality_loss") == 0.1) & (pl.col("min_tamper_resistance") == 0.0))
+        assert ten.select("status", "config_id").row(0) == ("confirmed", "b")
 
 
 #: One config with held-out confirmation (the smallest end-to-end case: one tuning run, K = 2 confirmation runs
@@ -335,8 +390,6 @@ CONFIRM_SWEEP = {
 
 
 @pytest.mark.heavy
-@pytest.mark.skip(reason="end to end (tuning run, two confirmation runs, collection) not yet seen passing: its only "
-                         "run found a collection bug, now fixed and covered by a fast test; run it by hand to see it pass")
 def test_a_real_sweep_is_tuned_confirmed_on_held_out_prompts_and_tabled(tmp_path: Path) -> None:
     repo = make_pipeline_repo(tmp_path / "repo", tiny_board())
     (repo / "sweeps").mkdir(exist_ok=True)
@@ -367,3 +420,274 @@ def test_a_real_sweep_is_tuned_confirmed_on_held_out_prompts_and_tabled(tmp_path
     again = subprocess.run([str(BIN / "mmw"), "sweep", "plan", "c"], cwd=repo, env=plain_shell_env(),
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "Prompts needed" in again.stdout
+
+
+# ------------------------------------------------------------------------------------------ fast: resuming
+
+
+class _FakeSweepWorld:
+    """A sweep's experiments without DVC: one cell of three configs (the tuning rows of test_confirm's
+    ``_sweep_tables``: c ranks first, then b, then a) whose true relative quality is a 1.0, b 0.99, c 0.8. The
+    executor 'runs' a job by recording it as finished; per-prompt rows of a confirmation run depend only on its
+    name (deterministic). ``stop_after``: the executor is killed (KeyboardInterrupt) before its n-th job overall."""
+
+    RHO = {"a": 1.0, "b": 0.99, "c": 0.8}
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        from test_confirm import _sweep_tables
+
+        tuning, _, _ = _sweep_tables(dict.fromkeys(self.RHO, 1.0), {})
+        self.tuning = tuning.with_columns(pl.lit("text-dependent").alias("randomness_kind"),
+                                          pl.lit(1).alias("scheme.window"))
+        self.finished: dict[str, str] = {}
+        self.ran: list[str] = []
+        self.stop_after = stop_after
+
+    def run(self, jobs: Any, record: Any) -> None:
+        from mmw.sweep.runner import Outcome
+
+        for job in jobs:
+            if self.stop_after is not None and len(self.ran) >= self.stop_after:
+                raise KeyboardInterrupt
+            assert job.name not in self.finished, f"{job.name} ran twice"
+            assert (job.env.get("MMW_KEY") is not None) == job.name.startswith("reeval-")
+            self.ran.append(job.name)
+            self.finished[job.name] = f"sha-{job.name}"
+            record(Outcome(name=job.name, config_id=job.config_id, status="done", error=None, wall_s=1.0,
+                           finished="2026-01-01T00:00:00+00:00"))
+
+    def read_sweep(self, _repo: Path, sweep: Any) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+        status = ["done" if f"{sweep.name}-{c}" in self.finished else "missing" for c in self.tuning["config_id"]]
+        results = self.tuning.with_columns(pl.Series("status", status),
+                                           pl.format("{}-{}", pl.lit(sweep.name), "config_id").alias("experiment"))
+        reevals = []
+        for name in sorted(self.finished):
+            if name.startswith(f"reeval-{sweep.name}-"):
+                cid, _, seed = name.removeprefix(f"reeval-{sweep.name}-").rpartition("-s")
+                reevals.append({"config_id": cid, "seed": int(seed), "experiment": name, "status": "done",
+                                "all.size": 12.0, "all.size_valid": 28.0 + int(seed) % 2})
+        schema = {"config_id": pl.String, "seed": pl.Int64, "experiment": pl.String, "status": pl.String,
+                  "all.size": pl.Float64, "all.size_valid": pl.Float64}
+        return results, pl.DataFrame(), pl.DataFrame(reevals, schema=schema)
+
+    def prompt_rows(self, _repo: Path, runs: pl.DataFrame, role: str) -> pl.DataFrame:
+        import numpy as np
+        from test_confirm import _run_rows
+
+        frames = [_run_rows(r["experiment"], self.RHO[r["config_id"]],
+                            np.random.default_rng(list(r["experiment"].encode())))
+                  .with_columns(pl.lit(r["config_id"]).alias("config_id"), pl.lit(role).alias("role"))
+                  for r in runs.filter(pl.col("status") == "done").iter_rows(named=True)]
+        return pl.concat(frames) if frames else pl.DataFrame()
+
+    def table(self, sweep: Any) -> pl.DataFrame:
+        from mmw.sweep.cells import confirmed_table
+
+        results, _, reevaluations = self.read_sweep(Path("."), sweep)
+        table, _ = confirmed_table(results, reevaluations, self.prompt_rows(Path("."), reevaluations, "confirmation"),
+                                   sweep.split, sweep.reevaluate.k)
+        return table
+
+
+def _fake_sweep(monkeypatch: pytest.MonkeyPatch, world: _FakeSweepWorld) -> Any:
+    import mmw.sweep
+    import mmw.sweep.evidence
+    import mmw.sweep.runner
+    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+
+    monkeypatch.setattr(mmw.sweep.runner, "finished_experiments", lambda _repo, _baseline=None: dict(world.finished))
+    monkeypatch.setattr(mmw.sweep, "head_commit", lambda _repo: "0" * 40)
+    monkeypatch.setattr(mmw.sweep, "read_sweep", world.read_sweep)
+    monkeypatch.setattr(mmw.sweep.evidence, "sweep_prompt_rows", world.prompt_rows)
+    configs = [Config(config_id=c, grid="g", overrides={"scheme.delta": float(i)})
+               for i, c in enumerate(world.RHO)]
+    return Sweep(name="t", description="", configs=configs, reevaluate=Reevaluation(k=2, first_seed=1000),
+                 split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2))
+
+
+@pytest.mark.parametrize("stop_after", [0, 2, 4, 6])
+def test_an_interrupted_sweep_resumes_without_repeating_a_run_and_gives_the_same_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_after: int) -> None:
+    """Killed before its 1st, 3rd (tuning), 5th (inside confirmation round 1: c's second run) or 7th run (inside
+    round 2: the fallback b's second run), then rerun until done: every run happens exactly once, and the table
+    equals that of an uninterrupted sweep (c not confirmed on quality, its fallback b confirmed at 10 %)."""
+    from mmw.sweep import run_sweep
+
+    straight = _FakeSweepWorld()
+    sweep = _fake_sweep(monkeypatch, straight)
+    run_sweep(tmp_path / "straight", sweep, executor=straight, echo=lambda _: None)
+    expected = straight.table(sweep)
+    assert straight.ran == ["t-a", "t-b", "t-c", "reeval-t-c-s1000", "reeval-t-c-s1001", "reeval-t-b-s1000",
+                            "reeval-t-b-s1001"]
+    ten = expected.filter((pl.col("max_quality_loss") == 0.1) & (pl.col("min_tamper_resistance") == 0.0))
+    assert ten.select("status", "config_id", "tries").row(0) == ("confirmed", "b", 2)
+
+    world = _FakeSweepWorld(stop_after=stop_after)
+    sweep = _fake_sweep(monkeypatch, world)
+    lines: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(tmp_path / "resumed", sweep, executor=world, echo=lines.append)
+    assert len(world.ran) == stop_after
+    world.stop_after = None
+    run_sweep(tmp_path / "resumed", sweep, executor=world, echo=lines.append)
+    assert sorted(world.ran) == sorted(straight.ran)  # each exactly once (the executor asserts no repeat)
+    assert world.table(sweep).equals(expected)
+    log = (tmp_path / "resumed" / ".dvc/tmp/sweeps/t/runs.jsonl").read_text().splitlines()
+    assert len(log) == len(straight.ran)
+
+
+def test_one_local_run_per_repository_and_a_left_over_dvc_run_keeps_the_lock(tmp_path: Path) -> None:
+    """The lock is held by the runner and inherited by the `dvc exp run` it starts: while such a child outlives
+    its runner (a SIGKILL of the runner alone), a second runner refuses to start instead of running its job
+    again beside it."""
+    from mmw.sweep.runner import hold_run_lock
+
+    fd = hold_run_lock(tmp_path)
+    with pytest.raises(SpecError) as held:
+        hold_run_lock(tmp_path)
+    assert "another local sweep run" in str(held.value) and f"pid {os.getpid()}" in str(held.value)
+    child = subprocess.Popen(["sleep", "30"], pass_fds=(fd,))
+    try:
+        os.close(fd)  # the runner is gone; its child is not
+        with pytest.raises(SpecError):
+            hold_run_lock(tmp_path)
+    finally:
+        child.kill()
+        child.wait()
+    os.close(hold_run_lock(tmp_path))  # free again once the child has ended
+
+
+def test_clear_interrupted_removes_only_killed_temp_runs(tmp_path: Path) -> None:
+    """DVC's records of `dvc exp run --temp` runs: a killed one (status running, its scratch copy still there)
+    is removed with its copy; a finished one, a queued workspace run and a copy outside DVC's scratch
+    folder are left alone."""
+    from mmw.sweep.runner import DVC_RUNS, DVC_SCRATCH, clear_interrupted
+
+    def record(rev: str, status: int, root: Path, location: str = "tempdir") -> Path:
+        root.mkdir(parents=True, exist_ok=True)
+        path = tmp_path / DVC_RUNS / rev / f"{rev}.run"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"location": location, "root_dir": str(root), "name": f"t-{rev}",
+                                    "status": status}))
+        return path
+
+    killed = record("a1", 2, tmp_path / DVC_SCRATCH / "tmpa")
+    finished = record("b2", 3, tmp_path / DVC_SCRATCH / "tmpb")
+    workspace = record("c3", 1, tmp_path / DVC_SCRATCH / "tmpc", location="workspace")
+    outside = record("d4", 1, tmp_path / "elsewhere")
+    assert clear_interrupted(tmp_path) == ["t-a1"]
+    assert not killed.exists() and not (tmp_path / DVC_SCRATCH / "tmpa").exists()
+    assert finished.exists() and workspace.exists() and outside.exists() and (tmp_path / "elsewhere").is_dir()
+    assert clear_interrupted(tmp_path) == []
+
+
+_TRIVIAL_STAGE = """import json, os, time, yaml
+params = yaml.safe_load(open("params.yaml"))
+time.sleep(params["sleep"])
+os.makedirs("reports", exist_ok=True)
+json.dump({"all": {"size": float(params["x"])}}, open("reports/metrics.json", "w"))
+"""
+
+_DRIVER = """import sys
+from pathlib import Path
+from mmw.sweep.runner import Job, LocalDvcExecutor, run_jobs
+repo = Path(sys.argv[1])
+jobs = [Job(name=f"t-{i}", config_id=str(i), overrides={"x": i}) for i in range(2)]
+run_jobs(repo, "t", "t: configs", jobs, LocalDvcExecutor(repo))
+"""
+
+
+@pytest.mark.heavy
+def test_a_killed_local_run_leaves_nothing_that_a_rerun_repeats_or_lists_twice(tmp_path: Path) -> None:
+    """Real `dvc exp run --temp` on a one-stage pipeline that only sleeps (no models, ~1 min): the runner's process
+    group is killed (SIGKILL) inside the second job. DVC then lists that job as running, from the scratch copy it
+    left; the rerun clears it, runs only the second job, and afterwards every experiment is listed once."""
+    import dvc.api
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "params.yaml").write_text("x: 0\nsleep: 8\n")
+    (repo / "stage.py").write_text(_TRIVIAL_STAGE)
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"work": {
+        "cmd": "python stage.py", "deps": ["stage.py"], "params": ["x", "sleep"],
+        "metrics": [{"reports/metrics.json": {"cache": False}}]}}}))
+    run(repo, "git", "init", "-q")
+    run(repo, "dvc", "init", "-q")
+    for setting in ("core.analytics", "core.check_update"):
+        run(repo, "dvc", "config", setting, "false")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "pipeline")
+    driver = tmp_path / "driver.py"
+    driver.write_text(_DRIVER)
+    env = plain_shell_env()
+    log = repo / ".dvc/tmp/sweeps/t/runs.jsonl"
+
+    first = subprocess.Popen([sys.executable, str(driver), str(repo)], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while not log.is_file() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert first.poll() is None and log.is_file()
+    time.sleep(4)  # inside the second job's 8-second stage
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    listed = [(r.get("Experiment"), r.get("State")) for r in dvc.api.exp_show(repo=str(repo))]
+    assert ("t-1", "Running") in listed, listed  # the left-over DVC reports
+
+    again = subprocess.run([sys.executable, str(driver), str(repo)], env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "done 1/2, failed 0, queued 1" in again.stdout and "done 2/2" in again.stdout, again.stdout
+    assert [json.loads(line)["name"] for line in log.read_text().splitlines()] == ["t-0", "t-1"]
+    names = [r.get("Experiment") for r in dvc.api.exp_show(repo=str(repo)) if r.get("Experiment")]
+    assert sorted(names) == ["t-0", "t-1"], names
+    assert not list((repo / ".dvc/tmp/exps/standalone").glob("tmp*"))
+
+
+# ------------------------------------------------------------------------------------------ fast: the pilot plan
+
+
+def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -> None:
+    """Two picks re-run 5 times each on 3 prompts: quality runs 0.90..0.98 (mean 0.94) and 0.99..1.03 (mean 1.02)
+    in steps of 0.02 and 0.01: SDs sqrt(0.001) and sqrt(0.00025), pooled sqrt(0.000625) = 0.025. Level 0.05 over
+    2 tries: z = 1.95996. For the 10 % cell of the first pick, h = z * 0.025 / sqrt(5) = 0.0219, gap 0.94 - 0.9 =
+    0.04: n' = 3 * (h / gap)^2 = 0.9 -> the 3 prompts it has; the plan is the smallest set the definition accepts
+    (4 per task: 4 attacked of 12)."""
+    from scipy.stats import norm
+
+    from mmw.sweep.plan import pilot_plan, pilot_table
+
+    table = pl.DataFrame({"temperature": [1.0, 1.0], "family": ["binary", "binary"], "max_quality_loss": [0.1, 0.01],
+                          "min_tamper_resistance": [0.0, 0.0], "config_id": ["p", "q"]})
+    quality = {"p": [0.90, 0.92, 0.94, 0.96, 0.98], "q": [1.00, 1.01, 1.02, 1.03, 1.04]}
+    reevaluations = pl.DataFrame([{"config_id": c, "seed": 1000 + i, "status": "done", "all.relative_quality": v,
+                                   "all.tamper_resistance": 0.5} for c, vs in quality.items() for i, v in enumerate(vs)])
+    results = pl.DataFrame({"attacks.fraction": [1 / 3], "prompts.per_task": [1], "all.relative_quality_n": [3],
+                            "wall_s": [60.0]})
+    pilot = pilot_table(table, results, reevaluations, level=0.05, max_tries=2)
+    half = norm.ppf(1 - 0.025) * 0.000625 ** 0.5 / 5 ** 0.5
+    p = pilot.row(0, named=True)
+    assert (p["quality"], p["n_prompts"], p["n_attacked"], p["k"]) == (pytest.approx(0.94), 3, 3, 5)
+    assert p["quality_low"] == pytest.approx(0.94 - half)
+    plan = pilot_plan(table, results, reevaluations, 0.05, 2, 5).sort("max_quality_loss")
+    rows = plan.to_dicts()
+    assert (rows[1]["quality_prompts"], rows[1]["prompts_per_task"], rows[1]["quality_toward"]) == (3, 4, "pass")
+    # 1 %: estimate 1.02 vs 0.99 -> gap 0.03, n' = 3 (h / 0.03)^2 = 1.6 -> the 3 it has, 4 per task; 5 runs of
+    # 12 prompts at 20 s a prompt (60 s over 3 prompts, all charged per prompt).
+    assert rows[0]["quality_prompts"] == 3 and rows[0]["prompts_per_task"] == 4
+    assert rows[0]["quality"] == pytest.approx(1.02)
+    assert rows[0]["cpu_s"] == pytest.approx(5 * 12 * 20.0)
+
+
+def test_plan_on_the_committed_small_sweep_prints_every_picked_cell() -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["sweep", "plan", "small", "--repo", str(REPO)])
+    assert result.exit_code == 0, result.output
+    assert "pilot: sweep small has no confirm section" in result.output
+    picked = pl.read_parquet(REPO / "reports/sweeps/small/table.parquet").filter(pl.col("config_id").is_not_null())
+    rows = [line for line in result.output.splitlines() if line.startswith("| ") and "% q" in line]
+    assert len(rows) == picked.height
+    assert any(line.startswith("| 10% q, no R | 1 | distribution_shift | 3 | q ") for line in rows)
+    # A sweep with confirm takes its level from its definition.
+    refused = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(REPO), "--level", "0.1"])
+    assert refused.exit_code == 2 and "--level: sweep smoke sets it in its confirm section" in refused.output

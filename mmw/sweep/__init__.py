@@ -10,7 +10,7 @@ tables that live in git. See docs/SWEEP.md.
 * :mod:`~mmw.sweep.simulate` — synthetic sweeps with known truth (the procedure's error rate, measured);
 * :mod:`~mmw.sweep.plan` — prompts and time needed to resolve the unresolved cells.
 
-``run_sweep`` is what ``mmw sweep NAME`` does: run the configs that are not done (failed and missing ones),
+``run_sweep`` is what ``mmw sweep run NAME`` does: run the configs that are not done (failed and missing ones),
 then pick per temperature x family x constraint among the finished ones and re-evaluate each pick with the
 definition's K seeds, each run under a fresh key that only its environment holds (``MMW_KEY``).
 """

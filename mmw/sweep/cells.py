@@ -17,7 +17,7 @@ import polars as pl
 
 from mmw.errors import SpecError
 from mmw.samplers import LABELS
-from mmw.selection import PAPER_CONSTRAINTS, Constraints, median_mad
+from mmw.selection import Constraints, median_mad
 from mmw.sweep.confirm import (
     PENDING,
     SIZE_E,
@@ -87,14 +87,16 @@ def _row(labels: dict[str, Any], constraints: Constraints, outcome: CellOutcome,
 
 def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts: pl.DataFrame, split: Split,
                     k: int, by: tuple[str, str] = CELL,
-                    constraint_list: tuple[tuple[float, float], ...] = PAPER_CONSTRAINTS
+                    constraint_list: tuple[tuple[float, float], ...] | None = None
                     ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``(table, tries)``: one row per cell (``by``: temperature x family for the paper's table) x constraint
     (:data:`COLUMNS`, ``family`` renamed to ``by[1]``), and one row per judged try (the cell's columns and the
     :class:`~mmw.sweep.confirm.Check` fields).
 
-    ``pending`` names the candidate whose K confirmation runs are needed next (the runner's work list)."""
+    ``pending`` names the candidate whose K confirmation runs are needed next (the runner's work list).
+    ``constraint_list``: (quality loss, R) pairs, default the split's (``confirm.quality_losses``)."""
     settings = ConfirmSettings(level=split.level, max_tries=split.max_tries)
+    constraint_list = split.constraints if constraint_list is None else constraint_list
     done = results.filter(pl.col("status") == "done")
     rows: list[dict[str, Any]] = []
     tries: list[dict[str, Any]] = []

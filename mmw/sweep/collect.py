@@ -82,7 +82,12 @@ def read_sweep(repo: Path, sweep: Sweep) -> tuple[pl.DataFrame, pl.DataFrame, pl
     """``(results, attacks, reevaluations)`` of ``sweep`` in ``repo`` (see the module docstring)."""
     prefix, reeval_prefix = f"{sweep.name}-", f"{REEVAL_PREFIX}{sweep.name}-"
     experiments = read_experiments(repo, pool_filter=lambda name: name.startswith((prefix, reeval_prefix)))
-    by_name = {row["name"]: row for row in experiments.table.iter_rows(named=True) if row["kind"] == "experiment"}
+    # One row per name, the finished one first: a run killed before it finished can still be listed (running)
+    # under the name its rerun finished with.
+    by_name: dict[str, dict[str, Any]] = {}
+    for row in experiments.table.iter_rows(named=True):
+        if row["kind"] == "experiment" and by_name.get(row["name"], {}).get("status") != "done":
+            by_name[row["name"]] = row
     log = read_log(repo, sweep.name)
     records: list[dict[str, Any]] = []
     attack_rows: list[dict[str, Any]] = []

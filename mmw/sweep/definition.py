@@ -89,6 +89,15 @@ class Split:
     prompts: int
     level: float = 0.05
     max_tries: int = 2
+    #: The paper's quality-loss constraints whose cells are confirmed (both by default).
+    quality_losses: tuple[float, ...] = (0.01, 0.1)
+
+    @property
+    def constraints(self) -> tuple[tuple[float, float], ...]:
+        """The paper's (quality loss, R) constraints this sweep confirms, in the paper's order."""
+        from mmw.selection.selecting import PAPER_CONSTRAINTS
+
+        return tuple(c for c in PAPER_CONSTRAINTS if c[0] in self.quality_losses)
 
     @property
     def overrides(self) -> dict[str, int]:
@@ -98,7 +107,7 @@ class Split:
     def as_dict(self) -> dict[str, float | int]:
         return {"tuning_offset": self.tuning_offset, "tuning_prompts_per_task": self.tuning,
                 "confirm_offset": self.offset, "confirm_prompts_per_task": self.prompts, "level": self.level,
-                "max_tries": self.max_tries}
+                "max_tries": self.max_tries, "quality_losses": list(self.quality_losses)}
 
 
 @dataclass(frozen=True)
@@ -114,13 +123,27 @@ class Sweep:
     split: Split | None = None
 
 
+def attacked_prompts(fraction: float, per_task: int, tasks: int) -> int:
+    """Prompts a run attacks: the first ``ceil(fraction * per_task)`` of each task's."""
+    return math.ceil(fraction * per_task - 1e-9) * tasks
+
+
+def min_confirm_prompts(fraction: float, tasks: int) -> int | None:
+    """The fewest confirmation prompts per task with an interval for quality and R (at least
+    :data:`MIN_CONFIRM_PROMPTS` prompts and as many attacked ones); None when nothing is attacked."""
+    if not fraction:
+        return None
+    return next(p for p in range(1, 10_000) if p * tasks >= MIN_CONFIRM_PROMPTS
+                and attacked_prompts(fraction, p, tasks) >= MIN_CONFIRM_PROMPTS)
+
+
 def _split(path: Path, raw: Any, board: Mapping[str, Any], base: Mapping[str, Any], k: int) -> Split | None:
     """The ``confirm`` section, checked: K >= 2, enough prompts for an interval, disjoint from tuning."""
     if raw is None:
         return None
     allowed = "{prompts: int >= 1 (per task), offset: int (default: after the tuning prompts), level: (0, 0.5), "\
-        "max_tries: int >= 1}"
-    if not isinstance(raw, dict) or set(raw) - {"prompts", "offset", "level", "max_tries"}:
+        "max_tries: int >= 1, quality_losses: a non-empty subset of [0.01, 0.1]}"
+    if not isinstance(raw, dict) or set(raw) - {"prompts", "offset", "level", "max_tries", "quality_losses"}:
         raise SpecError(f"{path}: confirm", "expected a mapping", allowed)
     prompts_board = board.get("prompts", {})
     tuning = base.get("prompts.per_task", prompts_board.get("per_task"))
@@ -139,10 +162,9 @@ def _split(path: Path, raw: Any, board: Mapping[str, Any], base: Mapping[str, An
         raise SpecError(f"{path}: confirm.prompts", f"{count} per task x {len(tasks)} task(s) is too small to "
                         "compute an interval", f"at least {MIN_CONFIRM_PROMPTS} confirmation prompts in all")
     fraction = base.get("attacks.fraction", board.get("attacks", {}).get("fraction", 0.0)) or 0.0
-    attacked = math.ceil(fraction * count - 1e-9) * len(tasks)
+    attacked = attacked_prompts(fraction, count, len(tasks))
     if attacked < MIN_CONFIRM_PROMPTS:  # R's interval resamples the attacked prompts
-        needed = next(p for p in range(count, 10_000)
-                      if math.ceil(fraction * p - 1e-9) * len(tasks) >= MIN_CONFIRM_PROMPTS) if fraction else None
+        needed = min_confirm_prompts(fraction, len(tasks))
         raise SpecError(f"{path}: confirm.prompts", f"{count} per task attack only {attacked} confirmation "
                         f"prompt(s) (attacks.fraction {fraction:g}): too few to compute an interval of R",
                         f"at least {needed} per task" if needed else "attacks.fraction > 0")
@@ -153,6 +175,11 @@ def _split(path: Path, raw: Any, board: Mapping[str, Any], base: Mapping[str, An
         raise SpecError(f"{path}: confirm.offset", f"confirmation prompts [{offset}, {offset + count}) overlap the "
                         f"tuning prompts [{tuning_offset}, {tuning_offset + tuning})",
                         f"an offset >= {tuning_offset + tuning}")
+    losses = raw.get("quality_losses", [0.01, 0.1])
+    if (not isinstance(losses, list) or not losses or len(set(losses)) < len(losses)
+            or any(isinstance(v, bool) or v not in (0.01, 0.1) for v in losses)):
+        raise SpecError(f"{path}: confirm.quality_losses", f"got {losses!r}: the paper's table has the constraints "
+                        "quality loss <= 1 % and <= 10 %", "a non-empty subset of [0.01, 0.1]")
     level, max_tries = raw.get("level", 0.05), raw.get("max_tries", 2)
     from mmw.sweep.confirm import ConfirmSettings
 
@@ -161,7 +188,7 @@ def _split(path: Path, raw: Any, board: Mapping[str, Any], base: Mapping[str, An
     except SpecError as err:
         raise SpecError(f"{path}: {err.key}", err.problem, err.allowed) from None
     return Split(tuning_offset=int(tuning_offset), tuning=int(tuning), offset=int(offset), prompts=count,
-                 level=float(level), max_tries=int(max_tries))
+                 level=float(level), max_tries=int(max_tries), quality_losses=tuple(sorted(float(v) for v in losses)))
 
 
 def _single_valued(path: Path, board: Mapping[str, Any], configs: list[Config]) -> None:

@@ -10,6 +10,15 @@ prompts (quality: all confirmation prompts; R: the attacked ones, scaled back to
 This is a plan from the measured per-prompt variance, not a promise: the estimate itself moves with more prompts,
 and a true value at the constraint never resolves (``n' = inf``).
 
+A sweep collected without confirmation (its picks re-run K times on their own tuning prompts, as the committed
+``small`` sweep) is planned as a pilot (:func:`pilot_table`): each picked cell's estimate is the mean of its K
+re-runs' run-level relative quality and R, its one-sided bound a normal one (``z`` at the per-try level) from the
+spread of those re-runs: for quality the SD pooled over every pick (the judge's noise does not depend on the
+config), for R the cell's own (it shrinks towards 0 and 1). Those re-runs repeat the same few prompts, so their
+spread holds generation and judge noise but not prompt-to-prompt differences: the pilot's prompt counts are lower
+bounds. No plan goes below the smallest confirmation set the definition accepts (five prompts and five attacked
+ones).
+
 Cost: the K confirmation runs at ``n'`` prompts, from the sweep's measured run times (a line through the tuning
 and confirmation runs' median wall times against their prompt counts: fixed per-run cost plus per-prompt cost),
 and on the GPU from the measured full-scale cost model of bench/RESULTS.md (one H100, 8B-shaped models,
@@ -23,6 +32,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+
+from mmw.sweep.definition import min_confirm_prompts
 
 #: Full-scale cost model, one H100 (bench/RESULTS.md "Cost model for the paper's grid, measured end to end").
 GPU_CONFIG_S, GPU_BASELINE_S, GPU_PROMPTS = 302.5, 191.0, 296
@@ -58,16 +69,83 @@ def run_time_model(results: pl.DataFrame, reevaluation_walls: list[tuple[int, fl
     return max(float(intercept), 0.0), max(float(slope), 0.0)
 
 
-def plan_table(table: pl.DataFrame, k: int, tasks: int, attacked_share: float,
-               time_model: tuple[float, float] | None) -> pl.DataFrame:
-    """One row per cell that is not resolved (status unresolved): the prompts needed for quality and for R,
-    per task, and the cost of K confirmation runs at that scale (CPU seconds on this machine's measured
-    runs, H100 hours from the cost model).
+#: The status :func:`pilot_table` gives every cell it plans.
+PILOT = "pilot"
 
-    ``table``: the confirmed table (:func:`mmw.sweep.cells.confirmed_table`); ``tasks``: prompt tasks;
-    ``attacked_share``: attacked / confirmation prompts."""
+
+def pilot_table(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, level: float,
+                max_tries: int) -> pl.DataFrame:
+    """The columns :func:`plan_table` reads, for a sweep collected without confirmation: one row (status
+    :data:`PILOT`) per cell of the old paper table (``config_id`` of the pick) whose pick has at least two
+    finished re-runs. ``quality`` / ``resistance``: the mean of the re-runs' ``all.relative_quality`` /
+    ``all.tamper_resistance``; ``*_low``: that mean minus ``z * SD / sqrt(K)`` with ``z`` the normal quantile at
+    ``level / max_tries``; ``n_prompts`` / ``n_attacked``: the prompts and attacked prompts of one run."""
+    from scipy.stats import norm
+
+    z = float(norm.ppf(1 - level / max_tries))
+    done = reevaluations.filter(pl.col("status") == "done") if reevaluations.height else reevaluations
+    fraction = float(results["attacks.fraction"].drop_nulls().median() or 0.0) \
+        if "attacks.fraction" in results.columns else 1 / 3
+    per_task = int(results["prompts.per_task"].drop_nulls().median() or 1) if "prompts.per_task" in results.columns \
+        else 1
+    prompts = int(results["all.relative_quality_n"].drop_nulls().median() or 0) \
+        if "all.relative_quality_n" in results.columns else 0
+    tasks = max(1, round(prompts / per_task)) if prompts else 3
+    attacked = math.ceil(fraction * per_task - 1e-9) * tasks
+
+    def values(config_id: str, metric: str) -> list[float]:
+        runs = done.filter(pl.col("config_id") == config_id) if done.height else done
+        return [v for v in runs[metric].to_list() if v is not None and math.isfinite(v)] if runs.height else []
+
+    def mean_low(found: list[float], sd: float | None = None) -> tuple[float | None, float | None]:
+        if len(found) < 2:
+            return None, None
+        mean = float(np.mean(found))
+        return mean, mean - z * (float(np.std(found, ddof=1)) if sd is None else sd) / math.sqrt(len(found))
+
+    picked = table["config_id"].drop_nulls().unique().to_list() if "config_id" in table.columns else []
+    groups = [v for v in (values(c, "all.relative_quality") for c in picked) if len(v) >= 2]
+    pooled = math.sqrt(sum(float(np.var(v, ddof=1)) * (len(v) - 1) for v in groups)
+                       / sum(len(v) - 1 for v in groups)) if groups else None
+    rows = []
+    for row in table.filter(pl.col("config_id").is_not_null()).iter_rows(named=True):
+        quality = values(row["config_id"], "all.relative_quality")
+        q, q_low = mean_low(quality, pooled)
+        r, r_low = mean_low(values(row["config_id"], "all.tamper_resistance"))
+        if q is None:
+            continue
+        rows.append({"temperature": row["temperature"], "family": row["family"],
+                     "max_quality_loss": row["max_quality_loss"], "min_tamper_resistance": row["min_tamper_resistance"],
+                     "config_id": row["config_id"], "status": PILOT, "reason": None, "quality": q,
+                     "quality_low": q_low, "resistance": r, "resistance_low": r_low, "k": len(quality),
+                     "n_prompts": prompts or per_task * tasks, "n_attacked": attacked})
+    schema = {"temperature": pl.Float64, "family": pl.String, "max_quality_loss": pl.Float64,
+              "min_tamper_resistance": pl.Float64, "config_id": pl.String, "status": pl.String,
+              "reason": pl.String, "quality": pl.Float64, "quality_low": pl.Float64, "resistance": pl.Float64,
+              "resistance_low": pl.Float64, "k": pl.Int64, "n_prompts": pl.Int64, "n_attacked": pl.Int64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _toward(estimate: float | None, threshold: float) -> str | None:
+    """Which way a cell resolves once its bound clears the threshold: ``pass`` (the estimate meets it) or
+    ``fail``."""
+    if estimate is None:
+        return None
+    return "pass" if estimate >= threshold else "fail"
+
+
+def plan_table(table: pl.DataFrame, k: int, tasks: int, attacked_share: float,
+               time_model: tuple[float, float] | None, min_per_task: int = 1) -> pl.DataFrame:
+    """One row per cell that is not resolved (status unresolved, or :data:`PILOT`): the prompts needed for
+    quality and for R, per task, which way each is heading (``quality_toward`` / ``r_toward``: pass | fail), and
+    the cost of K confirmation runs at that scale (CPU seconds on this machine's measured runs, H100 hours from
+    the cost model).
+
+    ``table``: the confirmed table (:func:`mmw.sweep.cells.confirmed_table`) or :func:`pilot_table`; ``tasks``:
+    prompt tasks; ``attacked_share``: attacked / confirmation prompts; ``min_per_task``: the smallest
+    confirmation set per task (no plan goes below it)."""
     rows: list[dict[str, Any]] = []
-    for row in table.filter(pl.col("status") == "unresolved").iter_rows(named=True):
+    for row in table.filter(pl.col("status").is_in(["unresolved", PILOT])).iter_rows(named=True):
         n, n_a = row["n_prompts"] or 0, row["n_attacked"] or 0
         q_need = needed_prompts(row["quality"], row["quality_low"], 1 - row["max_quality_loss"], n)
         r_need = None
@@ -76,7 +154,8 @@ def plan_table(table: pl.DataFrame, k: int, tasks: int, attacked_share: float,
             r_need = None if attacked is None else attacked / max(attacked_share, 1e-9)
         needs = [v for v in (q_need, r_need) if v is not None]
         total = max(needs) if needs else None
-        per_task = None if total is None or math.isinf(total) else math.ceil(total / max(tasks, 1))
+        per_task = None if total is None or math.isinf(total) else max(math.ceil(total / max(tasks, 1)),
+                                                                         min_per_task)
         cpu = gpu = None
         if per_task is not None:
             prompts = per_task * tasks
@@ -86,11 +165,17 @@ def plan_table(table: pl.DataFrame, k: int, tasks: int, attacked_share: float,
         rows.append({"temperature": row["temperature"], "family": row["family"],
                      "max_quality_loss": row["max_quality_loss"],
                      "min_tamper_resistance": row["min_tamper_resistance"], "config_id": row["config_id"],
-                     "reason": row["reason"], "n_prompts": n, "quality_prompts": q_need, "r_prompts": r_need,
+                     "reason": row["reason"], "n_prompts": n, "quality": row["quality"],
+                     "quality_toward": _toward(row["quality"], 1 - row["max_quality_loss"]),
+                     "resistance": row["resistance"] if row["min_tamper_resistance"] else None,
+                     "r_toward": _toward(row["resistance"], row["min_tamper_resistance"])
+                     if row["min_tamper_resistance"] else None,
+                     "quality_prompts": q_need, "r_prompts": r_need,
                      "prompts_per_task": per_task, "cpu_s": cpu, "h100_hours": gpu})
     schema = {"temperature": pl.Float64, "family": pl.String, "max_quality_loss": pl.Float64,
               "min_tamper_resistance": pl.Float64, "config_id": pl.String, "reason": pl.String,
-              "n_prompts": pl.Int64, "quality_prompts": pl.Float64, "r_prompts": pl.Float64,
+              "n_prompts": pl.Int64, "quality": pl.Float64, "quality_toward": pl.String, "resistance": pl.Float64,
+              "r_toward": pl.String, "quality_prompts": pl.Float64, "r_prompts": pl.Float64,
               "prompts_per_task": pl.Int64, "cpu_s": pl.Float64, "h100_hours": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
 
@@ -102,8 +187,8 @@ def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
              ""]
     if plan.height == 0:
         return "\n".join([*lines, "(no unresolved cell)"]) + "\n"
-    lines += ["| constraint | T | family | now | quality needs | R needs | per task | CPU h (here) | H100 h |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| constraint | T | family | now | estimate (heading) | quality needs | R needs | per task | CPU h (here) "
+              "| H100 h |", "|---|---|---|---|---|---|---|---|---|---|"]
 
     def show(value: float | None, digits: int = 0) -> str:
         if value is None:
@@ -113,7 +198,10 @@ def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
     for r in plan.iter_rows(named=True):
         label = f"{r['max_quality_loss']:.0%} q, " + (f"R > {r['min_tamper_resistance']:g}"
                                                         if r["min_tamper_resistance"] else "no R")
-        lines.append(f"| {label} | {r['temperature']:g} | {r['family']} | {r['n_prompts']} | "
+        estimate = "–" if r["quality"] is None else f"q {r['quality']:.3f} ({r['quality_toward']})"
+        if r["resistance"] is not None:
+            estimate += f", R {r['resistance']:.2f} ({r['r_toward']})"
+        lines.append(f"| {label} | {r['temperature']:g} | {r['family']} | {r['n_prompts']} | {estimate} | "
                      f"{show(r['quality_prompts'])} | {show(r['r_prompts'])} | {show(r['prompts_per_task'])} | "
                      f"{show(None if r['cpu_s'] is None else r['cpu_s'] / 3600, 1)} | {show(r['h100_hours'], 2)} |")
     return "\n".join(lines) + "\n"
@@ -132,3 +220,22 @@ def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Dat
         walls = [(split.prompts * tasks, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
     model = run_time_model(results, walls, split.tuning * tasks)
     return plan_table(table, k, tasks, share, model)
+
+
+def pilot_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, level: float,
+               max_tries: int, k: int) -> pl.DataFrame:
+    """:func:`plan_table` for a sweep collected without confirmation (:func:`pilot_table`): every picked cell,
+    the run time model from its runs (all at one prompt count: charged per prompt, an upper bound)."""
+    pilot = pilot_table(table, results, reevaluations, level, max_tries)
+    prompts = int(pilot["n_prompts"][0]) if pilot.height else 1
+    per_task = int(results["prompts.per_task"].drop_nulls().median() or 1) if "prompts.per_task" in results.columns \
+        else 1
+    tasks = max(1, round(prompts / per_task))
+    share = float(pilot["n_attacked"][0]) / prompts if pilot.height else 1 / 3
+    walls = []
+    if "wall_s" in reevaluations.columns:
+        walls = [(prompts, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
+    fraction = float(results["attacks.fraction"].drop_nulls().median() or 0.0) \
+        if "attacks.fraction" in results.columns else 1 / 3
+    return plan_table(pilot, k, tasks, share, run_time_model(results, walls, prompts),
+                      min_confirm_prompts(fraction, tasks) or 1)

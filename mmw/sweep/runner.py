@@ -15,6 +15,12 @@ Why one ``dvc exp run --temp`` per job and not ``dvc exp run --queue`` + ``dvc q
 * an interrupt (kill) leaves no queue state to repair: an unfinished job simply has no experiment ref and is
   run again next time.
 
+Interruption: SIGINT, SIGTERM and SIGHUP stop the running ``dvc exp run`` and its stage before the runner exits.
+A SIGKILL leaves behind the scratch copy of the experiment it interrupted, which ``dvc exp show`` would go on
+listing as running under the job's name; the next run removes it (:func:`clear_interrupted`) before it starts. Only
+one local run works in a repository at a time (a lock file under ``.dvc/tmp/sweeps/``): a ``dvc exp run`` orphaned
+by a SIGKILL of the runner alone keeps the lock until it ends, so a rerun never runs the same job beside it.
+
 ``--temp`` runs each experiment in a scratch copy of the repository, so the workspace's params.yaml is never
 rewritten and a kill cannot leave it half-changed; outputs go to the shared DVC cache and run-cache, so stages
 whose params and deps did not change (the baseline for a (model, temperature, seed), its ratings) are restored
@@ -26,9 +32,11 @@ and wall times are appended to ``.dvc/tmp/sweeps/<sweep>/runs.jsonl`` (one JSON 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +50,12 @@ from typing import Any, Protocol
 from mmw.errors import SpecError
 
 LOG_DIR = Path(".dvc/tmp/sweeps")
+#: Held by the local runner and the ``dvc exp run`` it started while either lives.
+LOCK_FILE = LOG_DIR / "local-run.lock"
+#: DVC's records of ``dvc exp run --temp`` runs (one ``<rev>/<rev>.run`` JSON file each) and their scratch copies.
+DVC_RUNS, DVC_SCRATCH = Path(".dvc/tmp/exps/run"), Path(".dvc/tmp/exps/standalone")
+#: ``dvc.repo.experiments.executor.base.TaskStatus.SUCCESS``: a run record below it never finished.
+_DVC_SUCCESS = 3
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,51 @@ def _stage_path_env() -> dict[str, str]:
     return {"PATH": path if bin_dir in path.split(os.pathsep) else f"{bin_dir}{os.pathsep}{path}"}
 
 
+def clear_interrupted(repo: Path) -> list[str]:
+    """Remove the scratch copies of ``dvc exp run --temp`` runs that were killed before they finished (their run
+    record says preparing or running and their copy still exists), so ``dvc exp show`` stops listing them as
+    running beside the finished experiment of the same name and their disk space is freed. Call it only while no
+    ``dvc exp run --temp`` works in ``repo`` (:func:`hold_run_lock`). Returns the names of the cleared runs."""
+    cleared = []
+    scratch = (repo / DVC_SCRATCH).resolve()
+    for record in sorted((repo / DVC_RUNS).glob("*/*.run")):
+        try:
+            info = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        root = Path(str(info.get("root_dir") or ""))
+        if (info.get("location") != "tempdir" or int(info.get("status", _DVC_SUCCESS)) >= _DVC_SUCCESS
+                or not root.is_dir() or scratch not in root.resolve().parents):
+            continue
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(record.parent, ignore_errors=True)
+        cleared.append(str(info.get("name") or record.stem))
+    return cleared
+
+
+def hold_run_lock(repo: Path) -> int:
+    """Take the repository's local-run lock (an open descriptor holding ``flock``; it is released when every
+    process holding the descriptor has ended). SpecError naming the holder when another run has it."""
+    path = repo / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = path.read_text().strip() or "unknown"
+        os.close(fd)
+        raise SpecError("sweep", f"another local sweep run works in {repo} ({holder}); a `dvc exp run` left by a "
+                        "killed `mmw sweep run` holds it until it ends",
+                        "wait for it to finish, or stop that process, then run again") from None
+    _note_holder(fd, f"mmw sweep pid {os.getpid()}")
+    return fd
+
+
+def _note_holder(fd: int, text: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (text + "\n").encode(), 0)
+
+
 class LocalDvcExecutor:
     """``dvc exp run --temp -n NAME -S ...`` for each job, one after another, in ``repo``."""
 
@@ -121,15 +180,20 @@ class LocalDvcExecutor:
         self.repo = repo
         self.timeout_s = timeout_s
         self._child: subprocess.Popen[str] | None = None
+        self._lock: int | None = None
 
     def _terminate(self, signum: int, _frame: Any) -> None:
         """Stop the running ``dvc exp run`` and the stage it runs before exiting (no orphaned stages): SIGINT
-        first (DVC cleans up its scratch copy), then SIGKILL to whatever is left of its process tree."""
+        first (DVC cleans up its scratch copy), then SIGKILL to whatever is left of its process tree. Exit code
+        128 + the signal (130 after Ctrl-C)."""
         import psutil  # a dependency of DVC
 
         child = self._child
         if child is not None and child.poll() is None:
-            tree = [child.pid, *(p.pid for p in psutil.Process(child.pid).children(recursive=True))]
+            try:
+                tree = [child.pid, *(p.pid for p in psutil.Process(child.pid).children(recursive=True))]
+            except psutil.NoSuchProcess:
+                tree = []
             child.send_signal(signal.SIGINT)
             try:
                 child.wait(timeout=20)
@@ -143,19 +207,29 @@ class LocalDvcExecutor:
         raise SystemExit(128 + signum)
 
     def run(self, jobs: Sequence[Job], record: Callable[[Outcome], None]) -> None:
-        previous = signal.signal(signal.SIGTERM, self._terminate)
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        previous = {signum: signal.signal(signum, self._terminate) for signum in signals}
+        self._lock = hold_run_lock(self.repo)
         try:
+            clear_interrupted(self.repo)
             for job in jobs:
                 record(self._run_one(job))
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            os.close(self._lock)
+            self._lock = None
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def _run_one(self, job: Job) -> Outcome:
         command = [dvc_executable(), "exp", "run", "--temp", "-n", job.name, *set_args(job.overrides)]
         env = {**os.environ, **_stage_path_env(), **job.env}
         started = time.perf_counter()
+        # The child inherits the lock: should this process die without stopping it, no rerun starts beside it.
+        locks = () if self._lock is None else (self._lock,)
         self._child = subprocess.Popen(command, cwd=self.repo, env=env, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True)
+                                       stderr=subprocess.STDOUT, text=True, pass_fds=locks)
+        if self._lock is not None:
+            _note_holder(self._lock, f"mmw sweep pid {os.getpid()}, its dvc exp run pid {self._child.pid}")
         try:
             output, _ = self._child.communicate(timeout=self.timeout_s)
             code = self._child.returncode
