@@ -388,7 +388,7 @@ def test_cli_rejects_an_unknown_sweep_naming_the_present_ones(tmp_path: Path,
 def test_report_with_nothing_to_report_says_what_to_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["report"])
-    assert result.exit_code == 2 and "run `dvc repro` or `mmw sweep NAME`" in result.output
+    assert result.exit_code == 2 and "run `dvc repro` or `mmw sweep run NAME`" in result.output
 
 
 # --- the offline dvc plots page -----------------------------------------------------------------------------------

@@ -504,7 +504,7 @@ def load_single_run(reports: Path, params_path: Path) -> SingleRun:
     metrics_path = reports / "metrics.json"
     if not metrics_path.is_file():
         raise SpecError("report", f"nothing to report: no sweep under {reports / 'sweeps'} and no {metrics_path} "
-                        "(run `dvc repro` or `mmw sweep NAME`)")
+                        "(run `dvc repro` or `mmw sweep run NAME`)")
     metrics = json.loads(metrics_path.read_text(), object_hook=lambda d: {k: _json_number(v) for k, v in d.items()})
     for name, group in metrics.items():
         if not isinstance(group, dict):
