@@ -303,6 +303,26 @@ def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
     assert needed_prompts(0.9, 0.85, 0.9, 10) == np.inf
 
 
+def test_sweep_plan_never_plans_below_the_smallest_confirmation_set() -> None:
+    from mmw.sweep.definition import Split, min_confirm_prompts
+    from mmw.sweep.plan import sweep_plan
+
+    # One unresolved 10 % cell at 6 confirmation prompts (2 per task of 3), estimate 0.99, bound 0.88: the
+    # variance alone asks for 9 prompts (3 per task), but with a third of each task's prompts attacked an R
+    # interval needs 4 per task (5 attacked prompts in all).
+    split = Split(tuning_offset=0, tuning=1, offset=1, prompts=2)
+    table = pl.DataFrame({
+        "temperature": [0.7], "family": ["distribution_shift"], "max_quality_loss": [0.1],
+        "min_tamper_resistance": [0.0], "config_id": ["a"], "status": ["unresolved"], "reason": ["quality"],
+        "quality": [0.99], "quality_low": [0.88], "resistance": [None], "resistance_low": [None],
+        "n_prompts": [6], "n_attacked": [3]}, schema_overrides={"resistance": pl.Float64,
+                                                                "resistance_low": pl.Float64})
+    results = pl.DataFrame({"config_id": ["a"], "attacks.fraction": [1 / 3], "wall_s": [60.0]})
+    plan = sweep_plan(table, results, pl.DataFrame(), split, k=2)
+    assert plan["quality_prompts"].to_list() == [9.0]
+    assert min_confirm_prompts(1 / 3, 3) == 4 and plan["prompts_per_task"].to_list() == [4]
+
+
 def test_sweep_plan_command(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

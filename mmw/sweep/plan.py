@@ -73,6 +73,14 @@ def run_time_model(results: pl.DataFrame, reevaluation_walls: list[tuple[int, fl
 PILOT = "pilot"
 
 
+def attack_fraction(results: pl.DataFrame, default: float = 1 / 3) -> float:
+    """The share of each task's prompts a sweep's runs attack (``attacks.fraction``); ``default`` when the runs
+    do not record it."""
+    if "attacks.fraction" not in results.columns:
+        return default
+    return float(results["attacks.fraction"].drop_nulls().median() or 0.0)
+
+
 def pilot_table(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, level: float,
                 max_tries: int) -> pl.DataFrame:
     """The columns :func:`plan_table` reads, for a sweep collected without confirmation: one row (status
@@ -84,8 +92,7 @@ def pilot_table(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Da
 
     z = float(norm.ppf(1 - level / max_tries))
     done = reevaluations.filter(pl.col("status") == "done") if reevaluations.height else reevaluations
-    fraction = float(results["attacks.fraction"].drop_nulls().median() or 0.0) \
-        if "attacks.fraction" in results.columns else 1 / 3
+    fraction = attack_fraction(results)
     per_task = int(results["prompts.per_task"].drop_nulls().median() or 1) if "prompts.per_task" in results.columns \
         else 1
     prompts = int(results["all.relative_quality_n"].drop_nulls().median() or 0) \
@@ -211,7 +218,8 @@ def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Dat
                ) -> pl.DataFrame:
     """:func:`plan_table` for a collected sweep: tasks and the attacked share from the confirmed cells, the run
     time model from the tuning runs (``split.tuning`` prompts per task) and the confirmation runs
-    (``split.prompts`` per task, their ``wall_s``)."""
+    (``split.prompts`` per task, their ``wall_s``); no plan below the smallest confirmation set the definition
+    accepts."""
     measured = table.filter(pl.col("n_prompts").is_not_null() & (pl.col("n_prompts") > 0))
     tasks = max(1, round(measured["n_prompts"][0] / split.prompts)) if measured.height else 1
     share = float((measured["n_attacked"] / measured["n_prompts"]).median()) if measured.height else 1 / 3
@@ -219,7 +227,7 @@ def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Dat
     if "wall_s" in reevaluations.columns:
         walls = [(split.prompts * tasks, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
     model = run_time_model(results, walls, split.tuning * tasks)
-    return plan_table(table, k, tasks, share, model)
+    return plan_table(table, k, tasks, share, model, min_confirm_prompts(attack_fraction(results, share), tasks) or 1)
 
 
 def pilot_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, level: float,
@@ -235,7 +243,5 @@ def pilot_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Dat
     walls = []
     if "wall_s" in reevaluations.columns:
         walls = [(prompts, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
-    fraction = float(results["attacks.fraction"].drop_nulls().median() or 0.0) \
-        if "attacks.fraction" in results.columns else 1 / 3
     return plan_table(pilot, k, tasks, share, run_time_model(results, walls, prompts),
-                      min_confirm_prompts(fraction, tasks) or 1)
+                      min_confirm_prompts(attack_fraction(results), tasks) or 1)
