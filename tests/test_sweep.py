@@ -381,10 +381,10 @@ def test_only_the_configured_constraints_are_confirmed() -> None:
 
 #: One config with held-out confirmation (the smallest end-to-end case: one tuning run, K = 2 confirmation runs
 #: of the one pick): tuning on prompt 0 of each task, confirmation on prompts 1-2 of each task (6 prompts, all
-#: attacked), one try per cell.
+#: attacked, by two of the tiny board's four cheap attacks), one try per cell.
 CONFIRM_SWEEP = {
     "description": "confirmed", "temperatures": [0.7], "reevaluate": {"k": 2, "first_seed": 1000},
-    "base": {"attacks.fraction": 1.0},
+    "base": {"attacks.fraction": 1.0, "attacks.specs": [{"name": "swap", "p": 0.1}, {"name": "lowercase"}]},
     "confirm": {"prompts": 2, "level": 0.05, "max_tries": 1},
     "grids": TWO_CONFIG_GRIDS[:1]}
 
