@@ -129,8 +129,7 @@ def test_race_drops_only_with_the_corrected_level_and_the_grid_drops_nothing() -
         for r in range(plan.rounds):
             running = state.plan(r)
             n = plan.shards[r] * 3
-            part = type(data)(*(getattr(data, f)[..., :n] if f in ("watermarked", "baseline", "sizes") else
-                                getattr(data, f)[..., :-(-n // 3)] for f in data.__dataclass_fields__))
+            part = data.map(lambda values, n=n: values[..., :n], lambda values, n=n: values[..., :-(-n // 3)])
             state.update(r, race_bounds(part, plan.alpha(8, 2)))
         return state
 

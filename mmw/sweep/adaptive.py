@@ -59,7 +59,7 @@ from scipy import stats
 from mmw.errors import SpecError
 from mmw.io import write_table
 from mmw.selection import PAPER_CONSTRAINTS, Constraints
-from mmw.sweep.confirm import MIN_PROMPTS, hull_resistance
+from mmw.sweep.confirm import MIN_PROMPTS, AttackEvidence, hull_resistance
 
 #: Reason codes of :func:`eliminate` (0: still contending).
 IN, QUALITY, RESISTANCE, SIZE = 0, 1, 2, 3
@@ -252,22 +252,25 @@ class Tuning:
 
     * ``watermarked``, ``baseline``: ratings ``(..., C, n)`` (the baseline of the same prompt, shared);
     * ``sizes``: ``(..., C, n)`` tokens to detection of each watermarked text (inf: undetected);
-    * ``detected``, ``rating_attacked``: ``(..., C, m, n_a)`` per attack counted in R;
-    * ``rating_reference``: ``(..., C, n_a)`` the watermarked rating of each attacked prompt;
-    * ``no_attack``: ``(..., C, n_a)`` 1/0, the watermarked text detected without attack.
+    * ``attacked``: the attacked prompts as the confirmation reads them (:class:`~mmw.sweep.confirm.AttackEvidence`),
+      with the configurations ``C`` on its run axis: ``detected`` / ``rating_attacked`` ``(..., C, m, n_a)``,
+      ``rating_reference`` / ``no_attack`` ``(..., C, n_a)``.
     """
 
     watermarked: np.ndarray
     baseline: np.ndarray
     sizes: np.ndarray
-    detected: np.ndarray
-    rating_attacked: np.ndarray
-    rating_reference: np.ndarray
-    no_attack: np.ndarray
+    attacked: AttackEvidence
 
-    @property
-    def attacks(self) -> int:
-        return int(self.detected.shape[-2])
+    def map(self, prompts: Callable[[np.ndarray], np.ndarray],
+            attacked: Callable[[np.ndarray], np.ndarray] | None = None) -> Tuning:
+        """The same results with ``prompts`` applied to every per-prompt array and ``attacked`` (default: the
+        same function) to every per-attacked-prompt one."""
+        on_attacked = attacked or prompts
+        a = self.attacked
+        return Tuning(prompts(self.watermarked), prompts(self.baseline), prompts(self.sizes),
+                      AttackEvidence(on_attacked(a.detected), on_attacked(a.rating_attacked),
+                                     on_attacked(a.rating_reference), on_attacked(a.no_attack)))
 
 
 @dataclass(frozen=True)
@@ -294,10 +297,11 @@ def race_bounds(tuning: Tuning, alpha: float) -> Bounds:
     """Every configuration's estimates and bounds at ``alpha`` each (see the module docstring)."""
     quality, q_low, q_high = _ratio_bounds(tuning.watermarked, tuning.baseline, alpha)
     size, s_low, s_high = median_bounds(tuning.sizes, alpha)
-    w_a, w_a_low, w_a_high = _proportion_bounds(tuning.detected, alpha)
-    reference = np.broadcast_to(tuning.rating_reference[..., None, :], tuning.rating_attacked.shape)
-    q_a, q_a_low, q_a_high = _ratio_bounds(tuning.rating_attacked, reference, alpha)
-    w_0, w_0_low, w_0_high = _proportion_bounds(tuning.no_attack, alpha)
+    attacked = tuning.attacked
+    w_a, w_a_low, w_a_high = _proportion_bounds(attacked.detected, alpha)
+    reference = np.broadcast_to(attacked.rating_reference[..., None, :], attacked.rating_attacked.shape)
+    q_a, q_a_low, q_a_high = _ratio_bounds(attacked.rating_attacked, reference, alpha)
+    w_0, w_0_low, w_0_high = _proportion_bounds(attacked.no_attack, alpha)
 
     def hull(q: np.ndarray, w: np.ndarray, w0: np.ndarray) -> np.ndarray:
         return hull_resistance(np.clip(q, 0.0, 1.0), np.clip(w, 0.0, 1.0), np.clip(w0, 0.0, 1.0))
@@ -591,9 +595,12 @@ def tuning_arrays(rows: pl.DataFrame, attacks: Sequence[str], size_column: str =
                                 for a in attacks]) if attacks else np.zeros((0, len(attacked_ids)))
     return Tuning(watermarked=column(marked, "rating", prompts)[None],
                   baseline=column(rows.filter(pl.col("source") == "baseline"), "rating", prompts)[None],
-                  sizes=sizes[None], detected=detected[None], rating_attacked=rating_attacked[None],
-                  rating_reference=column(marked, "rating", attacked_ids)[None],
-                  no_attack=column(rows.filter(pl.col("source") == "retokenized"), "detected", attacked_ids)[None])
+                  sizes=sizes[None],
+                  attacked=AttackEvidence(
+                      detected=detected[None], rating_attacked=rating_attacked[None],
+                      rating_reference=column(marked, "rating", attacked_ids)[None],
+                      no_attack=column(rows.filter(pl.col("source") == "retokenized"), "detected",
+                                       attacked_ids)[None]))
 
 
 def schedule_fingerprint(schedule: Schedule, groups: Mapping[str, Sequence[str]],

@@ -308,22 +308,20 @@ def draw_tuning(truth: Truth, sweeps: int, n: int, rng: np.random.Generator, qua
     rating_attacked = (truth.retained[:, :, None] * reference[:, :, None, :]
                        * (1 + rng.normal(0, quality_sd, (sweeps, c, m, attacked.size))))
     no_attack = (rng.random((sweeps, c, attacked.size)) < truth.no_attack[:, None]).astype(float)
-    return Tuning(watermarked, baseline, sizes, detected, rating_attacked, reference, no_attack)
+    return Tuning(watermarked, baseline, sizes, AttackEvidence(detected, rating_attacked, reference, no_attack))
 
 
 def _prefix(tuning, n: int):
     """The first ``n`` prompts of a :class:`~mmw.sweep.adaptive.Tuning` (their attacked ones too)."""
     n_a = -(-n // 3)
-    return Tuning(tuning.watermarked[..., :n], tuning.baseline[..., :n], tuning.sizes[..., :n],
-                  tuning.detected[..., :n_a], tuning.rating_attacked[..., :n_a], tuning.rating_reference[..., :n_a],
-                  tuning.no_attack[..., :n_a])
+    return tuning.map(lambda values: values[..., :n], lambda values: values[..., :n_a])
 
 
 def _bounds_of(data: Tuning, running: np.ndarray, n: int, alpha: float) -> Bounds:
     """:func:`~mmw.sweep.adaptive.race_bounds` on the first ``n`` prompts of the running configs only (``(S, C)``
     mask; the others get NaN, which :class:`~mmw.sweep.adaptive.Race` ignores)."""
     part = _prefix(data, n)
-    picked = race_bounds(Tuning(*(getattr(part, f)[running] for f in Tuning.__dataclass_fields__)), alpha)
+    picked = race_bounds(part.map(lambda values: values[running]), alpha)
     out = {}
     for f in Bounds.__dataclass_fields__:
         full = np.full(running.shape, np.nan)
