@@ -147,12 +147,10 @@ def select_watermark(
         read_experiments,
         rerun_command,
         select,
-        selection_figure,
-        selection_markdown,
         single_group,
         with_group,
     )
-    from mmw.selection.render import cells_markdown
+    from mmw.reporting.selection import cells_markdown, selection_figure, selection_markdown
 
     try:
         constraints = Constraints(max_quality_loss, min_tamper_resistance, max_fpr)

@@ -269,7 +269,8 @@ def _sweep_tables(rhos: dict[str, float], confirmed_runs: dict[str, float]) -> t
 
 
 def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
-    from mmw.sweep.cells import confirmed_markdown, confirmed_table, pending_config_ids
+    from mmw.reporting.sweep import confirmed_markdown
+    from mmw.sweep.cells import confirmed_table, pending_config_ids
     from mmw.sweep.definition import Split
     from mmw.sweep.plan import needed_prompts, plan_markdown, plan_table
 
