@@ -328,7 +328,8 @@ def _plan_sweep(definition: Any, dest: Path, level: float | None, max_tries: int
     import polars as pl
 
     from mmw.sweep.confirm import ConfirmSettings
-    from mmw.sweep.plan import pilot_plan, plan_markdown, sweep_plan
+    from mmw.reporting.sweep import plan_markdown
+    from mmw.sweep.plan import pilot_plan, sweep_plan
 
     split = definition.split
     try:

@@ -29,7 +29,7 @@ from typing import Any
 import polars as pl
 import yaml
 
-from mmw.reporting.sweep import write_sweep_tables
+from mmw.reporting.sweep import plan_markdown, write_sweep_tables
 from mmw.selection import (
     PAPER_CONSTRAINTS,
     Constraints,
@@ -45,7 +45,7 @@ from mmw.errors import SpecError
 from mmw.sweep.cells import confirmed_randomness, confirmed_table
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
 from mmw.sweep.evidence import sweep_prompt_rows
-from mmw.sweep.plan import plan_markdown, sweep_plan
+from mmw.sweep.plan import sweep_plan
 from mmw.sweep.runner import finished_experiments, read_log
 
 REPORTS = Path("reports/sweeps")
