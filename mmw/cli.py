@@ -147,12 +147,10 @@ def select_watermark(
         read_experiments,
         rerun_command,
         select,
-        selection_figure,
-        selection_markdown,
         single_group,
         with_group,
     )
-    from mmw.selection.render import cells_markdown
+    from mmw.reporting.selection import cells_markdown, selection_figure, selection_markdown
 
     try:
         constraints = Constraints(max_quality_loss, min_tamper_resistance, max_fpr)
@@ -330,7 +328,8 @@ def _plan_sweep(definition: Any, dest: Path, level: float | None, max_tries: int
     import polars as pl
 
     from mmw.sweep.confirm import ConfirmSettings
-    from mmw.sweep.plan import pilot_plan, plan_markdown, sweep_plan
+    from mmw.reporting.sweep import plan_markdown
+    from mmw.sweep.plan import pilot_plan, sweep_plan
 
     split = definition.split
     try:

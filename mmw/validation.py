@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Self, TypeVar, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from mmw.errors import SpecError
 
-__all__ = ["Integer", "Key", "Part", "Refuse", "Section", "Unused", "allowed", "allowed_text", "validate"]
+__all__ = ["Integer", "Key", "Part", "Refuse", "Section", "Unused", "allowed", "allowed_text", "spec_error",
+           "validate"]
 
 #: Pydantic error types that mean "right type, value out of its range".
 _RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"})
@@ -71,7 +72,29 @@ def allowed_text(model: type[BaseModel], key: str) -> str | None:
     return extra.get("allowed") if isinstance(extra, dict) else None  # type: ignore[return-value]
 
 
-def _to_spec_error(error: ValidationError, model: type[BaseModel], prefix: str) -> SpecError:
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The model a field's type holds (``ConfirmSection | None`` -> ConfirmSection), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((found for arg in get_args(annotation) if (found := _nested_model(arg)) is not None), None)
+
+
+def _owner(model: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[type[BaseModel], str | None]:
+    """The (nested) model that declares the last named key of an error's ``loc``, and that key."""
+    owner, found, name = model, model, None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if owner is None:  # inside a plain mapping or list: the key belongs to the field that holds it
+            break
+        found, name = owner, str(part)
+        field = owner.model_fields.get(name)
+        owner = _nested_model(field.annotation) if field is not None else None
+    return found, name
+
+
+def spec_error(error: ValidationError, model: type[BaseModel], prefix: str) -> SpecError:
+    """The first error of ``model``'s validation as a one-line SpecError naming ``<prefix>.<key>``."""
     errors = error.errors(include_url=False)
     # A typo shows as both an unknown and a missing key: the unknown one is the useful message.
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
@@ -80,9 +103,10 @@ def _to_spec_error(error: ValidationError, model: type[BaseModel], prefix: str) 
     if isinstance(original, SpecError):  # a cross-field rule that named its key itself
         return original
     key = _key(prefix, loc)
+    owner, name = _owner(model, loc)
     if kind == "extra_forbidden":
-        return SpecError(key, "unknown key", list(model.model_fields))
-    shown = allowed_text(model, str(loc[0])) if loc else None
+        return SpecError(key, "unknown key", list(owner.model_fields))
+    shown = allowed_text(owner, name) if name is not None else None
     if kind == "missing":
         return SpecError(key, "missing", shown)
     if kind == "literal_error":
@@ -94,14 +118,15 @@ def _to_spec_error(error: ValidationError, model: type[BaseModel], prefix: str) 
     return SpecError(key, f"expected {shown or first['msg'].lower()}, got {value!r}", shown)
 
 
-def validate(model: type[M], data: Any, prefix: str) -> M:
-    """``model`` validated from the mapping ``data``; raises SpecError naming ``<prefix>.<key>``."""
+def validate(model: type[M], data: Any, prefix: str, context: Mapping[str, Any] | None = None) -> M:
+    """``model`` validated from the mapping ``data``; raises SpecError naming ``<prefix>.<key>``. ``context``
+    reaches the model's validators (``info.context``) beside ``prefix``: what a cross-field rule checks against."""
     if not isinstance(data, Mapping):
         raise SpecError(prefix, f"expected a mapping, got {type(data).__name__}", list(model.model_fields))
     try:
-        return model.model_validate(dict(data), context={"prefix": prefix})
+        return model.model_validate(dict(data), context={**(context or {}), "prefix": prefix})
     except ValidationError as error:
-        raise _to_spec_error(error, model, prefix) from None
+        raise spec_error(error, model, prefix) from None
 
 
 # ---------------------------------------------------------------------------------------------- parts of a config

@@ -185,7 +185,9 @@ def test_race_never_spends_more_than_its_budget() -> None:
     ({"shards": [1, 16]}, "adaptive.shards"),  # 3 prompts in round 1: too few for a bound
     ({"shards": [4, 16], "budget_s": 100}, "adaptive.budget_s"),  # less than round 1
     ({"shards": [4, 16], "budget_s": -1}, "adaptive.budget_s"),
-    ({"shards": [4, 16], "rounds": 3}, "adaptive"),
+    ({"shards": [4, 16], "rounds": 3}, "adaptive.rounds"),
+    ({"shards": [4, True]}, "adaptive.shards[1]"),
+    ([4, 16], "adaptive"),
 ])
 def test_bad_schedule_names_the_setting(raw: dict, key: str) -> None:
     with pytest.raises(SpecError) as err:

@@ -269,9 +269,11 @@ def _sweep_tables(rhos: dict[str, float], confirmed_runs: dict[str, float]) -> t
 
 
 def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
-    from mmw.sweep.cells import confirmed_markdown, confirmed_table, pending_config_ids
+    from mmw.reporting.sweep import confirmed_markdown
+    from mmw.sweep.cells import confirmed_table, pending_config_ids
     from mmw.sweep.definition import Split
-    from mmw.sweep.plan import needed_prompts, plan_markdown, plan_table
+    from mmw.reporting.sweep import plan_markdown
+    from mmw.sweep.plan import needed_prompts, plan_table
 
     split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2)
     # Ranked by size_valid (c smallest, then b); nothing confirmed yet: every cell waits for c.

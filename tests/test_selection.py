@@ -21,6 +21,7 @@ import yaml
 from pipeline_repo import BIN, make_pipeline_repo, run, tiny_board
 
 from mmw.errors import SpecError
+from mmw.reporting.selection import selection_markdown
 from mmw.selection import (
     Constraints,
     Experiments,
@@ -31,7 +32,6 @@ from mmw.selection import (
     read_experiments,
     rerun_command,
     select,
-    selection_markdown,
     single_group,
     with_group,
 )

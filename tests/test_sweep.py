@@ -329,7 +329,8 @@ def test_the_paper_table_picks_per_cell_and_summarises_the_reevaluations() -> No
     ])
     reevaluations = pl.DataFrame({"config_id": ["a"] * 5, "seed": [1000, 1001, 1002, 1003, 1004],
                                   "status": ["done"] * 5, "all.size": [12.0, 14.0, 11.0, 30.0, None]})
-    from mmw.sweep.collect import paper_table, picked_config_ids, table_markdown
+    from mmw.reporting.sweep import table_markdown
+    from mmw.sweep.collect import paper_table, picked_config_ids
 
     table = paper_table(results, reevaluations, k=5)
     got = {(r["family"], r["max_quality_loss"], r["min_tamper_resistance"]): r for r in table.iter_rows(named=True)}

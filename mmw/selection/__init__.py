@@ -12,7 +12,8 @@ Kept apart:
   attacks, alpha, judge, detector); mixed tables are refused or split;
 * :mod:`~mmw.selection.selecting` — the feasibility rule and the pick (overall and per cell);
 * :mod:`~mmw.selection.reeval` — re-evaluation runs (marked ``reeval-``, never in a pool) and median (MAD);
-* :mod:`~mmw.selection.render` — re-run commands, Markdown and the figure.
+* :mod:`~mmw.selection.rerun` — the re-run command of a pick (its report and figure:
+  :mod:`mmw.reporting.selection`).
 
 Typical use (what ``mmw select`` does)::
 
@@ -24,17 +25,9 @@ Typical use (what ``mmw select`` does)::
 from mmw.selection.grouping import comparable_groups, single_group, with_group
 from mmw.selection.reading import Experiments, read_experiments
 from mmw.selection.reeval import REEVAL_PREFIX, is_reevaluation, median_mad
-from mmw.selection.render import (
-    RerunCommand,
-    fresh_seed,
-    override_value,
-    rerun_command,
-    selection_figure,
-    selection_markdown,
-)
+from mmw.selection.rerun import RerunCommand, fresh_seed, override_value, rerun_command
 from mmw.selection.selecting import PAPER_CONSTRAINTS, Constraints, Selection, cell_picks, select
 
 __all__ = ["PAPER_CONSTRAINTS", "REEVAL_PREFIX", "Constraints", "Experiments", "RerunCommand", "Selection",
            "cell_picks", "comparable_groups", "fresh_seed", "is_reevaluation", "median_mad", "override_value",
-           "read_experiments", "rerun_command", "select", "selection_figure", "selection_markdown",
-           "single_group", "with_group"]
+           "read_experiments", "rerun_command", "select", "single_group", "with_group"]

@@ -6,13 +6,14 @@ files or runs DVC. See docs/SELECTION.md.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
+from pydantic import ValidationError
 
 from mmw.errors import SpecError
+from mmw.validation import Section, allowed, spec_error
 
 SIZE, QUALITY, RESISTANCE, FPR_HIGH = ("all.size", "all.relative_quality", "all.tamper_resistance",
                                        "all.fpr_ci_high")
@@ -23,8 +24,7 @@ KINDS = ("experiment", "baseline", "workspace")
 PAPER_CONSTRAINTS = ((0.01, 0.2), (0.01, 0.0), (0.1, 0.2), (0.1, 0.0))
 
 
-@dataclass(frozen=True)
-class Constraints:
+class Constraints(Section):
     """Deployment targets. A setting is feasible when all hold and its watermark is detected (finite size).
 
     * ``max_quality_loss`` in ``[0, 1)``: relative quality must be at least ``1 - max_quality_loss``
@@ -33,33 +33,25 @@ class Constraints:
     * ``max_fpr`` in ``[0, 1]`` or None: the upper end of the empirical false-positive rate's 95 % interval
       must not exceed it (None = not checked).
 
-    Bad values raise :class:`SpecError` naming the command-line option.
+    Bad values raise :class:`SpecError` naming the command-line option (``--max-quality-loss``).
     """
 
-    max_quality_loss: float = 0.01
-    min_tamper_resistance: float = 0.2
-    max_fpr: float | None = None
+    max_quality_loss: float = allowed("a quality loss in [0, 1), e.g. 0.01 for at most 1 %", ge=0.0, lt=1.0)
+    min_tamper_resistance: float = allowed("a tamper resistance R in [0, 1], e.g. 0.2", ge=0.0, le=1.0)
+    max_fpr: float | None = allowed("a false-positive rate in [0, 1], e.g. 0.05", ge=0.0, le=1.0)
 
-    def __post_init__(self) -> None:
-        _check_range("--max-quality-loss", self.max_quality_loss, high_open=True,
-                     allowed="a quality loss in [0, 1), e.g. 0.01 for at most 1 %")
-        _check_range("--min-tamper-resistance", self.min_tamper_resistance, high_open=False,
-                     allowed="a tamper resistance R in [0, 1], e.g. 0.2")
-        if self.max_fpr is not None:
-            _check_range("--max-fpr", self.max_fpr, high_open=False,
-                         allowed="a false-positive rate in [0, 1], e.g. 0.05")
+    def __init__(self, max_quality_loss: float = 0.01, min_tamper_resistance: float = 0.2,
+                 max_fpr: float | None = None) -> None:
+        try:
+            super().__init__(max_quality_loss=max_quality_loss, min_tamper_resistance=min_tamper_resistance,
+                             max_fpr=max_fpr)
+        except ValidationError as error:
+            err = spec_error(error, Constraints, "")
+            raise SpecError(f"--{err.key.replace('_', '-')}", err.problem, err.allowed) from None
 
     @property
     def min_relative_quality(self) -> float:
         return 1.0 - self.max_quality_loss
-
-
-def _check_range(option: str, value: Any, high_open: bool, allowed: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise SpecError(option, f"expected a number, got {value!r}", allowed)
-    if value < 0 or value > 1 or (high_open and value == 1):
-        raise SpecError(option, f"{value:g} is out of range", allowed)
-
 
 
 @dataclass(frozen=True)

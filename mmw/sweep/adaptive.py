@@ -60,6 +60,7 @@ from mmw.errors import SpecError
 from mmw.io import write_table
 from mmw.selection import PAPER_CONSTRAINTS, Constraints
 from mmw.sweep.confirm import MIN_PROMPTS, AttackEvidence, hull_resistance
+from mmw.validation import Integer, Section, allowed, validate
 
 #: Reason codes of :func:`eliminate` (0: still contending).
 IN, QUALITY, RESISTANCE, SIZE = 0, 1, 2, 3
@@ -179,19 +180,22 @@ class Schedule:
                             f"at least {math.ceil(first)}")
 
 
+class AdaptiveSection(Section):
+    """A sweep definition's ``adaptive:`` section as written; the rules between its values are
+    :class:`Schedule`'s."""
+
+    shards: list[Integer] = allowed("[int, ...] (cumulative tuning prompts per task), e.g. [4, 16, 64]", default=[])
+    level: float = allowed("a number in (0, 1), e.g. 0.05", default=0.05)
+    budget_s: float | None = allowed("a number of seconds > 0", gt=0.0, default=None)
+
+
 def schedule_from(raw: Any, tuning: int | None, confirm_tries: int | None, n_configs: int, tasks: int,
                   cost: CostModel = GPU_STAGED) -> Schedule:
-    """The ``adaptive:`` section of a sweep definition (``{shards: [..], level: .., budget_s: ..}``), checked
-    against the sweep (:meth:`Schedule.check`) before anything runs."""
-    allowed = "{shards: [int, ...] (cumulative tuning prompts per task), level: (0, 1), budget_s: seconds}"
-    if not isinstance(raw, Mapping) or set(raw) - {"shards", "level", "budget_s"}:
-        raise SpecError("adaptive", f"expected a mapping, got {raw!r}", allowed)
-    budget = raw.get("budget_s")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0):
-        raise SpecError("adaptive.budget_s", f"{budget!r} is not a positive number of seconds", "a number > 0")
+    """The ``adaptive:`` section of a sweep definition (:class:`AdaptiveSection`), checked against the sweep
+    (:meth:`Schedule.check`) before anything runs."""
+    section = validate(AdaptiveSection, raw, "adaptive")
     keep = confirm_tries if confirm_tries is not None else 2
-    schedule = Schedule(shards=tuple(raw.get("shards") or ()), level=raw.get("level", 0.05),
-                        budget_s=None if budget is None else float(budget), keep=keep)
+    schedule = Schedule(shards=tuple(section.shards), level=section.level, budget_s=section.budget_s, keep=keep)
     schedule.check(tuning, n_configs, tasks, cost, confirm=confirm_tries is not None, max_tries=confirm_tries)
     return schedule
 

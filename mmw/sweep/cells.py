@@ -3,20 +3,18 @@ tries and the cell's status with its evidence (see :mod:`mmw.sweep.confirm` for 
 
 Inputs are the collection's tables: ``results`` (one row per config: the tuning runs), ``reevaluations`` (one row
 per confirmation run: ``config_id``, ``seed``, ``status``, the size columns) and the per-prompt rows of the
-confirmation runs (:mod:`mmw.sweep.evidence`, column ``experiment``).
+confirmation runs (:mod:`mmw.sweep.evidence`, column ``experiment``). Its Markdown is
+:func:`mmw.reporting.sweep.confirmed_markdown`'s.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import polars as pl
 
 from mmw.errors import SpecError
-from mmw.samplers import LABELS
 from mmw.selection import Constraints, median_mad
 from mmw.sweep.confirm import (
     PENDING,
@@ -155,63 +153,3 @@ def pending_config_ids(table: pl.DataFrame) -> list[str]:
     if table.height == 0:
         return []
     return list(dict.fromkeys(table.filter(pl.col("status") == PENDING)["pending"].drop_nulls().to_list()))
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "?"
-    return "∞" if math.isinf(value) else f"{value:.{digits}g}"
-
-
-def cell_text(row: dict[str, Any]) -> str:
-    """One cell of table.md: the status first; a number only for a confirmed cell."""
-    status = row["status"]
-    if status == "confirmed":
-        text = f"**{_fmt(row['size_median'])}** ({_fmt(row['size_mad'])}) q≥{_fmt(row['quality_low'])}"
-        if row["min_tamper_resistance"]:
-            text += f" R>{_fmt(row['resistance_low'])}"
-        return text + f" k={row['k']}"
-    if status == "not confirmed":
-        return f"not confirmed ({row['reason']})"
-    if status == "unresolved":
-        interval = f" q [{_fmt(row['quality_low'])}, {_fmt(row['quality_high'])}]" if row["quality_low"] is not None \
-            else ""
-        return f"unresolved ({row['reason']}){interval}"
-    if status == "pending":
-        return f"pending ({row['tries']}/{row['max_tries']} tried)"
-    return "none"
-
-
-#: The paper's family columns, in its order.
-FAMILIES = tuple(LABELS)
-
-
-def paper_rows(table: pl.DataFrame, cell: Callable[[dict[str, Any]], str], r_sign: str) -> list[str]:
-    """The paper's layout as Markdown rows: constraint blocks x temperature rows x family columns, each cell
-    ``cell(row)`` of its table row ("–" when the table has none); ``r_sign`` prints the R constraint."""
-    lines = ["| constraint | T | " + " | ".join(FAMILIES) + " |", "|---|---|" + "---|" * len(FAMILIES)]
-    if table.height == 0:
-        return lines
-    for (loss, r_min), block in table.group_by(["max_quality_loss", "min_tamper_resistance"], maintain_order=True):
-        label = f"{loss:.0%} quality, " + (f"R {r_sign} {r_min:g}" if r_min else "no R")
-        for temperature in sorted(block["temperature"].unique().to_list()):
-            cells = []
-            for family in FAMILIES:
-                row = block.filter((pl.col("temperature") == temperature) & (pl.col("family") == family))
-                cells.append(cell(row.row(0, named=True)) if row.height else "–")
-            lines.append(f"| {label} | {temperature:g} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def confirmed_markdown(table: pl.DataFrame, split: Split, scale: str) -> str:
-    """The paper's layout with statuses: confirmed cells show the median (MAD) size over the confirmation runs
-    and the one-sided bounds that confirmed them; every other cell says why it is not an answer."""
-    kinds = ", ".join(sorted(table["size_kind"].drop_nulls().unique().to_list())) if table.height else "-"
-    lines = [f"Size of the ideal watermark under four constraints ({scale}), confirmed on held-out prompts "
-             f"({split.prompts} per task from position {split.offset}; tuning {split.tuning} per task). Confirmed "
-             f"cells: median (MAD) size ({kinds}) over the confirmation runs, with the one-sided bounds at level "
-             f"{split.level:g} per cell (split over up to {split.max_tries} tries). Unresolved: an interval "
-             "straddles the constraint — not a result.", "", *paper_rows(table, cell_text, ">")]
-    counts = table.group_by("status").len().sort("status").iter_rows() if table.height else []
-    lines += ["", "Cells: " + ", ".join(f"{status} {n}" for status, n in counts)]
-    return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""Collecting a sweep: its experiments (read through ``dvc.api``) into tables that live in git.
+"""Collecting a sweep: its experiments (read through ``dvc.api``) into tables that live in git (written by
+:mod:`mmw.reporting.sweep`).
 
 ``reports/sweeps/<name>/`` receives (all readable without the DVC cache):
 
@@ -28,7 +29,7 @@ from typing import Any
 import polars as pl
 import yaml
 
-from mmw.io import write_text, write_with
+from mmw.reporting.sweep import plan_markdown, write_sweep_tables
 from mmw.selection import (
     PAPER_CONSTRAINTS,
     Constraints,
@@ -41,10 +42,10 @@ from mmw.selection import (
 from mmw.selection.reading import column
 from mmw.selection.reeval import REEVAL_PREFIX
 from mmw.errors import SpecError
-from mmw.sweep.cells import confirmed_markdown, confirmed_randomness, confirmed_table, paper_rows
+from mmw.sweep.cells import confirmed_randomness, confirmed_table
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
 from mmw.sweep.evidence import sweep_prompt_rows
-from mmw.sweep.plan import plan_markdown, sweep_plan
+from mmw.sweep.plan import sweep_plan
 from mmw.sweep.runner import finished_experiments, read_log
 
 REPORTS = Path("reports/sweeps")
@@ -220,35 +221,6 @@ def paper_table(results: pl.DataFrame, reevaluations: pl.DataFrame, k: int) -> p
     return table.select([c for c in keep if c in table.columns] + params)
 
 
-def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "∞"
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-def table_markdown(table: pl.DataFrame, scale: str) -> str:
-    """The paper's layout: constraint blocks x temperature rows x family columns, ``median (MAD)`` cells;
-    ``none`` when nothing in the cell is feasible, ``∞`` when the pick's median size is undetected (as the paper
-    prints it and as reports/index.html shows it), ``pick N (no re-eval)`` when the pick was not re-evaluated."""
-    def cell(r: dict[str, Any]) -> str:
-        if r["config_id"] is None:
-            return "none"
-        if r["k"] and r["size_median"] is not None and math.isinf(r["size_median"]):
-            return f"∞ k={r['k']}"  # a MAD around an undetected median means nothing
-        if r["k"]:
-            return f"{_fmt(r['size_median'])} ({_fmt(r['size_mad'])}) k={r['k']}"
-        return f"pick {_fmt(r['pick_size'])} (no re-eval)"
-
-    lines = [f"Size of the ideal watermark under four constraints ({scale}). Cells: median (MAD) of the pick's "
-             "size over its re-evaluations with fresh seeds and keys; ∞: undetected in half or more of the texts; "
-             "none: no evaluated setting meets the constraint.", "", *paper_rows(table, cell, "≥")]
-    return "\n".join(lines) + "\n"
-
-
 def randomness_table(results: pl.DataFrame, max_quality_loss: float = 0.1) -> pl.DataFrame:
     """Text-dependent vs fixed randomness: per temperature and kind, the smallest size among finished configs
     with quality loss <= ``max_quality_loss``, excluding the constant-randomness corner cases (window 0,
@@ -278,15 +250,6 @@ def delta_table(results: pl.DataFrame, temperatures: tuple[float, ...] = (0.3, 1
                  pl.col(QUALITY).median().alias("median_relative_quality"),
                  pl.col(RESISTANCE).max().alias("max_tamper_resistance"))
             .rename({"model.temperature": "temperature", "scheme.delta": "delta"}).sort(["temperature", "delta"]))
-
-
-def frame_markdown(frame: pl.DataFrame, title: str) -> str:
-    lines = [f"{title}", ""]
-    if frame.height == 0:
-        return "\n".join([*lines, "(no finished configs)"]) + "\n"
-    lines += ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in frame.iter_rows()]
-    return "\n".join(lines) + "\n"
 
 
 def timings(repo: Path, results: pl.DataFrame) -> pl.DataFrame:
@@ -343,32 +306,11 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
         table = paper_table(results, reevaluations, sweep.reevaluate.k)
         randomness = randomness_table(results)
     delta = delta_table(results)
-    out_dir.mkdir(parents=True, exist_ok=True)
     frames = {"results": results, "attacks": attacks, "reevaluations": reevaluations, "table": table,
               "randomness": randomness, "delta": delta, **extra}
     if with_timings:
         frames["timings"] = timings(repo, results)
-    for name, frame in frames.items():
-        write_with(out_dir / f"{name}.parquet", frame.write_parquet)
-    flat = results.select([c for c in results.columns if results[c].dtype != pl.Null] or results.columns)
-    write_with(out_dir / "results.csv", flat.write_csv)
-    if sweep.split is not None:
-        write_text(confirmed_markdown(table, sweep.split, scale) + "\n"
-                   + plan_markdown(plan, sweep.split.level, sweep.reevaluate.k), out_dir / "table.md")
-        write_text(json.dumps(sweep.split.as_dict(), indent=2) + "\n", out_dir / "split.json")
-    else:
-        write_text(table_markdown(table, scale), out_dir / "table.md")
-    # With held-out prompts the randomness cells are confirmed like the paper's; the delta table stays a
-    # description of the tuning runs' point estimates, and says so.
-    held_out = sweep.split is not None
-    source = f"{scale}; tuning runs' point estimates, not confirmed" if held_out else scale
-    shown = randomness.with_columns(pl.when(pl.col("status") == "confirmed").then(pl.col(c)).otherwise(None)
-                                    for c in ("size_median", "size_mad")) if held_out else randomness
-    write_text(frame_markdown(shown, f"Text-dependent vs fixed randomness: smallest size at quality loss "
-                              f"<= 10 % ({scale}; window 0 excluded"
-                              + ("; confirmed on held-out prompts: a size only where status is confirmed)"
-                                 if held_out else ")")), out_dir / "randomness.md")
-    write_text(frame_markdown(delta, f"Size-quality trade-off over delta, distribution shift ({source})"),
-               out_dir / "delta.md")
+    plan_text = plan_markdown(extra["plan"], sweep.split.level, sweep.reevaluate.k) if sweep.split else ""
+    write_sweep_tables(out_dir, frames, sweep.split, scale, plan_text)
     return Collected(results=results, attacks=attacks, reevaluations=reevaluations, table=table,
                      randomness=randomness, delta=delta, groups=groups)

@@ -17,9 +17,11 @@ inherits another's parameters) except the key, which is never a param of a sweep
 ``config_id``, is a stable hash of its overrides (sorted JSON), so a rerun of the sweep recognises finished
 configs whatever order the grid is written in.
 
-Everything is validated before anything is queued: unknown sweep name, a key that is not a param of the
-repository's ``params.yaml``, a value the params or :class:`mmw.scheme.SchemeSpec` reject. Errors are
-:class:`SpecError` naming the file and the entry (``sweeps/small.yaml: grids[2] (ds-sum): scheme.delta: ...``).
+Everything is validated before anything is queued, by the params' mechanism (:mod:`mmw.validation`): the file is
+a :class:`SweepFile` section model (its fields' types and ranges; its validator checks the keys against the
+repository's ``params.yaml`` and the confirmation split), and every expanded config is validated by the params
+sections and :class:`mmw.scheme.SchemeSpec`. Errors are :class:`SpecError` naming the file, the entry and the
+allowed values (``sweeps/small.yaml: grids[2] (ds-sum): scheme.delta: ...``).
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Self
 
 import yaml
+from pydantic import AfterValidator, BeforeValidator, ValidationInfo, model_validator
 
 from mmw.errors import SpecError
 from mmw.scheme import KNOWN_KEYS, SchemeSpec
+from mmw.selection.selecting import PAPER_CONSTRAINTS
+from mmw.validation import Integer, Section, allowed, allowed_text, validate
 
 SWEEPS_DIR = Path("sweeps")
 TEMPERATURE = "model.temperature"
@@ -45,12 +50,13 @@ TEMPERATURE = "model.temperature"
 SCHEME_KEYS = tuple(f"scheme.{k}" for k in KNOWN_KEYS if k != "key")
 #: Params a sweep must never set: the watermark key (either layout: ``scheme.key`` or the top-level ``key``).
 FORBIDDEN = frozenset({"scheme.key", "key"})
-TOP_KEYS = frozenset({"description", "base", "temperatures", "grids", "reevaluate", "confirm"})
 #: Params that must take one value over a whole sweep: picks compare runs, and runs of different generators,
 #: engines or judges are not comparable.
 SINGLE_VALUED = ("model.name", "model.engine", "rate.judge", "rate.backend", "rate.base_url", "rate.mode")
 #: Fewest confirmation prompts for an interval (mmw.sweep.confirm.MIN_PROMPTS).
 MIN_CONFIRM_PROMPTS = 5
+#: The quality losses of the paper's constraints, each confirmed cell's first coordinate.
+QUALITY_LOSSES = tuple(sorted({loss for loss, _ in PAPER_CONSTRAINTS}))
 
 
 @dataclass(frozen=True)
@@ -65,16 +71,63 @@ class Config:
     overrides: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Reevaluation:
+def _or_empty(value: Any) -> Any:
+    """A section written with no entries (``base:``) is an empty mapping."""
+    return {} if value is None else value
+
+
+def _paper_loss(value: float) -> float:
+    if value not in QUALITY_LOSSES:
+        raise ValueError(f"got {value!r}: the paper's table has the constraints quality loss <= "
+                         + " and <= ".join(f"{loss:.0%}".replace("%", " %") for loss in QUALITY_LOSSES))
+    return value
+
+
+def _distinct(values: list[float]) -> list[float]:
+    if len(set(values)) < len(values):
+        raise ValueError(f"got {values!r}: a loss is listed twice")
+    return values
+
+
+#: The dotted params of a base or grid entry and their values (a list is an axis of the grid).
+Entries = Annotated[dict[str, Any], BeforeValidator(_or_empty)]
+_LOSSES_TEXT = f"a non-empty subset of {list(QUALITY_LOSSES)}"
+
+
+class Reevaluation(Section):
     """How picks are re-evaluated: ``k`` runs with seeds ``first_seed .. first_seed + k - 1`` and fresh keys."""
 
-    k: int
-    first_seed: int
+    k: Integer = allowed("an integer >= 1", ge=1, default=5)
+    first_seed: Integer = allowed("an integer >= 0", ge=0, default=1000)
 
     @property
     def seeds(self) -> list[int]:
         return list(range(self.first_seed, self.first_seed + self.k))
+
+
+class ConfirmSection(Section):
+    """A definition's ``confirm`` section; the checks that need the tuning prompts are :meth:`SweepFile.split`'s.
+    ``level`` and ``max_tries``: see :class:`mmw.sweep.confirm.ConfirmSettings`."""
+
+    prompts: Integer = allowed("an integer >= 1 (per task)", ge=1)
+    offset: Integer | None = allowed("an integer >= 0 (default: after the tuning prompts)", ge=0, default=None)
+    level: float = allowed("a number in (0, 0.5), e.g. 0.05", default=0.05)
+    max_tries: Integer = allowed("an integer >= 1 (the pick plus fallbacks), e.g. 2", default=2)
+    quality_losses: Annotated[list[Annotated[float, AfterValidator(_paper_loss)]], AfterValidator(_distinct)] = \
+        allowed(_LOSSES_TEXT, min_length=1, default=list(QUALITY_LOSSES))
+
+    @model_validator(mode="after")
+    def _settings(self) -> Self:
+        """``level`` and ``max_tries`` are the confirmation's settings: checked where they are used."""
+        from mmw.sweep.confirm import ConfirmSettings
+
+        ConfirmSettings(level=self.level, max_tries=self.max_tries)
+        return self
+
+
+def _mapping_text(model: type[Section]) -> str:
+    """What a nested section accepts, from its fields: "{k: an integer >= 1, first_seed: ...}"."""
+    return "{" + ", ".join(f"{name}: {allowed_text(model, name)}" for name in model.model_fields) + "}"
 
 
 @dataclass(frozen=True)
@@ -90,13 +143,11 @@ class Split:
     level: float = 0.05
     max_tries: int = 2
     #: The paper's quality-loss constraints whose cells are confirmed (both by default).
-    quality_losses: tuple[float, ...] = (0.01, 0.1)
+    quality_losses: tuple[float, ...] = QUALITY_LOSSES
 
     @property
     def constraints(self) -> tuple[tuple[float, float], ...]:
         """The paper's (quality loss, R) constraints this sweep confirms, in the paper's order."""
-        from mmw.selection.selecting import PAPER_CONSTRAINTS
-
         return tuple(c for c in PAPER_CONSTRAINTS if c[0] in self.quality_losses)
 
     @property
@@ -108,6 +159,78 @@ class Split:
         return {"tuning_offset": self.tuning_offset, "tuning_prompts_per_task": self.tuning,
                 "confirm_offset": self.offset, "confirm_prompts_per_task": self.prompts, "level": self.level,
                 "max_tries": self.max_tries, "quality_losses": list(self.quality_losses)}
+
+
+class SweepFile(Section):
+    """A sweep definition file as written. Validated with ``context={"board": <params mapping>}`` (see
+    :func:`read_definition`), its validator checks every dotted key against the board and the confirmation split
+    against the tuning prompts; without a board only the file's shape is checked."""
+
+    description: str = allowed("one line of text", default="")
+    base: Entries = allowed("a mapping of dotted params to values, set on every config", default={})
+    temperatures: Any = allowed("a list of temperatures (model.temperature), each crossed with every grid",
+                                default=None)
+    grids: list[Entries] = allowed("a non-empty list of grid entries (mappings of dotted params to a value or a "
+                                   "list of values)", min_length=1)
+    reevaluate: Annotated[Reevaluation, BeforeValidator(_or_empty)] = allowed(
+        _mapping_text(Reevaluation), default=Reevaluation())
+    confirm: ConfirmSection | None = allowed(_mapping_text(ConfirmSection), default=None)
+
+    @model_validator(mode="after")
+    def _against_board(self, info: ValidationInfo) -> Self:
+        board = (info.context or {}).get("board")
+        if board is not None:
+            _check_keys("base", self.base, board)
+            for index, grid in enumerate(self.grids):
+                where = self.grid_label(index)
+                _check_keys(where, {key: value for key, value in grid.items() if key != "name"}, board)
+                if TEMPERATURE in grid:
+                    raise SpecError(f"{where}: {TEMPERATURE}",
+                                    "set temperatures at the top level (crossed with every grid)")
+                for key, value in grid.items():
+                    if key != "name" and _axis(value) == []:
+                        raise SpecError(f"{where}: {key}", "empty list (the grid would have no config)")
+            self.split(board)
+        return self
+
+    def grid_label(self, index: int) -> str:
+        """How errors name the grid entry ``index``: ``grids[2] (ds-sum)``."""
+        return f"grids[{index}] ({self.grids[index].get('name', f'#{index}')})"
+
+    def split(self, board: Mapping[str, Any]) -> Split | None:
+        """The ``confirm`` section against the tuning prompts: K >= 2, enough prompts for an interval of quality
+        and of R, disjoint from the tuning prompts (None without a ``confirm`` section)."""
+        raw = self.confirm
+        if raw is None:
+            return None
+        prompts_board = board.get("prompts", {})
+        tuning = self.base.get("prompts.per_task", prompts_board.get("per_task"))
+        tuning_offset = self.base.get("prompts.offset", prompts_board.get("offset", 0)) or 0
+        tasks = self.base.get("prompts.tasks", prompts_board.get("tasks")) or []
+        if self.reevaluate.k < 2:
+            raise SpecError("reevaluate.k", f"{self.reevaluate.k} confirmation run(s): an interval over runs needs "
+                            "at least 2", "an integer >= 2")
+        if tuning is None:
+            raise SpecError("confirm", "the tuning runs take every prompt (prompts.per_task: null), so no prompt is "
+                            "left for confirmation", "set base prompts.per_task to the tuning prompts per task")
+        count = raw.prompts
+        if count * max(len(tasks), 1) < MIN_CONFIRM_PROMPTS:
+            raise SpecError("confirm.prompts", f"{count} per task x {len(tasks)} task(s) is too small to compute "
+                            "an interval", f"at least {MIN_CONFIRM_PROMPTS} confirmation prompts in all")
+        fraction = self.base.get("attacks.fraction", board.get("attacks", {}).get("fraction", 0.0)) or 0.0
+        attacked = attacked_prompts(fraction, count, len(tasks))
+        if attacked < MIN_CONFIRM_PROMPTS:  # R's interval resamples the attacked prompts
+            needed = min_confirm_prompts(fraction, len(tasks))
+            raise SpecError("confirm.prompts", f"{count} per task attack only {attacked} confirmation prompt(s) "
+                            f"(attacks.fraction {fraction:g}): too few to compute an interval of R",
+                            f"at least {needed} per task" if needed else "attacks.fraction > 0")
+        offset = tuning_offset + tuning if raw.offset is None else raw.offset
+        if offset < tuning_offset + tuning and tuning_offset < offset + count:
+            raise SpecError("confirm.offset", f"confirmation prompts [{offset}, {offset + count}) overlap the "
+                            f"tuning prompts [{tuning_offset}, {tuning_offset + tuning})",
+                            f"an offset >= {tuning_offset + tuning}")
+        return Split(tuning_offset=int(tuning_offset), tuning=int(tuning), offset=int(offset), prompts=count,
+                     level=raw.level, max_tries=raw.max_tries, quality_losses=tuple(sorted(raw.quality_losses)))
 
 
 @dataclass(frozen=True)
@@ -135,60 +258,6 @@ def min_confirm_prompts(fraction: float, tasks: int) -> int | None:
         return None
     return next(p for p in range(1, 10_000) if p * tasks >= MIN_CONFIRM_PROMPTS
                 and attacked_prompts(fraction, p, tasks) >= MIN_CONFIRM_PROMPTS)
-
-
-def _split(path: Path, raw: Any, board: Mapping[str, Any], base: Mapping[str, Any], k: int) -> Split | None:
-    """The ``confirm`` section, checked: K >= 2, enough prompts for an interval, disjoint from tuning."""
-    if raw is None:
-        return None
-    allowed = "{prompts: int >= 1 (per task), offset: int (default: after the tuning prompts), level: (0, 0.5), "\
-        "max_tries: int >= 1, quality_losses: a non-empty subset of [0.01, 0.1]}"
-    if not isinstance(raw, dict) or set(raw) - {"prompts", "offset", "level", "max_tries", "quality_losses"}:
-        raise SpecError(f"{path}: confirm", "expected a mapping", allowed)
-    prompts_board = board.get("prompts", {})
-    tuning = base.get("prompts.per_task", prompts_board.get("per_task"))
-    tuning_offset = base.get("prompts.offset", prompts_board.get("offset", 0)) or 0
-    tasks = base.get("prompts.tasks", prompts_board.get("tasks")) or []
-    if k < 2:
-        raise SpecError(f"{path}: reevaluate.k", f"{k} confirmation run(s): an interval over runs needs at least 2",
-                        "an integer >= 2")
-    if tuning is None:
-        raise SpecError(f"{path}: confirm", "the tuning runs take every prompt (prompts.per_task: null), so no "
-                        "prompt is left for confirmation", "set base prompts.per_task to the tuning prompts per task")
-    count = raw.get("prompts")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise SpecError(f"{path}: confirm.prompts", f"expected an integer >= 1 per task, got {count!r}")
-    if count * max(len(tasks), 1) < MIN_CONFIRM_PROMPTS:
-        raise SpecError(f"{path}: confirm.prompts", f"{count} per task x {len(tasks)} task(s) is too small to "
-                        "compute an interval", f"at least {MIN_CONFIRM_PROMPTS} confirmation prompts in all")
-    fraction = base.get("attacks.fraction", board.get("attacks", {}).get("fraction", 0.0)) or 0.0
-    attacked = attacked_prompts(fraction, count, len(tasks))
-    if attacked < MIN_CONFIRM_PROMPTS:  # R's interval resamples the attacked prompts
-        needed = min_confirm_prompts(fraction, len(tasks))
-        raise SpecError(f"{path}: confirm.prompts", f"{count} per task attack only {attacked} confirmation "
-                        f"prompt(s) (attacks.fraction {fraction:g}): too few to compute an interval of R",
-                        f"at least {needed} per task" if needed else "attacks.fraction > 0")
-    offset = raw.get("offset", tuning_offset + tuning)
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise SpecError(f"{path}: confirm.offset", f"expected an integer >= 0, got {offset!r}")
-    if offset < tuning_offset + tuning and tuning_offset < offset + count:
-        raise SpecError(f"{path}: confirm.offset", f"confirmation prompts [{offset}, {offset + count}) overlap the "
-                        f"tuning prompts [{tuning_offset}, {tuning_offset + tuning})",
-                        f"an offset >= {tuning_offset + tuning}")
-    losses = raw.get("quality_losses", [0.01, 0.1])
-    if (not isinstance(losses, list) or not losses or len(set(losses)) < len(losses)
-            or any(isinstance(v, bool) or v not in (0.01, 0.1) for v in losses)):
-        raise SpecError(f"{path}: confirm.quality_losses", f"got {losses!r}: the paper's table has the constraints "
-                        "quality loss <= 1 % and <= 10 %", "a non-empty subset of [0.01, 0.1]")
-    level, max_tries = raw.get("level", 0.05), raw.get("max_tries", 2)
-    from mmw.sweep.confirm import ConfirmSettings
-
-    try:
-        ConfirmSettings(level=level, max_tries=max_tries)
-    except SpecError as err:
-        raise SpecError(f"{path}: {err.key}", err.problem, err.allowed) from None
-    return Split(tuning_offset=int(tuning_offset), tuning=int(tuning), offset=int(offset), prompts=count,
-                 level=float(level), max_tries=int(max_tries), quality_losses=tuple(sorted(float(v) for v in losses)))
 
 
 def _single_valued(path: Path, board: Mapping[str, Any], configs: list[Config]) -> None:
@@ -263,8 +332,10 @@ def _axis(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else [value]
 
 
-def load_definition(name: str, sweeps_dir: Path = SWEEPS_DIR) -> tuple[Path, dict[str, Any]]:
-    """Read ``sweeps_dir/<name>.yaml``; an unknown name is a SpecError listing the available ones."""
+def read_definition(name: str, board: Mapping[str, Any] | None = None,
+                    sweeps_dir: Path = SWEEPS_DIR) -> tuple[Path, SweepFile]:
+    """Read and validate ``sweeps_dir/<name>.yaml`` (against the params mapping ``board`` when given); an unknown
+    name is a SpecError listing the available ones, any other error names the file and the key in it."""
     path = sweeps_dir / f"{name}.yaml"
     if not path.is_file():
         raise SpecError("sweep", f"unknown sweep {name!r} (no {path})", available(sweeps_dir) or "none found")
@@ -272,12 +343,10 @@ def load_definition(name: str, sweeps_dir: Path = SWEEPS_DIR) -> tuple[Path, dic
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise SpecError(str(path), f"not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise SpecError(str(path), "expected a mapping at the top level", sorted(TOP_KEYS))
-    for key in raw:
-        if key not in TOP_KEYS:
-            raise SpecError(f"{path}: {key}", "unknown top-level key", sorted(TOP_KEYS))
-    return path, raw
+    try:
+        return path, validate(SweepFile, raw, "", context={"board": board})
+    except SpecError as err:
+        raise SpecError(f"{path}: {err.key}" if err.key else str(path), err.problem, err.allowed) from None
 
 
 def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, validate: bool = True) -> Sweep:
@@ -290,37 +359,16 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
     """
     from mmw.params import parse_params
 
-    path, raw = load_definition(name, sweeps_dir)
-    base = raw.get("base") or {}
-    if not isinstance(base, dict):
-        raise SpecError(f"{path}: base", "expected a mapping of dotted params to values")
-    _check_keys(f"{path}: base", base, board)
-    temperatures = _axis(raw.get("temperatures", board.get("model", {}).get("temperature")))
-    grids = raw.get("grids")
-    if not isinstance(grids, list) or not grids:
-        raise SpecError(f"{path}: grids", "expected a non-empty list of grid entries")
-    re_raw = raw.get("reevaluate") or {}
-    if not isinstance(re_raw, dict) or set(re_raw) - {"k", "first_seed"}:
-        raise SpecError(f"{path}: reevaluate", "expected {k: int >= 1, first_seed: int >= 0}")
-    k, first_seed = re_raw.get("k", 5), re_raw.get("first_seed", 1000)
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise SpecError(f"{path}: reevaluate.k", f"expected an integer >= 1, got {k!r}")
-    if not isinstance(first_seed, int) or isinstance(first_seed, bool) or first_seed < 0:
-        raise SpecError(f"{path}: reevaluate.first_seed", f"expected an integer >= 0, got {first_seed!r}")
+    path, definition = read_definition(name, board, sweeps_dir)
+    base = definition.base
+    temperatures = _axis(board.get("model", {}).get("temperature") if definition.temperatures is None
+                         else definition.temperatures)
     configs: dict[str, Config] = {}
     validated: set[str] = set()
-    for index, grid in enumerate(grids):
-        if not isinstance(grid, dict):
-            raise SpecError(f"{path}: grids[{index}]", "expected a mapping of dotted params to values")
+    for index, grid in enumerate(definition.grids):
         label = grid.get("name", f"#{index}")
-        where = f"{path}: grids[{index}] ({label})"
+        where = f"{path}: {definition.grid_label(index)}"
         axes = {key: _axis(value) for key, value in grid.items() if key != "name"}
-        _check_keys(where, axes, board)
-        if TEMPERATURE in axes:
-            raise SpecError(f"{where}: {TEMPERATURE}", "set temperatures at the top level (crossed with every grid)")
-        for key, values in axes.items():
-            if not values:
-                raise SpecError(f"{where}: {key}", "empty list (the grid would have no config)")
         for temperature in temperatures:
             for values in itertools.product(*axes.values()):
                 point = dict(zip(axes, values, strict=True))
@@ -340,7 +388,6 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
                                     err.allowed) from None
                 cid = config_id(overrides)
                 configs.setdefault(cid, Config(config_id=cid, grid=str(label), overrides=overrides))
-    split = _split(path, raw.get("confirm"), board, base, k)
     _single_valued(path, board, list(configs.values()))
-    return Sweep(name=name, description=str(raw.get("description", "")), configs=list(configs.values()),
-                 reevaluate=Reevaluation(k=k, first_seed=first_seed), split=split)
+    return Sweep(name=name, description=definition.description, configs=list(configs.values()),
+                 reevaluate=definition.reevaluate, split=definition.split(board))

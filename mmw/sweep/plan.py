@@ -187,33 +187,6 @@ def plan_table(table: pl.DataFrame, k: int, tasks: int, attacked_share: float,
     return pl.DataFrame(rows, schema=schema)
 
 
-def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
-    """The planner's table for table.md / the terminal."""
-    lines = [f"Prompts needed to resolve each unresolved cell at level {level:g} (from the measured per-prompt "
-             f"spread; ∞: the estimate sits on the constraint) and the cost of {k} confirmation runs at that scale.",
-             ""]
-    if plan.height == 0:
-        return "\n".join([*lines, "(no unresolved cell)"]) + "\n"
-    lines += ["| constraint | T | family | now | estimate (heading) | quality needs | R needs | per task | CPU h (here) "
-              "| H100 h |", "|---|---|---|---|---|---|---|---|---|---|"]
-
-    def show(value: float | None, digits: int = 0) -> str:
-        if value is None:
-            return "–"
-        return "∞" if math.isinf(value) else f"{value:,.{digits}f}"
-
-    for r in plan.iter_rows(named=True):
-        label = f"{r['max_quality_loss']:.0%} q, " + (f"R > {r['min_tamper_resistance']:g}"
-                                                        if r["min_tamper_resistance"] else "no R")
-        estimate = "–" if r["quality"] is None else f"q {r['quality']:.3f} ({r['quality_toward']})"
-        if r["resistance"] is not None:
-            estimate += f", R {r['resistance']:.2f} ({r['r_toward']})"
-        lines.append(f"| {label} | {r['temperature']:g} | {r['family']} | {r['n_prompts']} | {estimate} | "
-                     f"{show(r['quality_prompts'])} | {show(r['r_prompts'])} | {show(r['prompts_per_task'])} | "
-                     f"{show(None if r['cpu_s'] is None else r['cpu_s'] / 3600, 1)} | {show(r['h100_hours'], 2)} |")
-    return "\n".join(lines) + "\n"
-
-
 def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, split: Any, k: int
                ) -> pl.DataFrame:
     """:func:`plan_table` for a collected sweep: tasks and the attacked share from the confirmed cells, the run

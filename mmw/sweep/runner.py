@@ -93,7 +93,7 @@ class Executor(Protocol):
 
 def _hydra_value(value: Any) -> str:
     """``value`` in the override grammar ``dvc exp run -S`` parses (Hydra): lists and mappings as literals."""
-    from mmw.selection.render import override_value
+    from mmw.selection.rerun import override_value
 
     if isinstance(value, list):
         return "[" + ",".join(_hydra_value(v) for v in value) + "]"

@@ -1,0 +1,175 @@
+"""A sweep's tables as files: the Parquet tables, ``results.csv`` and the Markdown of the paper's table (with or
+without confirmation), the randomness and delta tables (``mmw sweep collect``). Computing the tables is
+:mod:`mmw.sweep`'s (:mod:`mmw.sweep.collect`, :mod:`mmw.sweep.cells`); this writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from mmw.io import write_text, write_with
+from mmw.samplers import LABELS
+
+if TYPE_CHECKING:
+    from mmw.sweep.definition import Split
+
+
+def _plain(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "∞"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def table_markdown(table: pl.DataFrame, scale: str) -> str:
+    """The paper's layout: constraint blocks x temperature rows x family columns, ``median (MAD)`` cells;
+    ``none`` when nothing in the cell is feasible, ``∞`` when the pick's median size is undetected (as the paper
+    prints it and as reports/index.html shows it), ``pick N (no re-eval)`` when the pick was not re-evaluated."""
+    def cell(r: dict[str, Any]) -> str:
+        if r["config_id"] is None:
+            return "none"
+        if r["k"] and r["size_median"] is not None and math.isinf(r["size_median"]):
+            return f"∞ k={r['k']}"  # a MAD around an undetected median means nothing
+        if r["k"]:
+            return f"{_plain(r['size_median'])} ({_plain(r['size_mad'])}) k={r['k']}"
+        return f"pick {_plain(r['pick_size'])} (no re-eval)"
+
+    lines = [f"Size of the ideal watermark under four constraints ({scale}). Cells: median (MAD) of the pick's "
+             "size over its re-evaluations with fresh seeds and keys; ∞: undetected in half or more of the texts; "
+             "none: no evaluated setting meets the constraint.", "", *paper_rows(table, cell, "≥")]
+    return "\n".join(lines) + "\n"
+
+
+def frame_markdown(frame: pl.DataFrame, title: str) -> str:
+    lines = [f"{title}", ""]
+    if frame.height == 0:
+        return "\n".join([*lines, "(no finished configs)"]) + "\n"
+    lines += ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(_plain(v) for v in row) + " |" for row in frame.iter_rows()]
+    return "\n".join(lines) + "\n"
+
+
+def _estimate(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "?"
+    return "∞" if math.isinf(value) else f"{value:.{digits}g}"
+
+
+def cell_text(row: dict[str, Any]) -> str:
+    """One cell of table.md: the status first; a number only for a confirmed cell."""
+    status = row["status"]
+    if status == "confirmed":
+        text = f"**{_estimate(row['size_median'])}** ({_estimate(row['size_mad'])}) q≥{_estimate(row['quality_low'])}"
+        if row["min_tamper_resistance"]:
+            text += f" R>{_estimate(row['resistance_low'])}"
+        return text + f" k={row['k']}"
+    if status == "not confirmed":
+        return f"not confirmed ({row['reason']})"
+    if status == "unresolved":
+        interval = f" q [{_estimate(row['quality_low'])}, {_estimate(row['quality_high'])}]" if row["quality_low"] is not None \
+            else ""
+        return f"unresolved ({row['reason']}){interval}"
+    if status == "pending":
+        return f"pending ({row['tries']}/{row['max_tries']} tried)"
+    return "none"
+
+
+#: The paper's family columns, in its order.
+FAMILIES = tuple(LABELS)
+
+
+def paper_rows(table: pl.DataFrame, cell: Callable[[dict[str, Any]], str], r_sign: str) -> list[str]:
+    """The paper's layout as Markdown rows: constraint blocks x temperature rows x family columns, each cell
+    ``cell(row)`` of its table row ("–" when the table has none); ``r_sign`` prints the R constraint."""
+    lines = ["| constraint | T | " + " | ".join(FAMILIES) + " |", "|---|---|" + "---|" * len(FAMILIES)]
+    if table.height == 0:
+        return lines
+    for (loss, r_min), block in table.group_by(["max_quality_loss", "min_tamper_resistance"], maintain_order=True):
+        label = f"{loss:.0%} quality, " + (f"R {r_sign} {r_min:g}" if r_min else "no R")
+        for temperature in sorted(block["temperature"].unique().to_list()):
+            cells = []
+            for family in FAMILIES:
+                row = block.filter((pl.col("temperature") == temperature) & (pl.col("family") == family))
+                cells.append(cell(row.row(0, named=True)) if row.height else "–")
+            lines.append(f"| {label} | {temperature:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def confirmed_markdown(table: pl.DataFrame, split: Split, scale: str) -> str:
+    """The paper's layout with statuses: confirmed cells show the median (MAD) size over the confirmation runs
+    and the one-sided bounds that confirmed them; every other cell says why it is not an answer."""
+    kinds = ", ".join(sorted(table["size_kind"].drop_nulls().unique().to_list())) if table.height else "-"
+    lines = [f"Size of the ideal watermark under four constraints ({scale}), confirmed on held-out prompts "
+             f"({split.prompts} per task from position {split.offset}; tuning {split.tuning} per task). Confirmed "
+             f"cells: median (MAD) size ({kinds}) over the confirmation runs, with the one-sided bounds at level "
+             f"{split.level:g} per cell (split over up to {split.max_tries} tries). Unresolved: an interval "
+             "straddles the constraint — not a result.", "", *paper_rows(table, cell_text, ">")]
+    counts = table.group_by("status").len().sort("status").iter_rows() if table.height else []
+    lines += ["", "Cells: " + ", ".join(f"{status} {n}" for status, n in counts)]
+    return "\n".join(lines) + "\n"
+
+
+def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
+    """The planner's table (:mod:`mmw.sweep.plan`) for table.md / the terminal."""
+    lines = [f"Prompts needed to resolve each unresolved cell at level {level:g} (from the measured per-prompt "
+             f"spread; ∞: the estimate sits on the constraint) and the cost of {k} confirmation runs at that scale.",
+             ""]
+    if plan.height == 0:
+        return "\n".join([*lines, "(no unresolved cell)"]) + "\n"
+    lines += ["| constraint | T | family | now | estimate (heading) | quality needs | R needs | per task | CPU h (here) "
+              "| H100 h |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def show(value: float | None, digits: int = 0) -> str:
+        if value is None:
+            return "–"
+        return "∞" if math.isinf(value) else f"{value:,.{digits}f}"
+
+    for r in plan.iter_rows(named=True):
+        label = f"{r['max_quality_loss']:.0%} q, " + (f"R > {r['min_tamper_resistance']:g}"
+                                                        if r["min_tamper_resistance"] else "no R")
+        estimate = "–" if r["quality"] is None else f"q {r['quality']:.3f} ({r['quality_toward']})"
+        if r["resistance"] is not None:
+            estimate += f", R {r['resistance']:.2f} ({r['r_toward']})"
+        lines.append(f"| {label} | {r['temperature']:g} | {r['family']} | {r['n_prompts']} | {estimate} | "
+                     f"{show(r['quality_prompts'])} | {show(r['r_prompts'])} | {show(r['prompts_per_task'])} | "
+                     f"{show(None if r['cpu_s'] is None else r['cpu_s'] / 3600, 1)} | {show(r['h100_hours'], 2)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep_tables(out_dir: Path, frames: Mapping[str, pl.DataFrame], split: Split | None, scale: str,
+                       plan_text: str = "") -> None:
+    """Write every frame of ``frames`` as ``<name>.parquet``, ``results.csv``, ``table.md`` (confirmed with a
+    ``split``, followed by ``plan_text``; else the re-evaluated picks), ``split.json``, ``randomness.md`` and
+    ``delta.md`` to ``out_dir``. ``frames`` holds at least results, table, randomness and delta."""
+    results, table, randomness, delta = (frames[name] for name in ("results", "table", "randomness", "delta"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, frame in frames.items():
+        write_with(out_dir / f"{name}.parquet", frame.write_parquet)
+    flat = results.select([c for c in results.columns if results[c].dtype != pl.Null] or results.columns)
+    write_with(out_dir / "results.csv", flat.write_csv)
+    if split is not None:
+        write_text(confirmed_markdown(table, split, scale) + "\n" + plan_text, out_dir / "table.md")
+        write_text(json.dumps(split.as_dict(), indent=2) + "\n", out_dir / "split.json")
+    else:
+        write_text(table_markdown(table, scale), out_dir / "table.md")
+    # With held-out prompts the randomness cells are confirmed like the paper's; the delta table stays a
+    # description of the tuning runs' point estimates, and says so.
+    held_out = split is not None
+    source = f"{scale}; tuning runs' point estimates, not confirmed" if held_out else scale
+    shown = randomness.with_columns(pl.when(pl.col("status") == "confirmed").then(pl.col(c)).otherwise(None)
+                                    for c in ("size_median", "size_mad")) if held_out else randomness
+    write_text(frame_markdown(shown, f"Text-dependent vs fixed randomness: smallest size at quality loss "
+                              f"<= 10 % ({scale}; window 0 excluded"
+                              + ("; confirmed on held-out prompts: a size only where status is confirmed)"
+                                 if held_out else ")")), out_dir / "randomness.md")
+    write_text(frame_markdown(delta, f"Size-quality trade-off over delta, distribution shift ({source})"),
+               out_dir / "delta.md")
