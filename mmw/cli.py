@@ -202,7 +202,7 @@ class _SweepVerbs(TyperGroup):
 
 
 sweep_app = typer.Typer(cls=_SweepVerbs, no_args_is_help=True, help=(
-    "Sweeps of sweeps/<name>.yaml as DVC experiments: run, collect, plan (docs/SWEEP.md)."))
+    "Sweeps of sweeps/<name>.yaml as DVC experiments: run, collect, export, plan (docs/SWEEP.md)."))
 app.add_typer(sweep_app, name="sweep")
 
 SweepName = Annotated[str, typer.Argument(metavar="NAME", help="the sweep: sweeps/NAME.yaml")]
@@ -307,6 +307,27 @@ def sweep_collect(name: SweepName, repo: RepoOption = Path("."), out: OutOption 
     _collect_sweep(repo, definition, out / name, scale, timings)
 
 
+@sweep_app.command("export")
+def sweep_export(name: SweepName, repo: RepoOption = Path(".")) -> None:
+    """Write the evidence file of every finished experiment of a sweep that has none yet.
+
+    reports/sweeps/NAME/runs/<unit>.parquet, one per unit (per-prompt rows, params, metrics, wall times; never the
+    key or the texts), from the experiment refs of any commit in this repository. Commit that directory and the
+    sweep continues on any machine: `mmw sweep run NAME` skips the units it holds, `mmw sweep collect NAME` reads
+    them. `mmw sweep run` writes them as each unit lands and `mmw sweep collect` exports first, so this is only
+    needed for a sweep started by an older version. Exit 2 on evidence of another definition, generator or judge."""
+    from mmw.sweep.units import export, load_units, runs_dir
+
+    definition = _load_sweep(repo, name, validate=False)
+    try:
+        written = export(repo, definition, typer.echo)
+        stored = load_units(repo, definition)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{runs_dir(repo, name)}: {len(stored)} unit(s), {len(written)} written now")
+
+
 @sweep_app.command("plan")
 def sweep_plan_command(
     name: SweepName, repo: RepoOption = Path("."), out: OutOption = Path("reports/sweeps"),
@@ -354,7 +375,9 @@ def _plan_sweep(definition: Any, dest: Path, level: float | None, max_tries: int
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     if settings is None:
-        plan = sweep_plan(table, results, reevaluations, split, definition.reevaluate.k)
+        randomness = dest / "randomness.parquet"
+        plan = sweep_plan(table, results, reevaluations, split, definition.reevaluate.k,
+                          pl.read_parquet(randomness) if randomness.is_file() else None)
         typer.echo(plan_markdown(plan, split.level, definition.reevaluate.k))
         return
     plan = pilot_plan(table, results, reevaluations, settings.level, settings.max_tries, definition.reevaluate.k)
@@ -368,8 +391,12 @@ def _collect_sweep(repo: Path, definition: Any, dest: Path, scale: str | None, t
     """Write a sweep's tables to ``dest`` (reports/sweeps/<name>/) and say what they hold."""
     from mmw.sweep.collect import collect
 
-    collected = collect(repo, definition, dest, scale or _scale_of(definition, repo), with_timings=timings,
-                        echo=typer.echo)
+    try:
+        collected = collect(repo, definition, dest, scale or _scale_of(definition, repo), with_timings=timings,
+                            echo=typer.echo)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
     counts = collected.results["status"].value_counts().sort("status").iter_rows()
     typer.echo(f"collected {dest}: " + ", ".join(f"{s} {n}" for s, n in counts)
                + f"; {collected.reevaluations.height} re-evaluation runs")
