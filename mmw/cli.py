@@ -286,7 +286,7 @@ def sweep_run(
     except SpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    if reruns is not None:  # the sweep has its answer: write its tables (reports/sweeps/<name>/) and the report
+    if reevaluate:  # the sweep has its answer (or all of it there is): write its tables and the report
         from mmw.reporting.page import build_report
 
         _collect_sweep(repo, definition, repo / "reports" / "sweeps" / name, scale, timings)
