@@ -200,7 +200,7 @@ class _SweepVerbs(TyperGroup):
 
 
 sweep_app = typer.Typer(cls=_SweepVerbs, no_args_is_help=True, help=(
-    "Sweeps of sweeps/<name>.yaml as DVC experiments: run, collect, plan (docs/SWEEP.md)."))
+    "Sweeps of sweeps/<name>.yaml as DVC experiments: run, collect, export, plan (docs/SWEEP.md)."))
 app.add_typer(sweep_app, name="sweep")
 
 SweepName = Annotated[str, typer.Argument(metavar="NAME", help="the sweep: sweeps/NAME.yaml")]
@@ -284,7 +284,7 @@ def sweep_run(
     except SpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    if reruns is not None:  # the sweep has its answer: write its tables (reports/sweeps/<name>/) and the report
+    if reevaluate:  # the sweep has its answer (or all of it there is): write its tables and the report
         from mmw.reporting.page import build_report
 
         _collect_sweep(repo, definition, repo / "reports" / "sweeps" / name, scale, timings)
@@ -303,6 +303,27 @@ def sweep_collect(name: SweepName, repo: RepoOption = Path("."), out: OutOption 
     tries, split and plan), randomness and delta tables; readable without the DVC cache."""
     definition = _load_sweep(repo, name, validate=False)
     _collect_sweep(repo, definition, out / name, scale, timings)
+
+
+@sweep_app.command("export")
+def sweep_export(name: SweepName, repo: RepoOption = Path(".")) -> None:
+    """Write the evidence file of every finished experiment of a sweep that has none yet.
+
+    reports/sweeps/NAME/runs/<unit>.parquet, one per unit (per-prompt rows, params, metrics, wall times; never the
+    key or the texts), from the experiment refs of any commit in this repository. Commit that directory and the
+    sweep continues on any machine: `mmw sweep run NAME` skips the units it holds, `mmw sweep collect NAME` reads
+    them. `mmw sweep run` writes them as each unit lands and `mmw sweep collect` exports first, so this is only
+    needed for a sweep started by an older version. Exit 2 on evidence of another definition, generator or judge."""
+    from mmw.sweep.units import export, load_units, runs_dir
+
+    definition = _load_sweep(repo, name, validate=False)
+    try:
+        written = export(repo, definition, typer.echo)
+        stored = load_units(repo, definition)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{runs_dir(repo, name)}: {len(stored)} unit(s), {len(written)} written now")
 
 
 @sweep_app.command("plan")
@@ -353,7 +374,9 @@ def _plan_sweep(definition: Any, dest: Path, level: float | None, max_tries: int
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     if settings is None:
-        plan = sweep_plan(table, results, reevaluations, split, definition.reevaluate.k)
+        randomness = dest / "randomness.parquet"
+        plan = sweep_plan(table, results, reevaluations, split, definition.reevaluate.k,
+                          pl.read_parquet(randomness) if randomness.is_file() else None)
         typer.echo(plan_markdown(plan, split.level, definition.reevaluate.k))
         return
     plan = pilot_plan(table, results, reevaluations, settings.level, settings.max_tries, definition.reevaluate.k)
@@ -367,8 +390,12 @@ def _collect_sweep(repo: Path, definition: Any, dest: Path, scale: str | None, t
     """Write a sweep's tables to ``dest`` (reports/sweeps/<name>/) and say what they hold."""
     from mmw.sweep.collect import collect
 
-    collected = collect(repo, definition, dest, scale or _scale_of(definition, repo), with_timings=timings,
-                        echo=typer.echo)
+    try:
+        collected = collect(repo, definition, dest, scale or _scale_of(definition, repo), with_timings=timings,
+                            echo=typer.echo)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
     counts = collected.results["status"].value_counts().sort("status").iter_rows()
     typer.echo(f"collected {dest}: " + ", ".join(f"{s} {n}" for s, n in counts)
                + f"; {collected.reevaluations.height} re-evaluation runs")

@@ -305,6 +305,31 @@ def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
     assert needed_prompts(0.9, 0.85, 0.9, 10) == np.inf
 
 
+def test_the_plan_covers_every_unresolved_cell_of_the_table_and_of_randomness() -> None:
+    """b's true quality sits on the 10 % constraint: its cell and the randomness cell it answers are unresolved,
+    and the planner gives both a row (the randomness one as family ``randomness: <kind>``)."""
+    from mmw.sweep.cells import confirmed_randomness, confirmed_table
+    from mmw.sweep.definition import Split
+    from mmw.reporting.sweep import plan_markdown
+    from mmw.sweep.plan import sweep_plan
+
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2)
+    results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.9})
+    results = results.with_columns(pl.lit("text-dependent").alias("randomness_kind"))
+    reevaluations = reevaluations.with_columns(pl.lit(80.0).alias("wall_s"))
+    table, _ = confirmed_table(results, reevaluations, prompts, split, k=2)
+    randomness = confirmed_randomness(results, reevaluations, prompts, split, k=2)
+    cells = [(r["temperature"], r["family"], r["max_quality_loss"], r["min_tamper_resistance"])
+             for r in table.filter(pl.col("status") == UNRESOLVED).iter_rows(named=True)]
+    cells += [(r["temperature"], f"randomness: {r['randomness_kind']}", 0.1, 0.0)
+              for r in randomness.filter(pl.col("status") == UNRESOLVED).iter_rows(named=True)]
+    assert any(c[1].startswith("randomness") for c in cells) and len(cells) >= 2
+    plan = sweep_plan(table, results, reevaluations, split, 2, randomness)
+    assert sorted(plan.select("temperature", "family", "max_quality_loss", "min_tamper_resistance").rows()) == \
+        sorted(cells)
+    assert "randomness: text-dependent" in plan_markdown(plan, 0.05, 2)
+
+
 def test_sweep_plan_never_plans_below_the_smallest_confirmation_set() -> None:
     from mmw.sweep.definition import Split, min_confirm_prompts
     from mmw.sweep.plan import sweep_plan
@@ -397,6 +422,7 @@ def test_collect_writes_the_confirmed_tables(tmp_path: Path, monkeypatch: pytest
     """The collection of a sweep with held-out prompts, its DVC reads replaced by synthetic runs."""
     import mmw.sweep.collect as collect_module
     from mmw.sweep.definition import Reevaluation, Split, Sweep
+    from mmw.sweep.units import Runs
 
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
     results = results.with_columns(pl.lit("text-dependent").alias("randomness_kind"),
@@ -404,9 +430,9 @@ def test_collect_writes_the_confirmed_tables(tmp_path: Path, monkeypatch: pytest
                                    pl.Series("scheme.delta", [1.0, 2.0, 5.0]))
     reevaluations = reevaluations.with_columns(pl.lit(None, dtype=pl.String).alias("rev"),
                                                pl.lit(80.0).alias("wall_s"))
-    monkeypatch.setattr(collect_module, "read_sweep", lambda repo, sweep: (results, pl.DataFrame(), reevaluations))
-    monkeypatch.setattr(collect_module, "sweep_prompt_rows", lambda repo, runs, role: (
-        prompts.with_columns(pl.lit(role).alias("role")) if role == "confirmation" else prompts.clear()))
+    runs = Runs(results, pl.DataFrame(), reevaluations, prompts.with_columns(pl.lit("confirmation").alias("role")),
+                pl.DataFrame())
+    monkeypatch.setattr(collect_module, "read_runs", lambda repo, sweep, echo: runs)
     split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30)
     sweep = Sweep(name="t", description="", configs=[], reevaluate=Reevaluation(k=2, first_seed=1000), split=split)
     out = tmp_path / "t"

@@ -168,7 +168,7 @@ def test_sweep_is_a_command_group_and_a_sweep_named_like_a_verb_is_just_a_sweep(
     # A sweep's name where the verb belongs: one line saying what to type instead, exit 2, nothing run.
     wrong = runner.invoke(app, ["sweep", "smoke", "--repo", str(tmp_path)])
     assert wrong.exit_code == 2 and wrong.output.strip().splitlines() == [
-        "error: sweep: 'smoke' is not a verb of `mmw sweep` (allowed: run, collect, plan); to run that sweep: "
+        "error: sweep: 'smoke' is not a verb of `mmw sweep` (allowed: run, collect, export, plan); to run that sweep: "
         "mmw sweep run smoke"]
     assert not (tmp_path / ".dvc").exists()
 
@@ -422,27 +422,50 @@ def test_a_real_sweep_is_tuned_confirmed_on_held_out_prompts_and_tabled(tmp_path
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "Prompts needed" in again.stdout
 
+    # Another machine: a fresh clone with the committed evidence only (no experiment refs, no DVC cache). The
+    # sweep runs nothing there, and its tables are those of the machine that ran it.
+    runs = sorted((out / "runs").glob("*.parquet"))
+    configs = pl.read_parquet(out / "results.parquet").height
+    assert len(runs) == configs + reevaluations.height, runs  # every tuning and confirmation run has its file
+    print("evidence files:", len(runs), "bytes:", [p.stat().st_size for p in runs])
+    run(repo, "git", "add", "reports/sweeps/c/runs")
+    run(repo, "git", "commit", "-qm", "evidence")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    assert not list(clone.glob(".dvc/cache")) and "refs/exps" not in run(clone, "git", "for-each-ref").stdout
+    there = subprocess.run([str(BIN / "mmw"), "sweep", "run", "c"], cwd=clone, env=plain_shell_env(),
+                           capture_output=True, text=True, timeout=600)
+    assert there.returncode == 0, there.stdout[-3000:] + there.stderr[-3000:]
+    assert f"done {configs}/{configs}, failed 0, queued 0" in there.stdout, there.stdout
+    assert "Running stage" not in there.stdout and "confirmation round" not in there.stdout, there.stdout
+    for name in ("results", "table", "tries", "prompts", "reevaluations", "randomness", "plan", "timings"):
+        assert pl.read_parquet(clone / f"reports/sweeps/c/{name}.parquet").equals(
+            pl.read_parquet(out / f"{name}.parquet")), name
+    assert (clone / "reports/sweeps/c/table.md").read_text() == (out / "table.md").read_text()
+
 
 # ------------------------------------------------------------------------------------------ fast: resuming
 
 
 class _FakeSweepWorld:
-    """A sweep's experiments without DVC: one cell of three configs (the tuning rows of test_confirm's
+    """One machine's DVC experiments, faked: one cell of three configs (the tuning rows of test_confirm's
     ``_sweep_tables``: c ranks first, then b, then a) whose true relative quality is a 1.0, b 0.99, c 0.8. The
-    executor 'runs' a job by recording it as finished; per-prompt rows of a confirmation run depend only on its
-    name (deterministic). ``stop_after``: the executor is killed (KeyboardInterrupt) before its n-th job overall."""
+    executor 'runs' a job by creating its experiment ref (``finished``); reading an experiment gives its params,
+    metrics and per-prompt rows, which depend only on its name (deterministic). Everything else — evidence files,
+    resuming, collection, confirmation — is the real code. ``stop_after``: the executor is killed
+    (KeyboardInterrupt) before its n-th job overall. ``model``: the generator the runs report."""
 
     RHO = {"a": 1.0, "b": 0.99, "c": 0.8}
 
-    def __init__(self, stop_after: int | None = None) -> None:
+    def __init__(self, stop_after: int | None = None, model: str = "m") -> None:
         from test_confirm import _sweep_tables
 
         tuning, _, _ = _sweep_tables(dict.fromkeys(self.RHO, 1.0), {})
-        self.tuning = tuning.with_columns(pl.lit("text-dependent").alias("randomness_kind"),
-                                          pl.lit(1).alias("scheme.window"))
+        self.tuning = {r["config_id"]: r for r in tuning.iter_rows(named=True)}
         self.finished: dict[str, str] = {}
         self.ran: list[str] = []
         self.stop_after = stop_after
+        self.model = model
 
     def run(self, jobs: Any, record: Any) -> None:
         from mmw.sweep.runner import Outcome
@@ -454,87 +477,306 @@ class _FakeSweepWorld:
             assert (job.env.get("MMW_KEY") is not None) == job.name.startswith("reeval-")
             self.ran.append(job.name)
             self.finished[job.name] = f"sha-{job.name}"
+            self.overrides[job.name] = job.overrides
             record(Outcome(name=job.name, config_id=job.config_id, status="done", error=None, wall_s=1.0,
                            finished="2026-01-01T00:00:00+00:00"))
 
-    def read_sweep(self, _repo: Path, sweep: Any) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-        status = ["done" if f"{sweep.name}-{c}" in self.finished else "missing" for c in self.tuning["config_id"]]
-        results = self.tuning.with_columns(pl.Series("status", status),
-                                           pl.format("{}-{}", pl.lit(sweep.name), "config_id").alias("experiment"))
-        reevals = []
-        for name in sorted(self.finished):
-            if name.startswith(f"reeval-{sweep.name}-"):
-                cid, _, seed = name.removeprefix(f"reeval-{sweep.name}-").rpartition("-s")
-                reevals.append({"config_id": cid, "seed": int(seed), "experiment": name, "status": "done",
-                                "all.size": 12.0, "all.size_valid": 28.0 + int(seed) % 2})
-        schema = {"config_id": pl.String, "seed": pl.Int64, "experiment": pl.String, "status": pl.String,
-                  "all.size": pl.Float64, "all.size_valid": pl.Float64}
-        return results, pl.DataFrame(), pl.DataFrame(reevals, schema=schema)
+    overrides: dict[str, dict[str, Any]] = {}
 
-    def prompt_rows(self, _repo: Path, runs: pl.DataFrame, role: str) -> pl.DataFrame:
+    def read_experiment(self, _repo: Path, sha: str) -> tuple[dict, dict, dict, pl.DataFrame]:
         import numpy as np
         from test_confirm import _run_rows
 
-        frames = [_run_rows(r["experiment"], self.RHO[r["config_id"]],
-                            np.random.default_rng(list(r["experiment"].encode())))
-                  .with_columns(pl.lit(r["config_id"]).alias("config_id"), pl.lit(role).alias("role"))
-                  for r in runs.filter(pl.col("status") == "done").iter_rows(named=True)]
-        return pl.concat(frames) if frames else pl.DataFrame()
-
-    def table(self, sweep: Any) -> pl.DataFrame:
-        from mmw.sweep.cells import confirmed_table
-
-        results, _, reevaluations = self.read_sweep(Path("."), sweep)
-        table, _ = confirmed_table(results, reevaluations, self.prompt_rows(Path("."), reevaluations, "confirmation"),
-                                   sweep.split, sweep.reevaluate.k)
-        return table
+        name = sha.removeprefix("sha-")
+        params = {**self.overrides[name], "model.name": self.model, "rate.judge": "j", "key": "never-stored"}
+        if name.startswith("reeval-"):
+            cid, _, seed = name.removeprefix("reeval-t-").rpartition("-s")
+            metrics = {"all.size": 12.0, "all.size_valid": 28.0 + int(seed) % 2}
+        else:
+            cid = name.removeprefix("t-")
+            row = self.tuning[cid]
+            params["seed"] = 0
+            metrics = {k: row[k] for k in ("all.size", "all.size_valid", "all.relative_quality",
+                                          "all.tamper_resistance")}
+        rows = _run_rows(name, self.RHO[cid], np.random.default_rng(list(name.encode()))).drop("experiment")
+        attacks = {"swap": {"watermarked": 0.9, "quality_retained": 0.95, "size": 20.0}}
+        return {k: v for k, v in params.items() if k != "key"}, metrics, attacks, rows
 
 
 def _fake_sweep(monkeypatch: pytest.MonkeyPatch, world: _FakeSweepWorld) -> Any:
+    """The sweep ``t`` (one cell, K = 2, 30 held-out prompts), its experiment refs and reads served by ``world``."""
     import mmw.sweep
-    import mmw.sweep.evidence
     import mmw.sweep.runner
+    import mmw.sweep.units
     from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
 
-    monkeypatch.setattr(mmw.sweep.runner, "finished_experiments", lambda _repo, _baseline=None: dict(world.finished))
-    monkeypatch.setattr(mmw.sweep, "head_commit", lambda _repo: "0" * 40)
-    monkeypatch.setattr(mmw.sweep, "read_sweep", world.read_sweep)
-    monkeypatch.setattr(mmw.sweep.evidence, "sweep_prompt_rows", world.prompt_rows)
-    configs = [Config(config_id=c, grid="g", overrides={"scheme.delta": float(i)})
+    refs = lambda _repo, _baseline=None: dict(world.finished)  # noqa: E731
+    monkeypatch.setattr(mmw.sweep.runner, "finished_experiments", refs)
+    monkeypatch.setattr(mmw.sweep, "finished_experiments", refs)
+    monkeypatch.setattr(mmw.sweep.units, "experiment_refs",
+                        lambda _repo: {n: (sha, "0" * 40) for n, sha in world.finished.items()})
+    monkeypatch.setattr(mmw.sweep.units, "read_experiment", world.read_experiment)
+    world.overrides = {}
+    scheme = {"model.temperature": 0.7, "scheme.sampler": "distribution_shift", "scheme.score": "sum",
+              "scheme.randomness": "window", "scheme.window": 1}
+    configs = [Config(config_id=c, grid="g", overrides={**scheme, "scheme.delta": float(i)})
                for i, c in enumerate(world.RHO)]
     return Sweep(name="t", description="", configs=configs, reevaluate=Reevaluation(k=2, first_seed=1000),
                  split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2))
 
 
-@pytest.mark.parametrize("stop_after", [0, 2, 4, 6])
-def test_an_interrupted_sweep_resumes_without_repeating_a_run_and_gives_the_same_table(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_after: int) -> None:
-    """Killed before its 1st, 3rd (tuning), 5th (inside confirmation round 1: c's second run) or 7th run (inside
-    round 2: the fallback b's second run), then rerun until done: every run happens exactly once, and the table
-    equals that of an uninterrupted sweep (c not confirmed on quality, its fallback b confirmed at 10 %)."""
+def _git_repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    run(path, "git", "init", "-q")
+    (path / "README.md").write_text("sweep\n")
+    run(path, "git", "add", "-A")
+    run(path, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    return path
+
+
+def _clone_with_evidence(source: Path, dest: Path) -> Path:
+    """Commit ``source``'s evidence directory and clone it: the other machine has the files, no experiment ref,
+    no DVC cache, no run log."""
+    run(source, "git", "add", "reports/sweeps/t/runs")
+    run(source, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "evidence")
+    subprocess.run(["git", "clone", "-q", str(source), str(dest)], check=True)
+    assert not (dest / ".dvc").exists() and (dest / "reports/sweeps/t/runs").is_dir()
+    return dest
+
+
+def _collected(repo: Path, sweep: Any) -> dict[str, Any]:
+    from mmw.sweep.collect import collect
+
+    out = repo / "reports/sweeps/t"
+    collect(repo, sweep, out, "test", echo=lambda _: None)
+    tables = {p.name: pl.read_parquet(p) for p in sorted(out.glob("*.parquet"))}
+    return {**tables, **{p.name: p.read_text() for p in sorted(out.glob("*.md"))}}
+
+
+def _assert_same(found: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert sorted(found) == sorted(expected)
+    for name, value in expected.items():
+        same = value.equals(found[name]) if isinstance(value, pl.DataFrame) else value == found[name]
+        assert same, f"{name} differs:\n{found[name]}\n{value}"
+
+
+def _straight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[_FakeSweepWorld, dict[str, Any]]:
     from mmw.sweep import run_sweep
 
     straight = _FakeSweepWorld()
     sweep = _fake_sweep(monkeypatch, straight)
-    run_sweep(tmp_path / "straight", sweep, executor=straight, echo=lambda _: None)
-    expected = straight.table(sweep)
+    repo = _git_repo(tmp_path / "straight")
+    run_sweep(repo, sweep, executor=straight, echo=lambda _: None)
+    return straight, _collected(repo, sweep)
+
+
+@pytest.mark.parametrize("stop_after", [0, 2, 4, 6])
+@pytest.mark.parametrize("resume_on", ["same machine", "another machine"])
+def test_an_interrupted_sweep_resumes_without_repeating_a_run_and_gives_the_same_tables(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_after: int, resume_on: str) -> None:
+    """Killed before its 1st, 3rd (tuning), 5th (inside confirmation round 1: c's second run) or 7th run (inside
+    round 2: the fallback b's second run), then rerun until done — on the same machine, or on a fresh clone that
+    holds only the committed evidence files: every run happens exactly once, nothing written before the kill is
+    lost, and every table equals that of an uninterrupted sweep (c not confirmed on quality, its fallback b
+    confirmed at 10 %)."""
+    from mmw.sweep import run_sweep
+
+    straight, expected = _straight(tmp_path, monkeypatch)
     assert straight.ran == ["t-a", "t-b", "t-c", "reeval-t-c-s1000", "reeval-t-c-s1001", "reeval-t-b-s1000",
                             "reeval-t-b-s1001"]
-    ten = expected.filter((pl.col("max_quality_loss") == 0.1) & (pl.col("min_tamper_resistance") == 0.0))
+    table = expected["table.parquet"]
+    ten = table.filter((pl.col("max_quality_loss") == 0.1) & (pl.col("min_tamper_resistance") == 0.0))
     assert ten.select("status", "config_id", "tries").row(0) == ("confirmed", "b", 2)
 
-    world = _FakeSweepWorld(stop_after=stop_after)
-    sweep = _fake_sweep(monkeypatch, world)
+    first = _FakeSweepWorld(stop_after=stop_after)
+    sweep = _fake_sweep(monkeypatch, first)
+    repo = _git_repo(tmp_path / "first")
     lines: list[str] = []
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(tmp_path / "resumed", sweep, executor=world, echo=lines.append)
-    assert len(world.ran) == stop_after
-    world.stop_after = None
-    run_sweep(tmp_path / "resumed", sweep, executor=world, echo=lines.append)
-    assert sorted(world.ran) == sorted(straight.ran)  # each exactly once (the executor asserts no repeat)
-    assert world.table(sweep).equals(expected)
-    log = (tmp_path / "resumed" / ".dvc/tmp/sweeps/t/runs.jsonl").read_text().splitlines()
-    assert len(log) == len(straight.ran)
+        run_sweep(repo, sweep, executor=first, echo=lines.append)
+    assert len(first.ran) == stop_after
+    assert len(list((repo / "reports/sweeps/t/runs").glob("*.parquet"))) == stop_after  # each landed unit kept
+    if resume_on == "same machine":
+        first.stop_after = None
+        second = first
+    else:
+        repo = _clone_with_evidence(repo, tmp_path / "second") if stop_after else _git_repo(tmp_path / "second")
+        second = _FakeSweepWorld()
+        sweep = _fake_sweep(monkeypatch, second)
+    run_sweep(repo, sweep, executor=second, echo=lines.append)
+    ran = first.ran + (second.ran if second is not first else [])
+    assert sorted(ran) == sorted(straight.ran)  # each exactly once (the executor asserts no repeat)
+    _assert_same(_collected(repo, sweep), expected)
+
+
+def test_a_clone_with_the_committed_evidence_runs_nothing_and_collects_the_same_tables(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other machine: a fresh clone carrying only the committed evidence (no experiment refs, no DVC cache).
+    `run` treats every unit as finished; `collect` writes tables identical to the original machine's, the
+    decisions (picks, fallbacks, statuses) included. The evidence never holds the key; a unit's file name is a
+    hash of the overrides it ran with."""
+    from mmw.sweep import run_sweep
+    from mmw.sweep.definition import config_id
+    from mmw.sweep.units import META, sweep_units
+
+    straight, expected = _straight(tmp_path, monkeypatch)
+    runs = tmp_path / "straight/reports/sweeps/t/runs"
+    files = sorted(runs.glob("*.parquet"))
+    assert len(files) == len(straight.ran) == 7
+    sweep = _fake_sweep(monkeypatch, straight)
+    units = sweep_units(sweep)
+    assert {p.stem for p in files} == {config_id(units[n].overrides) for n in straight.ran}
+    for path in files:
+        meta = json.loads(pl.read_parquet_metadata(path)[META])
+        assert "key" not in meta["params"] and "never-stored" not in path.read_bytes().decode("latin-1")
+        assert meta["params"]["model.name"] == "m" and meta["experiment"] in straight.ran
+    assert sum(p.stat().st_size for p in files) < 7 * 20_000
+
+    clone = _clone_with_evidence(tmp_path / "straight", tmp_path / "clone")
+    other = _FakeSweepWorld()
+    sweep = _fake_sweep(monkeypatch, other)
+    lines: list[str] = []
+    run_sweep(clone, sweep, executor=other, echo=lines.append)
+    assert other.ran == [] and any("done 3/3" in line for line in lines), lines
+    _assert_same(_collected(clone, sweep), expected)
+    assert expected["tries.parquet"].height >= 2 and "Prompts needed" in expected["table.md"]
+
+    # The report built there shows the planner's row for every unresolved cell (here the 1 % cells).
+    from mmw.reporting.page import build_report
+
+    unresolved = sum(expected[f"{t}.parquet"].filter(pl.col("status") == "unresolved").height
+                     for t in ("table", "randomness"))
+    assert unresolved >= 1 and expected["plan.parquet"].height == unresolved
+    build_report(clone, "t", clone / "reports/index.html")
+    html = (clone / "reports/index.html").read_text()
+    assert html.split('id="plan-table"')[1].split("</table>")[0].count("<tr>") == 1 + unresolved
+
+
+def test_a_sweep_run_before_evidence_files_existed_is_exported_even_under_changed_config_ids(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep whose experiments finished without evidence files (run by an older version): `export` writes the
+    file of every finished experiment from its ref, and the tables equal those of a run that wrote them as it
+    went. When the definition's config ids have changed since (a param added to every config), each experiment
+    is matched to its unit by the params it ran with, and nothing runs again."""
+    import mmw.sweep.units as units_module
+    from mmw.sweep import run_sweep
+    from mmw.sweep.definition import Config, config_id
+    from mmw.sweep.units import export, load_units
+
+    straight, expected = _straight(tmp_path, monkeypatch)
+    repo = tmp_path / "straight"
+    runs = repo / "reports/sweeps/t/runs"
+    before = {p.name: p.read_bytes() for p in runs.glob("*.parquet")}
+    shutil.rmtree(runs)
+    sweep = _fake_sweep(monkeypatch, straight)
+    straight.overrides = {j: o for j, o in _ran_overrides(sweep).items()}
+    assert len(export(repo, sweep, echo=lambda _: None)) == 7
+    assert sorted(p.name for p in runs.glob("*.parquet")) == sorted(before)
+    _assert_same(_collected(repo, sweep), expected)
+
+    shutil.rmtree(runs)
+    configs = [Config(config_id(o), c.grid, o) for c in sweep.configs
+               for o in [dict(sorted({**c.overrides, "scheme.added": None}.items()))]]
+    changed = type(sweep)(name="t", description="", configs=configs, reevaluate=sweep.reevaluate, split=sweep.split)
+    monkeypatch.setattr(units_module, "experiment_params",
+                        lambda _repo, sha: straight.read_experiment(_repo, sha)[0])
+    lines: list[str] = []
+    assert len(export(repo, changed, echo=lines.append)) == 7 and not any("match no unit" in x for x in lines)
+    stored = load_units(repo, changed)
+    assert sorted(u.meta["ran_as"] for u in stored) == sorted(straight.ran)
+    ran = list(straight.ran)
+    run_sweep(repo, changed, executor=straight, echo=lines.append)
+    assert straight.ran == ran  # nothing ran again
+    table = _collected(repo, changed)["table.parquet"]
+    renamed = {c.config_id: n for c, n in zip(changed.configs, "abc", strict=True)}
+    assert table.with_columns(pl.col("config_id").replace(renamed)).drop("pending").equals(
+        expected["table.parquet"].drop("pending"))
+
+
+def _ran_overrides(sweep: Any) -> dict[str, dict[str, Any]]:
+    from mmw.sweep.units import sweep_units
+
+    return {name: unit.overrides for name, unit in sweep_units(sweep).items()}
+
+
+def _write_foreign(repo: Path, monkeypatch: pytest.MonkeyPatch, what: str) -> None:
+    """Into ``repo``'s evidence of sweep ``t``, a file that does not belong: a run of a unit the definition does
+    not have (another delta), or a run of another sweep."""
+    from mmw.sweep.units import Unit, write_unit
+
+    world = _FakeSweepWorld()
+    sweep = _fake_sweep(monkeypatch, world)
+    config = sweep.configs[0]
+    overrides = {**config.overrides, "scheme.delta": 9.0} if what == "definition" else config.overrides
+    world.overrides["t-a"] = overrides
+    path = write_unit(repo, sweep, Unit("t-a", config.config_id, "tuning", None, overrides), "sha-t-a", "0" * 40,
+                      1.0, None, [], [])
+    if what == "sweep":
+        meta = json.loads(pl.read_parquet_metadata(path)[META_KEY])
+        pl.read_parquet(path).write_parquet(path, metadata={META_KEY: json.dumps({**meta, "sweep": "u"})})
+
+
+META_KEY = "mmw.unit"
+
+
+@pytest.mark.parametrize(("what", "named"), [("model", "model.name"), ("definition", "sweeps/t.yaml"),
+                                             ("sweep", "sweep")])
+def test_evidence_of_another_generator_definition_or_sweep_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, named: str) -> None:
+    """Bad input: a file that does not belong among a sweep's evidence stops `run` before anything runs and
+    `collect` / `export` with one line naming the setting (exit 2)."""
+    from mmw.sweep import run_sweep
+    from mmw.sweep.units import load_units
+
+    _, _ = _straight(tmp_path, monkeypatch)
+    repo = tmp_path / "straight"
+    if what == "model":  # a second unit's file written by a run of another generator
+        for path in (repo / "reports/sweeps/t/runs").glob("*.parquet"):
+            meta = json.loads(pl.read_parquet_metadata(path)[META_KEY])
+            if meta["experiment"] == "t-b":
+                meta["params"]["model.name"] = "other-model"
+                pl.read_parquet(path).write_parquet(path, metadata={META_KEY: json.dumps(meta)})
+    else:
+        _write_foreign(repo, monkeypatch, what)
+    world = _FakeSweepWorld()
+    sweep = _fake_sweep(monkeypatch, world)
+    with pytest.raises(SpecError) as refused:
+        load_units(repo, sweep)
+    assert str(refused.value).startswith(named) and "\n" not in str(refused.value), refused.value
+    with pytest.raises(SpecError):
+        run_sweep(repo, sweep, executor=world, echo=lambda _: None)
+    assert world.ran == []
+
+
+def test_collect_and_export_exit_2_on_foreign_evidence(tmp_path: Path) -> None:
+    """Through the CLI, on a sweep definition in a repository without DVC: one line naming the setting, exit 2,
+    nothing collected."""
+    from mmw.sweep import load_sweep
+    from mmw.sweep.units import Unit, write_unit
+
+    import mmw.sweep.units as units_module
+
+    repo = _git_repo(tmp_path / "r")
+    shutil.copy(REPO / "params.yaml", repo / "params.yaml")
+    (repo / "sweeps").mkdir()
+    (repo / "sweeps/t.yaml").write_text(yaml.safe_dump(
+        {"description": "t", "temperatures": [0.7], "reevaluate": {"k": 2, "first_seed": 1000},
+         "grids": TWO_CONFIG_GRIDS}, sort_keys=False))
+    sweep = load_sweep(repo, "t")
+    original = units_module.read_experiment
+    try:
+        for config, model in zip(sweep.configs, ("m1", "m2"), strict=True):
+            units_module.read_experiment = lambda _r, _s, model=model: ({"model.name": model}, {}, {}, None)
+            write_unit(repo, sweep, Unit(f"t-{config.config_id}", config.config_id, "tuning", None,
+                                         config.overrides), "0" * 40, "0" * 40, 1.0, None, [], [])
+    finally:
+        units_module.read_experiment = original
+    for verb in ("collect", "export"):
+        result = CliRunner().invoke(app, ["sweep", verb, "t", "--repo", str(repo)])
+        assert result.exit_code == 2, result.output
+        error = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert len(error) == 1 and error[0].startswith("error: model.name") and "m1" in error[0], result.output
+    assert not (repo / "reports/sweeps/t/table.md").exists()
 
 
 def test_one_local_run_per_repository_and_a_left_over_dvc_run_keeps_the_lock(tmp_path: Path) -> None:

@@ -102,6 +102,40 @@ def _read(function: Any, repo: Path, rev: str | None, what: str) -> tuple[dict[s
     return (data or None), (None if data else f"no {what}")
 
 
+def _params_metrics(repo: Path, rev: str | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[str]]:
+    """``(params, metrics, errors)`` of one revision (None: the workspace): params.yaml and metrics.json as
+    mappings (None where unreadable, with the reason in ``errors``)."""
+    import dvc.api
+
+    params, params_error = _read(lambda **kw: dvc.api.params_show(PARAMS_FILE, **kw), repo, rev, PARAMS_FILE)
+    metrics_all, metrics_error = _read(dvc.api.metrics_show, repo, rev, METRICS_FILE)
+    if metrics_all is None and rev is not None:
+        metrics_all, metrics_error = _committed_metrics(repo, rev)
+    metrics = (metrics_all or {}).get(METRICS_FILE, metrics_all) if metrics_all else None
+    return params, metrics, [e for e in (metrics_error, params_error) if e]
+
+
+def read_revision(repo: Path, rev: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]],
+                                                 list[str]]:
+    """``(params, metrics, attacks, errors)`` of one commit, as :func:`read_experiments` reads each row: params
+    flat (lists kept whole) without the key, the ``all.*`` metrics, ``attack name -> {metric: value}``."""
+    params, metrics, errors = _params_metrics(repo, rev)
+    return (*_flat(params, metrics), errors)
+
+
+def _flat(params: dict[str, Any] | None, metrics: dict[str, Any] | None
+          ) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+    """Params flat (lists kept whole) without the key; the ``all.*`` metrics; the per-attack metrics."""
+    flat = {k: v for k, v in flatten(params or {}, lists=False).items() if k not in HIDDEN_PARAMS}
+    group = (metrics or {}).get(METRIC_GROUP)
+    values = {f"{METRIC_GROUP}.{k}": metric_value(v) for k, v in group.items()
+              if not isinstance(v, dict | list)} if isinstance(group, dict) else {}
+    attacks = (metrics or {}).get("attacks")
+    by_attack = {str(a): dict(m) for a, m in attacks.items() if isinstance(m, dict)} if isinstance(attacks, dict) \
+        else {}
+    return flat, values, by_attack
+
+
 def _committed_metrics(repo: Path, rev: str) -> tuple[dict[str, Any] | None, str | None]:
     """metrics.json as committed in ``rev``. DVC 3.67's ``metrics_show(rev=<experiment>)`` opens the file
     through the DVC filesystem, which fails for a ``cache: false`` output of an experiment commit although git
@@ -150,14 +184,8 @@ def read_experiments(repo: Path, pool_filter: Any = None) -> Experiments:
         errors: list[str] = []
         params = metrics = None
         if status not in ("queued", "running"):
-            read_rev = None if kind == "workspace" else rev
-            params, params_error = _read(lambda **kw: dvc.api.params_show(PARAMS_FILE, **kw), repo, read_rev,
-                                         PARAMS_FILE)
-            metrics_all, metrics_error = _read(dvc.api.metrics_show, repo, read_rev, METRICS_FILE)
-            if metrics_all is None and read_rev is not None:
-                metrics_all, metrics_error = _committed_metrics(repo, read_rev)
-            metrics = (metrics_all or {}).get(METRICS_FILE, metrics_all) if metrics_all else None
-            errors += [e for e in (metrics_error, params_error) if e]
+            params, metrics, read_errors = _params_metrics(repo, None if kind == "workspace" else rev)
+            errors += read_errors
         if status == "failed":
             errors.insert(0, "the experiment failed")
         flat_lists = {k: v for k, v in flatten(params or {}).items() if k not in HIDDEN_PARAMS}
@@ -169,13 +197,11 @@ def read_experiments(repo: Path, pool_filter: Any = None) -> Experiments:
             errors.append(f"no '{METRIC_GROUP}' group in {METRICS_FILE}")
         record: dict[str, Any] = {"name": name, "rev": rev, "kind": kind, "status": status,
                                   "error": "; ".join(errors) if errors else None}
-        record.update({k: v for k, v in flatten(params or {}, lists=False).items() if k not in HIDDEN_PARAMS})
-        if isinstance(group, dict):
-            record.update({f"{METRIC_GROUP}.{k}": metric_value(v) for k, v in group.items()
-                           if not isinstance(v, dict | list)})
-        attacks = (metrics or {}).get("attacks")
-        if isinstance(attacks, dict):
-            attacks_by_rev[rev] = {str(a): dict(m) for a, m in attacks.items() if isinstance(m, dict)}
+        flat, values, by_attack = _flat(params, metrics)
+        record.update(flat)
+        record.update(values)
+        if isinstance((metrics or {}).get("attacks"), dict):
+            attacks_by_rev[rev] = by_attack
         records.append(record)
     if pool_filter is not None and params_by_rev.get("workspace") in experiment_params:
         records = [r for r in records if r["kind"] != "workspace"]

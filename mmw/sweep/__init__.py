@@ -4,15 +4,18 @@ tables that live in git. See docs/SWEEP.md.
 * :mod:`~mmw.sweep.definition` — load, expand and validate a definition into configs (stable ``config_id``);
 * :mod:`~mmw.sweep.runner` — jobs, the pluggable executor (local ``dvc exp run --temp``), the run log,
   progress and ETA;
+* :mod:`~mmw.sweep.units` — one committed evidence file per finished unit (``reports/sweeps/<name>/runs/``): what
+  resuming and collecting read, on this machine or another one;
 * :mod:`~mmw.sweep.collect` — the results / attacks / paper tables under ``reports/sweeps/<name>/``;
 * :mod:`~mmw.sweep.confirm`, :mod:`~mmw.sweep.cells`, :mod:`~mmw.sweep.evidence` — picks confirmed on held-out
   prompts (one-sided bounds, fallbacks, statuses) from the runs' per-prompt rows;
 * :mod:`~mmw.sweep.simulate` — synthetic sweeps with known truth (the procedure's error rate, measured);
 * :mod:`~mmw.sweep.plan` — prompts and time needed to resolve the unresolved cells.
 
-``run_sweep`` is what ``mmw sweep run NAME`` does: run the configs that are not done (failed and missing ones),
-then pick per temperature x family x constraint among the finished ones and re-evaluate each pick with the
-definition's K seeds, each run under a fresh key that only its environment holds (``MMW_KEY``).
+``run_sweep`` is what ``mmw sweep run NAME`` does: run the configs that are not done (neither an evidence file nor
+an experiment ref: failed and missing ones), writing each finished unit's evidence file as it lands, then pick per
+temperature x family x constraint among the finished ones and re-evaluate each pick with the definition's K seeds,
+each run under a fresh key that only its environment holds (``MMW_KEY``).
 """
 
 from __future__ import annotations
@@ -21,12 +24,33 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
+import polars as pl
 import yaml
 
 from mmw.errors import SpecError
-from mmw.sweep.collect import experiment_name, picked_config_ids, read_sweep, reevaluation_name
+from mmw.sweep.collect import picked_config_ids
 from mmw.sweep.definition import Sweep, expand
-from mmw.sweep.runner import Executor, Job, LocalDvcExecutor, Progress, head_commit, run_jobs
+from mmw.sweep.runner import (
+    Executor,
+    Job,
+    LocalDvcExecutor,
+    Outcome,
+    Progress,
+    finished_experiments,
+    head_commit,
+    run_jobs,
+)
+from mmw.sweep.units import (
+    experiment_name,
+    export,
+    finished_units,
+    load_units,
+    read_runs,
+    reevaluation_name,
+    reevaluation_overrides,
+    sweep_units,
+    write_unit,
+)
 
 
 def load_sweep(repo: Path, name: str, validate: bool = True) -> Sweep:
@@ -59,10 +83,28 @@ def reevaluation_jobs(sweep: Sweep, config_ids: list[str]) -> list[Job]:
     Seed-major order (every pick's first seed, then every pick's second, ...): a cut-short run leaves every pick
     with about the same number of re-evaluations, and the runs of one seed share its baselines."""
     overrides = {c.config_id: c.overrides for c in sweep.configs}
-    held_out = sweep.split.overrides if sweep.split is not None else {}
     return [Job(name=reevaluation_name(sweep.name, cid, seed), config_id=cid,
-                overrides={**overrides[cid], **held_out, "seed": seed}, env={"MMW_KEY": secrets.token_hex(16)})
+                overrides=reevaluation_overrides(sweep, overrides[cid], seed), env={"MMW_KEY": secrets.token_hex(16)})
             for seed in sweep.reevaluate.seeds for cid in config_ids]
+
+
+def _jobs(repo: Path, sweep: Sweep, label: str, jobs: list[Job], executor: Executor,
+          echo: Callable[[str], None]) -> Progress:
+    """:func:`run_jobs` with the sweep's evidence: units with a file count as finished, and each unit that
+    finishes gets its file as it lands (a kill between units loses nothing already written)."""
+    units = sweep_units(sweep)
+    baseline = head_commit(repo)
+
+    def write(job: Job, outcome: Outcome) -> None:
+        sha = finished_experiments(repo, baseline).get(job.name)
+        if sha is None:  # the executor said done but left no ref: nothing to keep, the unit runs again
+            echo(f"  warning: {job.name} finished without an experiment ref; no evidence written")
+            return
+        write_unit(repo, sweep, units[job.name], sha, baseline, outcome.wall_s, outcome.finished, outcome.ran,
+                   outcome.restored)
+
+    return run_jobs(repo, sweep.name, label, jobs, executor, echo, finished=finished_units(repo, sweep),
+                    on_done=write)
 
 
 def confirmation_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Callable[[str], None]
@@ -71,13 +113,13 @@ def confirmation_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Call
     pending candidate (its pick first, then a fallback where the pick was not confirmed), at most
     ``split.max_tries`` rounds. Finished runs are never repeated (a rerun resumes)."""
     from mmw.sweep.cells import confirmed_randomness, confirmed_table, pending_config_ids
-    from mmw.sweep.evidence import sweep_prompt_rows
 
     assert sweep.split is not None
     progress = None
     for number in range(1, sweep.split.max_tries + 1):
-        results, _, reevaluations = read_sweep(repo, sweep)
-        prompts = sweep_prompt_rows(repo, reevaluations, "confirmation")
+        runs = read_runs(repo, sweep, echo)
+        results, reevaluations = runs.results, runs.reevaluations
+        prompts = runs.prompts.filter(pl.col("role") == "confirmation")
         table, _ = confirmed_table(results, reevaluations, prompts, sweep.split, sweep.reevaluate.k)
         randomness = confirmed_randomness(results, reevaluations, prompts, sweep.split, sweep.reevaluate.k)
         pending = list(dict.fromkeys(pending_config_ids(table) + pending_config_ids(randomness)))
@@ -85,8 +127,8 @@ def confirmation_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Call
             break
         echo(f"[{sweep.name}] confirmation round {number}: {len(pending)} candidate(s), {sweep.reevaluate.k} "
              f"runs each on prompts [{sweep.split.offset}, {sweep.split.offset + sweep.split.prompts}) per task")
-        progress = run_jobs(repo, sweep.name, f"{sweep.name}: confirmation {number}",
-                            reevaluation_jobs(sweep, pending), executor, echo)
+        progress = _jobs(repo, sweep, f"{sweep.name}: confirmation {number}", reevaluation_jobs(sweep, pending),
+                         executor, echo)
     return progress
 
 
@@ -99,16 +141,16 @@ def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, config
     the sweep.
     """
     head_commit(repo)  # fails early outside a committed repository
+    export(repo, sweep, echo)  # experiments finished without their evidence file (older runs, a kill)
+    load_units(repo, sweep)  # evidence of another definition, generator or judge: refused before anything runs
     executor = executor or LocalDvcExecutor(repo)
-    pool = run_jobs(repo, sweep.name, f"{sweep.name}: configs", pool_jobs(sweep), executor, echo) if configs else None
+    pool = _jobs(repo, sweep, f"{sweep.name}: configs", pool_jobs(sweep), executor, echo) if configs else None
     if not reevaluate:
         return pool, None
     if sweep.split is not None:
         return pool, confirmation_rounds(repo, sweep, executor, echo)
-    results, _, _ = read_sweep(repo, sweep)
-    picked = picked_config_ids(results)
+    picked = picked_config_ids(read_runs(repo, sweep, echo).results)
     echo(f"[{sweep.name}] {len(picked)} distinct picks over temperature x family x 4 constraints; "
          f"re-evaluating each with {sweep.reevaluate.k} fresh seeds and keys")
-    rerun = run_jobs(repo, sweep.name, f"{sweep.name}: re-evaluations", reevaluation_jobs(sweep, picked),
-                     executor, echo)
+    rerun = _jobs(repo, sweep, f"{sweep.name}: re-evaluations", reevaluation_jobs(sweep, picked), executor, echo)
     return pool, rerun

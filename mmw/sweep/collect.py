@@ -1,7 +1,7 @@
-"""Collecting a sweep: its experiments (read through ``dvc.api``) into tables that live in git (written by
-:mod:`mmw.reporting.sweep`).
+"""Collecting a sweep: its finished units' evidence files (:mod:`mmw.sweep.units`, written as each experiment
+lands, or exported from the experiment refs first) into tables that live in git.
 
-``reports/sweeps/<name>/`` receives (all readable without the DVC cache):
+``reports/sweeps/<name>/`` receives (all readable without the DVC cache and without experiment refs):
 
 * ``results.parquet`` / ``.csv`` — one row per config of the definition: ``config_id``, ``grid``, ``status``
   (done | failed | missing), ``error``, ``experiment``, every param as a dotted column, ``family`` (= sampler),
@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
-import yaml
 
 from mmw.reporting.sweep import plan_markdown, write_sweep_tables
 from mmw.selection import (
@@ -36,30 +34,15 @@ from mmw.selection import (
     cell_picks,
     comparable_groups,
     median_mad,
-    read_experiments,
     with_group,
 )
-from mmw.selection.reading import column
-from mmw.selection.reeval import REEVAL_PREFIX
 from mmw.errors import SpecError
 from mmw.sweep.cells import confirmed_randomness, confirmed_table
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
-from mmw.sweep.evidence import sweep_prompt_rows
 from mmw.sweep.plan import sweep_plan
-from mmw.sweep.runner import finished_experiments, read_log
+from mmw.sweep.units import read_runs
 
-REPORTS = Path("reports/sweeps")
 SIZE, QUALITY, RESISTANCE = "all.size", "all.relative_quality", "all.tamper_resistance"
-TIMED_STAGES = ("generate_baseline", "generate_watermarked", "perturb", "detect_baseline", "detect_watermarked",
-                "rate_baseline", "rate_watermarked", "aggregate")
-
-
-def experiment_name(sweep: str, config_id: str) -> str:
-    return f"{sweep}-{config_id}"
-
-
-def reevaluation_name(sweep: str, config_id: str, seed: int) -> str:
-    return f"{REEVAL_PREFIX}{sweep}-{config_id}-s{seed}"
 
 
 @dataclass(frozen=True)
@@ -75,71 +58,6 @@ class Collected:
     groups: int
 
 
-def _randomness_kind(randomness: Any) -> str | None:
-    return None if randomness is None else "fixed" if randomness == "fixed" else "text-dependent"
-
-
-def read_sweep(repo: Path, sweep: Sweep) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """``(results, attacks, reevaluations)`` of ``sweep`` in ``repo`` (see the module docstring)."""
-    prefix, reeval_prefix = f"{sweep.name}-", f"{REEVAL_PREFIX}{sweep.name}-"
-    experiments = read_experiments(repo, pool_filter=lambda name: name.startswith((prefix, reeval_prefix)))
-    # One row per name, the finished one first: a run killed before it finished can still be listed (running)
-    # under the name its rerun finished with.
-    by_name: dict[str, dict[str, Any]] = {}
-    for row in experiments.table.iter_rows(named=True):
-        if row["kind"] == "experiment" and by_name.get(row["name"], {}).get("status") != "done":
-            by_name[row["name"]] = row
-    log = read_log(repo, sweep.name)
-    records: list[dict[str, Any]] = []
-    attack_rows: list[dict[str, Any]] = []
-    for config in sweep.configs:
-        name = experiment_name(sweep.name, config.config_id)
-        row = by_name.get(name)
-        outcome = log.get(name)
-        record: dict[str, Any] = {"config_id": config.config_id, "grid": config.grid, "experiment": name}
-        if row is not None and row["status"] == "done":
-            record.update(row)
-            record.update(status="done", error=row["error"] if row.get("error") else None)
-            for attack, metrics in experiments.attacks.get(row["rev"], {}).items():
-                attack_rows.append({"config_id": config.config_id, "attack": attack,
-                                    "watermarked": metrics.get("watermarked"),
-                                    "quality_retained": metrics.get("quality_retained"),
-                                    "size": metrics.get("size")})
-        else:
-            record.update({k: v for k, v in config.overrides.items() if not isinstance(v, list | dict)})
-            failed = outcome is not None and outcome.status == "failed"
-            record.update(status="failed" if failed else "missing", error=outcome.error if failed else None)
-        record["name"] = name
-        record["wall_s"] = outcome.wall_s if outcome is not None and outcome.status == "done" else None
-        record["stages_ran"] = ",".join(outcome.ran) if outcome is not None else None
-        record["stages_restored"] = ",".join(outcome.restored) if outcome is not None else None
-        records.append(record)
-    results = _typed(records)
-    results = results.with_columns(
-        pl.col("scheme.sampler").alias("family"),
-        pl.col("scheme.randomness").map_elements(_randomness_kind, return_dtype=pl.String).alias("randomness_kind"))
-    first = ["config_id", "grid", "status", "error", "experiment", "family", "randomness_kind", "wall_s"]
-    dropped = {"name", "kind"}
-    results = results.select([*first, *[c for c in results.columns if c not in first and c not in dropped]])
-    reeval_rows = []
-    for row in by_name.values():
-        if row["name"].startswith(reeval_prefix):
-            cid, _, seed = row["name"].removeprefix(reeval_prefix).rpartition("-s")
-            reeval_rows.append({"config_id": cid, "seed": int(seed), "experiment": row["name"],
-                                "status": row["status"], SIZE: row.get(SIZE), QUALITY: row.get(QUALITY),
-                                RESISTANCE: row.get(RESISTANCE), "all.size_valid": row.get("all.size_valid"),
-                                "all.size_anytime": row.get("all.size_anytime"), "all.fpr": row.get("all.fpr"),
-                                "rev": row.get("rev"),
-                                "wall_s": log[row["name"]].wall_s if row["name"] in log else None})
-    reevaluations = _typed(reeval_rows) if reeval_rows else pl.DataFrame(
-        schema={"config_id": pl.String, "seed": pl.Int64, "experiment": pl.String, "status": pl.String,
-                SIZE: pl.Float64, QUALITY: pl.Float64, RESISTANCE: pl.Float64})
-    attacks = pl.DataFrame(attack_rows, schema={"config_id": pl.String, "attack": pl.String,
-                                                "watermarked": pl.Float64, "quality_retained": pl.Float64,
-                                                "size": pl.Float64})
-    return results, attacks, reevaluations
-
-
 def check_single_valued(results: pl.DataFrame) -> None:
     """Refuse (SpecError naming the param) a sweep whose finished runs used more than one generator, engine or
     judge: their qualities and sizes cannot be compared or pooled."""
@@ -148,19 +66,6 @@ def check_single_valued(results: pl.DataFrame) -> None:
         if dotted in done.columns and done[dotted].drop_nulls().n_unique() > 1:
             values = ", ".join(str(v) for v in done[dotted].drop_nulls().unique().sort().to_list())
             raise SpecError(dotted, f"the sweep's runs mix {values}", "one value over the whole sweep")
-
-
-def _typed(records: list[dict[str, Any]]) -> pl.DataFrame:
-    columns: list[str] = []
-    for record in records:
-        columns.extend(k for k in record if k not in columns)
-    frame = pl.DataFrame([column(c, [r.get(c) for r in records]) for c in columns])
-    for metric in (SIZE, QUALITY, RESISTANCE):
-        if metric in frame.columns:
-            frame = frame.with_columns(pl.col(metric).cast(pl.Float64))
-        else:
-            frame = frame.with_columns(pl.lit(None, dtype=pl.Float64).alias(metric))
-    return frame
 
 
 def pool(results: pl.DataFrame) -> pl.DataFrame:
@@ -252,40 +157,13 @@ def delta_table(results: pl.DataFrame, temperatures: tuple[float, ...] = (0.3, 1
             .rename({"model.temperature": "temperature", "scheme.delta": "delta"}).sort(["temperature", "delta"]))
 
 
-def timings(repo: Path, results: pl.DataFrame) -> pl.DataFrame:
-    """Per finished config, the wall time of each stage that ran in its own experiment (a restored stage's
-    timing file is the original run's, so it is not counted again).
-
-    The timing files are DVC outputs: their hashes come from the experiment commit's ``dvc.lock`` and their
-    content from the local cache (one ``git show`` per experiment instead of one DVC repository open per file).
-    """
-    refs = finished_experiments(repo)
-    cache = repo / ".dvc" / "cache" / "files" / "md5"
-    rows = []
-    for row in results.filter(pl.col("status") == "done").iter_rows(named=True):
-        ran = [s for s in (row.get("stages_ran") or "").split(",") if s in TIMED_STAGES]
-        sha = refs.get(row["experiment"])
-        if not ran or sha is None:
-            continue
-        shown = subprocess.run(["git", "show", f"{sha}:dvc.lock"], cwd=repo, capture_output=True, text=True)
-        lock = yaml.safe_load(shown.stdout) if shown.returncode == 0 else {}
-        for stage in ran:
-            outs = {o["path"]: o.get("md5") for o in (lock.get("stages", {}).get(stage, {}).get("outs") or [])}
-            digest = outs.get(f"reports/timings/{stage}.json")
-            path = cache / digest[:2] / digest[2:] if digest else None
-            if path is None or not path.is_file():  # not in this cache: only that number is lost
-                continue
-            data = json.loads(path.read_text())
-            rows.append({"config_id": row["config_id"], "temperature": row.get("model.temperature"),
-                         "stage": stage, "wall_s": float(data.get("wall_s", math.nan))})
-    return pl.DataFrame(rows, schema={"config_id": pl.String, "temperature": pl.Float64, "stage": pl.String,
-                                      "wall_s": pl.Float64})
 
 
 def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: bool = True,
             echo: Callable[[str], None] = print) -> Collected:
     """Read ``sweep``'s experiments in ``repo`` and write every table of the module docstring to ``out_dir``."""
-    results, attacks, reevaluations = read_sweep(repo, sweep)
+    runs = read_runs(repo, sweep, echo)
+    results, attacks, reevaluations = runs.results, runs.attacks, runs.reevaluations
     done = pool(results)
     groups = len(comparable_groups(done)) if done.height else 0
     if groups > 1:
@@ -294,14 +172,13 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
     extra: dict[str, pl.DataFrame] = {}
     if sweep.split is not None:
         check_single_valued(results)
-        prompts = pl.concat([sweep_prompt_rows(repo, results, "tuning"),
-                             sweep_prompt_rows(repo, reevaluations, "confirmation")], how="diagonal_relaxed")
+        prompts = runs.prompts
         table, tries = confirmed_table(results, reevaluations, prompts.filter(pl.col("role") == "confirmation"),
                                        sweep.split, sweep.reevaluate.k)
-        plan = sweep_plan(table, results, reevaluations, sweep.split, sweep.reevaluate.k)
-        extra = {"prompts": prompts, "tries": tries, "plan": plan}
         randomness = confirmed_randomness(results, reevaluations, prompts.filter(pl.col("role") == "confirmation"),
                                           sweep.split, sweep.reevaluate.k)
+        plan = sweep_plan(table, results, reevaluations, sweep.split, sweep.reevaluate.k, randomness)
+        extra = {"prompts": prompts, "tries": tries, "plan": plan}
     else:
         table = paper_table(results, reevaluations, sweep.reevaluate.k)
         randomness = randomness_table(results)
@@ -309,7 +186,7 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
     frames = {"results": results, "attacks": attacks, "reevaluations": reevaluations, "table": table,
               "randomness": randomness, "delta": delta, **extra}
     if with_timings:
-        frames["timings"] = timings(repo, results)
+        frames["timings"] = runs.timings
     plan_text = plan_markdown(extra["plan"], sweep.split.level, sweep.reevaluate.k) if sweep.split else ""
     write_sweep_tables(out_dir, frames, sweep.split, scale, plan_text)
     return Collected(results=results, attacks=attacks, reevaluations=reevaluations, table=table,

@@ -7,8 +7,8 @@ reads them at an experiment's revision through ``dvc.api`` and joins them into o
 
     prompt_id, task, source, attack, detected, size, size_valid[, size_anytime], rating, in_R, ok
 
-Collection stacks these per run (with ``experiment``, ``config_id``, ``seed``, ``role``) into
-``reports/sweeps/<name>/prompts.parquet``; :func:`evidence` turns one setting's confirmation rows into the arrays
+Each finished run's rows go into its committed evidence file (:mod:`mmw.sweep.units`); collection stacks them
+(with ``experiment``, ``config_id``, ``seed``, ``role``) into ``reports/sweeps/<name>/prompts.parquet``; :func:`evidence` turns one setting's confirmation rows into the arrays
 of :class:`mmw.sweep.confirm.Evidence`. Metrics averages cannot be paired or pooled; these rows can (by prompt
 against the same prompts' baseline, over runs and over prompt shards).
 """
@@ -108,23 +108,3 @@ def evidence(rows: pl.DataFrame, sizes: Sequence[float | None]) -> Evidence:
             no_attack=_grid(rows.filter(pl.col("source") == "retokenized"), runs, attacked, pl.col("detected")))
     values = np.array([np.inf if s is None else float(s) for s in sizes], dtype=float)
     return Evidence(watermarked=watermarked, baseline=baseline, sizes=values, attacks=attacks)
-
-
-def sweep_prompt_rows(repo: Path, runs: pl.DataFrame, role: str) -> pl.DataFrame:
-    """Per-prompt rows of every finished run in ``runs`` (``experiment``, ``config_id``, ``rev``, optionally
-    ``seed``), tagged with them and ``role`` (tuning | confirmation). Runs whose tables are not in the local
-    cache are left out (the caller compares counts)."""
-    frames = []
-    for run in runs.filter(pl.col("status") == "done").iter_rows(named=True):
-        rows = prompt_rows(repo, run.get("rev"))
-        if rows is not None:
-            frames.append(rows.with_columns(pl.lit(run["experiment"]).alias("experiment"),
-                                            pl.lit(run["config_id"]).alias("config_id"),
-                                            pl.lit(run.get("seed"), dtype=pl.Int64).alias("seed"),
-                                            pl.lit(role).alias("role")))
-    if not frames:
-        return pl.DataFrame(schema={"experiment": pl.String, "config_id": pl.String, "seed": pl.Int64,
-                                    "role": pl.String, "prompt_id": pl.String, "source": pl.String})
-    first = ["experiment", "config_id", "seed", "role"]
-    stacked = pl.concat(frames, how="diagonal_relaxed")
-    return stacked.select([*first, *[c for c in stacked.columns if c not in first]])

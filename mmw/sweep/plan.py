@@ -187,12 +187,28 @@ def plan_table(table: pl.DataFrame, k: int, tasks: int, attacked_share: float,
     return pl.DataFrame(rows, schema=schema)
 
 
-def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, split: Any, k: int
-               ) -> pl.DataFrame:
-    """:func:`plan_table` for a collected sweep: tasks and the attacked share from the confirmed cells, the run
-    time model from the tuning runs (``split.tuning`` prompts per task) and the confirmation runs
-    (``split.prompts`` per task, their ``wall_s``); no plan below the smallest confirmation set the definition
-    accepts."""
+def randomness_cells(randomness: pl.DataFrame) -> pl.DataFrame:
+    """The confirmed text-dependent vs fixed randomness table (:func:`mmw.sweep.cells.confirmed_randomness`) as
+    cells of the paper's table: ``family`` = ``randomness: <kind>``, its constraint (quality loss <= 10 %, no R)."""
+    from mmw.sweep.cells import RANDOMNESS_CONSTRAINT
+
+    (loss, r_min), = RANDOMNESS_CONSTRAINT
+    return randomness.with_columns(
+        pl.format("randomness: {}", "randomness_kind").alias("family"), pl.lit(loss).alias("max_quality_loss"),
+        pl.lit(r_min).alias("min_tamper_resistance"), pl.lit(0, dtype=pl.Int64).alias("n_attacked"),
+        pl.lit(None, dtype=pl.Float64).alias("resistance"), pl.lit(None, dtype=pl.Float64).alias("resistance_low"))
+
+
+def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, split: Any, k: int,
+               randomness: pl.DataFrame | None = None) -> pl.DataFrame:
+    """:func:`plan_table` for a collected sweep, over every unresolved cell of the paper's table and (when given)
+    of the confirmed randomness table: tasks and the attacked share from the confirmed cells, the run time model
+    from the tuning runs (``split.tuning`` prompts per task) and the confirmation runs (``split.prompts`` per
+    task, their ``wall_s``); no plan below the smallest confirmation set the definition accepts."""
+    if randomness is not None and randomness.height and table.height:
+        cells = randomness_cells(randomness)
+        table = pl.concat([table, cells.select([c for c in table.columns if c in cells.columns])],
+                          how="diagonal_relaxed")
     measured = table.filter(pl.col("n_prompts").is_not_null() & (pl.col("n_prompts") > 0))
     tasks = max(1, round(measured["n_prompts"][0] / split.prompts)) if measured.height else 1
     share = float((measured["n_attacked"] / measured["n_prompts"]).median()) if measured.height else 1 / 3

@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -325,11 +325,14 @@ class Progress:
 
 
 def run_jobs(repo: Path, sweep: str, label: str, jobs: Sequence[Job], executor: Executor,
-             echo: Callable[[str], None] = print) -> Progress:
-    """Run the jobs of ``jobs`` that have no experiment ref yet (failed and missing ones), logging each outcome
-    and printing a progress line after each. Returns the final counts."""
-    finished = finished_experiments(repo)
+             echo: Callable[[str], None] = print, finished: Collection[str] = (),
+             on_done: Callable[[Job, Outcome], None] | None = None) -> Progress:
+    """Run the jobs of ``jobs`` that have neither an experiment ref nor a name in ``finished`` (failed and missing
+    ones), logging each outcome, calling ``on_done(job, outcome)`` after each finished one (the sweep writes its
+    evidence file there) and printing a progress line after each. Returns the final counts."""
+    finished = set(finished_experiments(repo)) | set(finished)
     todo = [job for job in jobs if job.name not in finished]
+    by_name = {job.name: job for job in todo}
     previous = read_log(repo, sweep)
     progress = Progress(total=len(jobs), done=len(jobs) - len(todo),
                         failed=sum(1 for j in todo if j.name in previous and previous[j.name].status == "failed"),
@@ -346,6 +349,8 @@ def run_jobs(repo: Path, sweep: str, label: str, jobs: Sequence[Job], executor: 
         else:
             progress.failed += int(not was_failed)
         previous[outcome.name] = outcome
+        if outcome.status == "done" and on_done is not None:
+            on_done(by_name[outcome.name], outcome)
         progress.walls.append(outcome.wall_s)
         status = outcome.status if outcome.error is None else f"{outcome.status}: {outcome.error}"
         echo(f"  {outcome.name} {status} ({outcome.wall_s:.0f} s)")

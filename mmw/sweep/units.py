@@ -1,0 +1,400 @@
+"""A sweep's committed evidence: one file per finished unit (tuning run, confirmation or re-evaluation run).
+
+Experiment refs and the DVC cache stay on the machine that made them; a long sweep that continues on another
+machine needs its finished work as files in git. Every unit that finishes is written, atomically, to::
+
+    reports/sweeps/<name>/runs/<unit_id>.parquet
+
+* the rows: the run's per-prompt table (:func:`mmw.sweep.evidence.join_rows`: ratings, detections and sizes,
+  attack outcomes; no texts, never the key);
+* the Parquet metadata ``mmw.unit`` (JSON): the sweep, the unit (``unit_id``, ``experiment``, ``config_id``,
+  ``role``, ``seed``, the overrides it ran with), the run's params (the key is dropped as soon as they are read),
+  its ``all.*`` and per-attack metrics, its wall time, the stages DVC ran / restored and their wall times, and the
+  commit it ran on.
+
+``unit_id`` is a pure function of the unit's params: :func:`mmw.sweep.definition.config_id` of the overrides the
+unit runs with (its config's, plus for a confirmation or re-evaluation run the held-out prompts and its seed; a
+tuning unit's id is its ``config_id``). A rerun on any machine maps to the same file.
+
+A unit with a file is finished: :func:`mmw.sweep.run_sweep` never runs it again and collection reads every table
+from these files (:func:`read_runs`), so a clone that holds the committed directory but no experiment refs and no
+DVC cache resumes and collects exactly as the machine that ran them. Finished experiments that have no file yet
+(a sweep run by an older version, a kill between the experiment and its file) are written first
+(:func:`export`), from the experiment refs of any baseline commit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import yaml
+
+from mmw.errors import SpecError
+from mmw.io import write_with
+from mmw.selection.reading import column, read_revision
+from mmw.selection.reeval import REEVAL_PREFIX
+from mmw.sweep.definition import SINGLE_VALUED, Sweep, config_id
+from mmw.sweep.evidence import COLUMNS, KEYS, prompt_rows
+
+REPORTS = Path("reports/sweeps")
+RUNS = "runs"
+META = "mmw.unit"
+FORMAT = 1
+#: Stages whose wall times make the cost model (``reports/timings/<stage>.json``, a DVC output of each stage).
+TIMED_STAGES = ("generate_baseline", "generate_watermarked", "perturb", "detect_baseline", "detect_watermarked",
+                "rate_baseline", "rate_watermarked", "aggregate")
+TUNING, CONFIRMATION, REEVALUATION = "tuning", "confirmation", "reevaluation"
+
+
+def experiment_name(sweep: str, config_id: str) -> str:
+    return f"{sweep}-{config_id}"
+
+
+def reevaluation_name(sweep: str, config_id: str, seed: int) -> str:
+    return f"{REEVAL_PREFIX}{sweep}-{config_id}-s{seed}"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One experiment a sweep may run: its name, config, role (tuning | confirmation | reevaluation), seed (None:
+    the repository's) and the overrides it runs with; ``unit_id`` is a hash of those overrides."""
+
+    experiment: str
+    config_id: str
+    role: str
+    seed: int | None
+    overrides: dict[str, Any]
+
+    @property
+    def unit_id(self) -> str:
+        return config_id(self.overrides)
+
+
+def reevaluation_overrides(sweep: Sweep, overrides: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """What a re-run of a config sets: its overrides, the held-out prompts (with ``confirm``) and the seed."""
+    held_out = sweep.split.overrides if sweep.split is not None else {}
+    return {**overrides, **held_out, "seed": seed}
+
+
+def sweep_units(sweep: Sweep) -> dict[str, Unit]:
+    """Every unit the definition can ask for, by experiment name: each config's tuning run and its K re-runs
+    (any config may become a pick or a fallback)."""
+    role = CONFIRMATION if sweep.split is not None else REEVALUATION
+    units: dict[str, Unit] = {}
+    for config in sweep.configs:
+        name = experiment_name(sweep.name, config.config_id)
+        units[name] = Unit(name, config.config_id, TUNING, None, dict(config.overrides))
+    for config in sweep.configs:
+        for seed in sweep.reevaluate.seeds:
+            name = reevaluation_name(sweep.name, config.config_id, seed)
+            units[name] = Unit(name, config.config_id, role, seed,
+                               reevaluation_overrides(sweep, config.overrides, seed))
+    return units
+
+
+def runs_dir(repo: Path, sweep: str) -> Path:
+    return repo / REPORTS / sweep / RUNS
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+
+def stage_timings(repo: Path, sha: str, ran: list[str]) -> dict[str, float]:
+    """Wall time of each stage that ran in the experiment at ``sha`` (a restored stage's timing file is the
+    original run's, so it is not counted again), from its ``dvc.lock`` and the local DVC cache."""
+    ran = [s for s in ran if s in TIMED_STAGES]
+    if not ran:
+        return {}
+    shown = subprocess.run(["git", "show", f"{sha}:dvc.lock"], cwd=repo, capture_output=True, text=True)
+    lock = (yaml.safe_load(shown.stdout) if shown.returncode == 0 else None) or {}
+    cache = repo / ".dvc" / "cache" / "files" / "md5"
+    found: dict[str, float] = {}
+    for stage in ran:
+        outs = {o["path"]: o.get("md5") for o in (lock.get("stages", {}).get(stage, {}).get("outs") or [])}
+        digest = outs.get(f"reports/timings/{stage}.json")
+        path = cache / digest[:2] / digest[2:] if digest else None
+        if path is not None and path.is_file():  # not in this cache: only that number is lost
+            found[stage] = float(json.loads(path.read_text()).get("wall_s", math.nan))
+    return found
+
+
+def read_experiment(repo: Path, sha: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any],
+                                                   pl.DataFrame | None]:
+    """``(params, metrics, attacks, rows)`` of the experiment commit ``sha``: flat params without the key, the
+    ``all.*`` metrics, the per-attack metrics and the per-prompt rows (None when its tables are not in this
+    repository's DVC cache)."""
+    params, metrics, attacks, _ = read_revision(repo, sha)
+    return params, metrics, attacks, prompt_rows(repo, sha)
+
+
+def experiment_params(repo: Path, sha: str) -> dict[str, Any]:
+    """The flat params (lists kept whole, no key) of the experiment commit ``sha``."""
+    return read_revision(repo, sha)[0]
+
+
+def unit_path(repo: Path, sweep: str, unit: Unit) -> Path:
+    return runs_dir(repo, sweep) / f"{unit.unit_id}.parquet"
+
+
+def write_unit(repo: Path, sweep: Sweep, unit: Unit, sha: str, baseline: str, wall_s: float | None,
+               finished: str | None, ran: list[str], restored: list[str], ran_as: str | None = None) -> Path:
+    """Read the finished experiment ``sha`` of ``unit`` and write its evidence file atomically. ``ran_as``: the
+    experiment's name when it differs from the unit's (a definition whose config ids have changed since)."""
+    params, metrics, attacks, rows = read_experiment(repo, sha)
+    meta = {"format": FORMAT, "sweep": sweep.name, "unit_id": unit.unit_id, "experiment": unit.experiment,
+            "ran_as": ran_as or unit.experiment,
+            "config_id": unit.config_id, "role": unit.role, "seed": unit.seed, "overrides": unit.overrides,
+            "rev": sha, "baseline": baseline, "params": params, "metrics": metrics, "attacks": attacks,
+            "wall_s": wall_s, "finished": finished, "stages_ran": ran, "stages_restored": restored,
+            "timings": stage_timings(repo, sha, ran), "has_rows": rows is not None}
+    if rows is None:
+        rows = pl.DataFrame(schema={k: pl.String for k in KEYS})
+    path = unit_path(repo, sweep.name, unit)
+    text = json.dumps(meta, sort_keys=True, default=str)
+    write_with(path, lambda tmp: rows.write_parquet(tmp, metadata={META: text}))
+    return path
+
+
+def experiment_refs(repo: Path) -> dict[str, tuple[str, str]]:
+    """Experiment name -> ``(commit, baseline)`` over the experiment refs of every baseline commit (those of
+    ``HEAD`` first, then the newest): a sweep started at an older commit is still found after a ``git pull``."""
+    done = subprocess.run(["git", "for-each-ref", "--sort=-committerdate", "--format=%(refname) %(objectname)",
+                           "refs/exps/"], cwd=repo, capture_output=True, text=True, check=False)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=False)
+    head_sha = head.stdout.strip()
+    found: dict[str, tuple[str, str]] = {}
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        ref, sha = line.split()
+        parts = ref.split("/")
+        if len(parts) != 5 or len(parts[2]) != 2 or len(parts[3]) != 38:
+            continue  # DVC's own refs (exec, celery, ...)
+        baseline = parts[2] + parts[3]
+        if parts[4] not in found or baseline == head_sha:
+            found[parts[4]] = (sha, baseline)
+    return found
+
+
+def export(repo: Path, sweep: Sweep, echo: Callable[[str], None] = print) -> list[Path]:
+    """Write the evidence file of every finished experiment of ``sweep`` (an experiment ref of any baseline
+    commit) that has none yet; wall times and stages from this repository's run log. Returns the files written."""
+    from mmw.sweep.runner import read_log
+
+    units = sweep_units(sweep)
+    refs = experiment_refs(repo)
+    todo = {name: units[name] for name in refs if name in units}
+    strays = sorted(n for n in refs if n.startswith((f"{sweep.name}-", f"{REEVAL_PREFIX}{sweep.name}-"))
+                    and n not in units)
+    left = []
+    for name in strays:  # config ids changed since it ran: find its unit by the params it ran with
+        unit = _unit_of(units, name, experiment_params(repo, refs[name][0]))
+        if unit is None or unit.unit_id in {u.unit_id for u in todo.values()}:
+            left.append(name)
+        else:
+            todo[name] = unit
+    if left:
+        echo(f"[{sweep.name}] {len(left)} experiment(s) of this sweep's name match no unit of its definition "
+             f"(left out): {', '.join(left[:3])}{' ...' if len(left) > 3 else ''}")
+    log = read_log(repo, sweep.name)
+    written = []
+    for name, unit in sorted(todo.items()):
+        if unit_path(repo, sweep.name, unit).is_file():
+            continue
+        sha, baseline = refs[name]
+        outcome = log.get(name)
+        ok = outcome is not None and outcome.status == "done"
+        written.append(write_unit(repo, sweep, unit, sha, baseline, outcome.wall_s if ok else None,
+                                  outcome.finished if ok else None, outcome.ran if ok else [],
+                                  outcome.restored if ok else [], ran_as=name))
+    if written:
+        echo(f"[{sweep.name}] wrote the evidence of {len(written)} finished experiment(s) to "
+             f"{runs_dir(repo, sweep.name).relative_to(repo)}/")
+    return written
+
+
+def _unit_of(units: Mapping[str, Unit], name: str, params: Mapping[str, Any]) -> Unit | None:
+    """The one unit of the definition whose overrides the experiment ``name`` ran with (``params``: its flat
+    params), of the same role (tuning or re-run); None when none or several match."""
+    rerun = name.startswith(REEVAL_PREFIX)
+    found = [u for u in units.values() if (u.role != TUNING) == rerun
+             and all(params.get(k) == v for k, v in u.overrides.items())]
+    return found[0] if len(found) == 1 else None
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+@dataclass(frozen=True)
+class StoredUnit:
+    """One evidence file: its metadata (see the module docstring) and its per-prompt rows."""
+
+    path: Path
+    meta: dict[str, Any]
+    rows: pl.DataFrame
+
+
+def _read_unit(path: Path) -> StoredUnit:
+    try:
+        meta = json.loads(pl.read_parquet_metadata(path)[META])
+        rows = pl.read_parquet(path)
+    except Exception as err:  # noqa: BLE001 - not Parquet, no metadata, not JSON: all mean "not evidence"
+        raise SpecError(str(path), f"not a sweep evidence file ({type(err).__name__})",
+                        "a file written by `mmw sweep run` / `mmw sweep export`; remove it") from None
+    return StoredUnit(path, meta, rows)
+
+
+def finished_units(repo: Path, sweep: Sweep) -> set[str]:
+    """Experiment names of the units that have an evidence file (no validation: :func:`load_units` does it)."""
+    present = {p.stem for p in runs_dir(repo, sweep.name).glob("*.parquet")}
+    return {name for name, unit in sweep_units(sweep).items() if unit.unit_id in present}
+
+
+def load_units(repo: Path, sweep: Sweep) -> list[StoredUnit]:
+    """Every evidence file of ``sweep``, checked (SpecError, one line naming the setting): written for this sweep
+    and for a unit of its definition, and one generator, engine and judge over all of them."""
+    units = {u.unit_id: u for u in sweep_units(sweep).values()}
+    stored = [_read_unit(p) for p in sorted(runs_dir(repo, sweep.name).glob("*.parquet"))]
+    where = f"{REPORTS / sweep.name / RUNS}"
+    for unit in stored:
+        name = f"{where}/{unit.path.name}"
+        if unit.meta.get("sweep") != sweep.name:
+            raise SpecError("sweep", f"{name} holds a run of sweep {unit.meta.get('sweep')!r}",
+                            f"only runs of {sweep.name}: remove it")
+        expected = units.get(unit.path.stem)
+        if expected is None or unit.meta.get("unit_id") != unit.path.stem \
+                or unit.meta.get("experiment") != expected.experiment:
+            raise SpecError(f"sweeps/{sweep.name}.yaml", f"{name} ({unit.meta.get('experiment')}) is no unit of "
+                            "the current definition (written under another one)",
+                            "restore that definition, or remove the file to run the unit again")
+    for dotted in SINGLE_VALUED:
+        seen: dict[str, list[str]] = {}
+        for unit in stored:
+            params = unit.meta.get("params") or {}
+            if dotted in params:
+                seen.setdefault(str(params[dotted]), []).append(unit.path.name)
+        if len(seen) > 1:
+            shown = "; ".join(f"{v} ({len(files)} run(s), e.g. {files[0]})" for v, files in sorted(seen.items()))
+            raise SpecError(dotted, f"{where} mixes {shown}", "one value over the whole sweep: remove the other "
+                            "runs' files")
+    return stored
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A sweep's finished units as collection's tables (see :mod:`mmw.sweep.collect`): ``results`` (one row per
+    config), ``attacks``, ``reevaluations`` (one row per re-run), ``prompts`` (per-prompt rows of every unit
+    that has them, with ``experiment, config_id, seed, role``) and ``timings`` (per tuning unit and stage)."""
+
+    results: pl.DataFrame
+    attacks: pl.DataFrame
+    reevaluations: pl.DataFrame
+    prompts: pl.DataFrame
+    timings: pl.DataFrame
+
+
+def _typed(records: list[dict[str, Any]], floats: tuple[str, ...]) -> pl.DataFrame:
+    columns: list[str] = []
+    for record in records:
+        columns.extend(k for k in record if k not in columns)
+    frame = pl.DataFrame([column(c, [r.get(c) for r in records]) for c in columns])
+    return frame.with_columns((pl.col(m).cast(pl.Float64) if m in frame.columns
+                               else pl.lit(None, dtype=pl.Float64).alias(m)) for m in floats)
+
+
+SIZE, QUALITY, RESISTANCE = "all.size", "all.relative_quality", "all.tamper_resistance"
+REEVAL_METRICS = (SIZE, QUALITY, RESISTANCE, "all.size_valid", "all.size_anytime", "all.fpr")
+
+
+def tables(sweep: Sweep, stored: list[StoredUnit], failed: Mapping[str, str | None] | None = None) -> Runs:
+    """The collection's tables from the evidence files alone. ``failed``: experiment name -> error of units whose
+    last attempt on this machine failed (the run log); every other config without a file is missing."""
+    failed = failed or {}
+    by_name = {u.meta["experiment"]: u for u in stored}
+    records: list[dict[str, Any]] = []
+    attack_rows: list[dict[str, Any]] = []
+    timing_rows: list[dict[str, Any]] = []
+    for config in sweep.configs:
+        name = experiment_name(sweep.name, config.config_id)
+        record: dict[str, Any] = {"config_id": config.config_id, "grid": config.grid, "experiment": name}
+        unit = by_name.get(name)
+        if unit is not None:
+            meta = unit.meta
+            record.update(rev=meta["rev"], kind="experiment", status="done", error=None)
+            record.update(meta["params"])
+            record.update(meta["metrics"])
+            for attack, metrics in meta["attacks"].items():
+                attack_rows.append({"config_id": config.config_id, "attack": attack,
+                                    "watermarked": metrics.get("watermarked"),
+                                    "quality_retained": metrics.get("quality_retained"), "size": metrics.get("size")})
+            for stage, wall in meta["timings"].items():
+                timing_rows.append({"config_id": config.config_id,
+                                    "temperature": meta["params"].get("model.temperature"),
+                                    "stage": stage, "wall_s": wall})
+        else:
+            record.update({k: v for k, v in config.overrides.items() if not isinstance(v, list | dict)})
+            record.update(status="failed" if name in failed else "missing", error=failed.get(name))
+        record["name"] = name
+        record["wall_s"] = unit.meta["wall_s"] if unit is not None else None
+        record["stages_ran"] = ",".join(unit.meta["stages_ran"]) if unit is not None else None
+        record["stages_restored"] = ",".join(unit.meta["stages_restored"]) if unit is not None else None
+        records.append(record)
+    results = _typed(records, (SIZE, QUALITY, RESISTANCE))
+    results = results.with_columns(
+        pl.col("scheme.sampler").alias("family"),
+        pl.col("scheme.randomness").map_elements(_randomness_kind, return_dtype=pl.String).alias("randomness_kind"))
+    first = ["config_id", "grid", "status", "error", "experiment", "family", "randomness_kind", "wall_s"]
+    results = results.select([*first, *[c for c in results.columns if c not in first and c not in {"name", "kind"}]])
+    reeval_rows = []
+    for name in sorted(by_name):
+        meta = by_name[name].meta
+        if meta["role"] != TUNING:
+            reeval_rows.append({"config_id": meta["config_id"], "seed": meta["seed"], "experiment": name,
+                                "status": "done", **{m: meta["metrics"].get(m) for m in REEVAL_METRICS},
+                                "rev": meta["rev"], "wall_s": meta["wall_s"]})
+    reevaluations = _typed(reeval_rows, REEVAL_METRICS) if reeval_rows else pl.DataFrame(
+        schema={"config_id": pl.String, "seed": pl.Int64, "experiment": pl.String, "status": pl.String,
+                SIZE: pl.Float64, QUALITY: pl.Float64, RESISTANCE: pl.Float64})
+    attacks = pl.DataFrame(attack_rows, schema={"config_id": pl.String, "attack": pl.String,
+                                                "watermarked": pl.Float64, "quality_retained": pl.Float64,
+                                                "size": pl.Float64})
+    timings = pl.DataFrame(timing_rows, schema={"config_id": pl.String, "temperature": pl.Float64,
+                                                "stage": pl.String, "wall_s": pl.Float64})
+    return Runs(results, attacks, reevaluations, _prompts(stored), timings)
+
+
+def _prompts(stored: list[StoredUnit]) -> pl.DataFrame:
+    """The per-prompt rows of every unit that has them, tagged ``experiment, config_id, seed, role`` (a re-run of
+    a sweep with ``confirm`` is a confirmation run), sorted by unit."""
+    first = ["experiment", "config_id", "seed", "role"]
+    frames = [u.rows.with_columns(pl.lit(u.meta["experiment"]).alias("experiment"),
+                                  pl.lit(u.meta["config_id"]).alias("config_id"),
+                                  pl.lit(u.meta["params"].get("seed"), dtype=pl.Int64).alias("seed"),
+                                  pl.lit(u.meta["role"]).alias("role"))
+              for u in sorted(stored, key=lambda u: u.meta["experiment"]) if u.meta.get("has_rows")]
+    if not frames:
+        return pl.DataFrame(schema={"experiment": pl.String, "config_id": pl.String, "seed": pl.Int64,
+                                    "role": pl.String, "prompt_id": pl.String, "source": pl.String})
+    stacked = pl.concat(frames, how="diagonal_relaxed")
+    return stacked.select([*first, *[c for c in COLUMNS if c in stacked.columns],
+                           *[c for c in stacked.columns if c not in first and c not in COLUMNS]])
+
+
+def _randomness_kind(randomness: Any) -> str | None:
+    return None if randomness is None else "fixed" if randomness == "fixed" else "text-dependent"
+
+
+def read_runs(repo: Path, sweep: Sweep, echo: Callable[[str], None] = print) -> Runs:
+    """Export what has no file yet (:func:`export`), then the tables from the evidence files alone; failures of
+    this machine's run log mark configs without a file as failed."""
+    from mmw.sweep.runner import read_log
+
+    export(repo, sweep, echo)
+    log = read_log(repo, sweep.name)
+    failed = {name: o.error for name, o in log.items() if o.status == "failed"}
+    return tables(sweep, load_units(repo, sweep), failed)
