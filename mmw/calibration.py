@@ -40,10 +40,11 @@ def english_bytes() -> np.ndarray:
 
 
 def null_sequences(kind: str, n: int, length: int, vocab_size: int, seed: int,
-                   relabel: bool = True) -> list[np.ndarray]:
+                   relabel: bool = True, corpus: np.ndarray | None = None) -> list[np.ndarray]:
     """n unwatermarked token sequences of the given length.
 
-    random: iid uniform ids; text: windows of real English bytes (vocab must be >= 256);
+    random: iid uniform ids; text: windows of real English bytes (vocab must be >= 256), or of ``corpus`` (byte
+    values 0-255) when given;
     repetitive: a random motif of 2-8 tokens repeated (the worst case for repeated randomness).
 
     Windows of one corpus overlap, so under one key their verdicts are correlated and a binomial band would not
@@ -54,7 +55,7 @@ def null_sequences(kind: str, n: int, length: int, vocab_size: int, seed: int,
     if kind == "random":
         return list(rng.integers(0, vocab_size, size=(n, length)))
     if kind == "text":
-        corpus = english_bytes()
+        corpus = english_bytes() if corpus is None else corpus
         starts = rng.integers(0, len(corpus) - length, size=n)
         windows = [corpus[s: s + length].copy() for s in starts]
         if relabel:
