@@ -33,12 +33,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
+from pydantic import ValidationError
 
 from mmw.errors import SpecError
 from mmw.selection import Constraints, median_mad, select
+from mmw.validation import Integer, Section, allowed, spec_error
 
 CONFIRMED, NOT_CONFIRMED, UNRESOLVED, NO_FEASIBLE, PENDING = (
     "confirmed", "not confirmed", "unresolved", "no feasible setting", "pending")
@@ -50,9 +53,9 @@ SIZE_ANYTIME, SIZE_VALID, SIZE_E = "all.size_anytime", "all.size_valid", "all.si
 MIN_PROMPTS = 5
 
 
-@dataclass(frozen=True)
-class ConfirmSettings:
-    """How cells are confirmed.
+class ConfirmSettings(Section):
+    """How cells are confirmed (validated like every params section: a bad value is a SpecError naming
+    ``confirm.<key>`` and what it accepts).
 
     * ``level`` in (0, 0.5): the per-cell chance of confirming a setting that violates a constraint;
     * ``max_tries`` >= 1: the pick plus at most ``max_tries - 1`` fallbacks; each try is tested at
@@ -60,19 +63,16 @@ class ConfirmSettings:
     * ``resamples`` >= 200 bootstrap resamples, ``seed`` of the resampling (deterministic bounds).
     """
 
-    level: float = 0.05
-    max_tries: int = 2
-    resamples: int = 2000
-    seed: int = 0
+    level: float = allowed("a number in (0, 0.5), e.g. 0.05", gt=0, lt=0.5, default=0.05)
+    max_tries: Integer = allowed("an integer >= 1 (the pick plus fallbacks), e.g. 2", ge=1, default=2)
+    resamples: Integer = allowed("an integer >= 200", ge=200, default=2000)
+    seed: Integer = allowed("an integer >= 0", ge=0, default=0)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.level, bool) or not isinstance(self.level, int | float) or not 0 < self.level < 0.5:
-            raise SpecError("confirm.level", f"{self.level!r} is out of range", "a number in (0, 0.5), e.g. 0.05")
-        if isinstance(self.max_tries, bool) or not isinstance(self.max_tries, int) or self.max_tries < 1:
-            raise SpecError("confirm.max_tries", f"{self.max_tries!r} is not a positive integer",
-                            "an integer >= 1 (the pick plus fallbacks), e.g. 2")
-        if isinstance(self.resamples, bool) or not isinstance(self.resamples, int) or self.resamples < 200:
-            raise SpecError("confirm.resamples", f"{self.resamples!r} is too few", "an integer >= 200")
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise spec_error(err, type(self), "confirm") from None
 
     @property
     def per_try(self) -> float:
