@@ -96,7 +96,7 @@ def quality(params: ParamsOption = Path("params.yaml")) -> None:
 @app.command()
 def timings() -> None:
     """Print the last wall time of each stage run in this workspace (reports/timings/, a log, not a DVC output)."""
-    from mmw.stages.timing import timings_markdown
+    from mmw.reporting.run import timings_markdown
 
     typer.echo(timings_markdown())
 

@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 
 from mmw.audit import key_spread
+from mmw.io import TIMINGS_DIR, read_json
 from mmw.metrics import (
     attack_points,
     detection_rate,
@@ -171,3 +172,20 @@ def plot_tables(detections: pl.DataFrame, attacks: pl.DataFrame) -> dict[str, pl
         tables[f"size_valid_{source}"] = _share_detected_within(rows["size_valid"], longest)
         tables[f"pvalue_{source}"] = _pvalue_ecdf(rows["pvalue"])
     return tables
+
+
+#: Pipeline order of the stages in ``mmw timings`` (others follow, by name).
+STAGE_ORDER = ("key", "low_entropy_inputs", "prompts", "generate_baseline", "generate_watermarked", "perturb",
+               "detect_baseline", "detect_watermarked", "rate_baseline", "rate_watermarked", "quality", "aggregate")
+
+
+def timings_markdown() -> str:
+    """A Markdown table of the last wall time of each stage that ran here (``mmw timings``)."""
+    records = [read_json(path) for path in TIMINGS_DIR.glob("*.json")]
+    order = {stage: index for index, stage in enumerate(STAGE_ORDER)}
+    records.sort(key=lambda r: (order.get(r["stage"], len(order)), r["stage"]))
+    total = sum(r["wall_s"] for r in records) or 1.0
+    lines = ["| stage | seconds | share |", "|---|---|---|"]
+    lines += [f"| {r['stage']} | {r['wall_s']:.1f} | {100 * r['wall_s'] / total:.0f}% |" for r in records]
+    lines.append(f"| total | {sum(r['wall_s'] for r in records):.1f} | 100% |")
+    return "\n".join(lines)
