@@ -442,3 +442,4 @@ def test_collect_writes_the_confirmed_tables(tmp_path: Path, monkeypatch: pytest
     assert collected.table.filter(pl.col("status") == CONFIRMED).height == 2
     assert "tuning runs' point estimates, not confirmed" in (out / "delta.md").read_text()
     assert "Prompts needed" in (out / "table.md").read_text()
+    assert (out / "claims.parquet").is_file() and "The paper's orderings" in (out / "table.md").read_text()

@@ -452,6 +452,8 @@ def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tm
     table.write_parquet(directory / "table.parquet")
     pl.DataFrame({"temperature": [first_t], "family": ["binary"], "quality_prompts": [480.0],
                   "prompts_per_task": [160], "h100_hours": [1.25]}).write_parquet(directory / "plan.parquet")
+    pl.DataFrame({"claim": ["exponential ahead of distribution shift at T = 1"], "temperature": [1.0],
+                  "verdict": ["supported"], "gap_high": [-3.0]}).write_parquet(directory / "claims.parquet")
     markup = build_report(tmp_path, "confirmed").path.read_text()
     dom = Dom(markup)
     headline = re.search(r'<ul class="headline" id="headline">(.*?)</ul>', markup, re.S).group(1)
@@ -461,4 +463,6 @@ def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tm
     assert any(c.startswith("unresolved") for c in cells) and any(c.startswith("✗ quality") for c in cells)
     assert "relative quality ≥ 0.95" in markup
     assert Dom(markup).tables["plan-table"][1][2:] == ["480", "160", "1.25"]
+    assert Dom(markup).tables["claims-table"][1][:3] == ["exponential ahead of distribution shift at T = 1", "1",
+                                                         "supported"]
     assert 'id="fig-sizes"' in markup  # the figure still draws, from the confirmed cell only

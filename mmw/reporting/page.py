@@ -120,6 +120,15 @@ def _plain(frame: pl.DataFrame | None) -> dict[str, list] | None:
     return {"columns": frame.columns, "rows": rows}
 
 
+def claims_shown(claims: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The claims table's columns a reader needs (:mod:`mmw.sweep.claims`)."""
+    if claims is None:
+        return None
+    keep = ["claim", "temperature", "max_quality_loss", "min_tamper_resistance", "verdict", "comparisons",
+            "median_smaller", "median_than", "gap_low", "gap_high", "size_kind", "n_prompts"]
+    return claims.select([c for c in keep if c in claims.columns])
+
+
 def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | None, generated: str) -> str:
     """The page for a sweep (see docs/REPORT.md for what each section shows)."""
     alpha_values = sweep.results["scheme.alpha"].drop_nulls() if "scheme.alpha" in sweep.results.columns else []
@@ -144,7 +153,8 @@ def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | 
         alpha=alpha, failed=list(failed.iter_rows(named=True)), judge=judge, judge_rows=_judge_rows(judge),
         judge_columns=judge_columns, judge_sweep=list(judge_sweep), keys=list(data.key_spread(sweep).iter_rows(
             named=True)), randomness=_plain(sweep.extras.get("randomness")), delta=_plain(sweep.extras.get("delta")),
-        plan=_plain(sweep.extras.get("plan")), stages=data.stage_totals(sweep), provenance=data.sweep_provenance(sweep, commit, generated))
+        plan=_plain(sweep.extras.get("plan")), claims=_plain(claims_shown(sweep.extras.get("claims"))),
+        stages=data.stage_totals(sweep), provenance=data.sweep_provenance(sweep, commit, generated))
 
 
 def render_single(run: data.SingleRun, commit: str | None, generated: str) -> str:

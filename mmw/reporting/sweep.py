@@ -145,6 +145,31 @@ def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def claims_markdown(claims: pl.DataFrame) -> str:
+    """The paper's orderings judged on confirmed cells (:mod:`mmw.sweep.claims`) for table.md."""
+    lines = ["The paper's orderings of size, judged on confirmed cells only: per comparison, a two-sided paired "
+             "bootstrap interval over the confirmation prompts for the gap of median sizes (undetected = ∞); a "
+             "confirmed cell beats one that is confidently out; a pending or unresolved cell leaves the claim "
+             "open. Each row errs with probability at most its level; rows are not corrected for each other.", ""]
+    if claims.height == 0:
+        return "\n".join([*lines, "(no cell of this sweep bears on them)"]) + "\n"
+    lines += ["| claim | T | constraint | verdict | comparisons | medians (smaller, than) | gap interval | "
+              "size | prompts |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def size(value: float | None) -> str:
+        return "–" if value is None else "∞" if math.isinf(value) else f"{value:g}"
+
+    for r in claims.iter_rows(named=True):
+        label = f"{r['max_quality_loss']:.0%} q, " + (f"R > {r['min_tamper_resistance']:g}"
+                                                        if r["min_tamper_resistance"] else "no R")
+        medians = "–" if r["median_smaller"] is None else f"{size(r['median_smaller'])}, {size(r['median_than'])}"
+        gap = "–" if r["gap_low"] is None else f"[{size(r['gap_low'])}, {size(r['gap_high'])}]"
+        lines.append(f"| {r['claim']} | {r['temperature']:g} | {label} | **{r['verdict']}** | {r['comparisons']} | "
+                     f"{medians} | {gap} | {(r['size_kind'] or '–').removeprefix('all.')} | "
+                     f"{r['n_prompts'] if r['n_prompts'] is not None else '–'} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_sweep_tables(out_dir: Path, frames: Mapping[str, pl.DataFrame], split: Split | None, scale: str,
                        plan_text: str = "") -> None:
     """Write every frame of ``frames`` as ``<name>.parquet``, ``results.csv``, ``table.md`` (confirmed with a
@@ -157,7 +182,8 @@ def write_sweep_tables(out_dir: Path, frames: Mapping[str, pl.DataFrame], split:
     flat = results.select([c for c in results.columns if results[c].dtype != pl.Null] or results.columns)
     write_with(out_dir / "results.csv", flat.write_csv)
     if split is not None:
-        write_text(confirmed_markdown(table, split, scale) + "\n" + plan_text, out_dir / "table.md")
+        claims_text = "\n" + claims_markdown(frames["claims"]) if "claims" in frames else ""
+        write_text(confirmed_markdown(table, split, scale) + "\n" + plan_text + claims_text, out_dir / "table.md")
         write_text(json.dumps(split.as_dict(), indent=2) + "\n", out_dir / "split.json")
     else:
         write_text(table_markdown(table, scale), out_dir / "table.md")

@@ -13,6 +13,9 @@ lands, or exported from the experiment refs first) into tables that live in git.
   selection-time size, and the median (MAD) of its size over the K re-evaluations;
 * ``randomness.parquet`` / ``.md`` — text-dependent vs fixed randomness (smallest size at near-optimal quality);
 * ``delta.parquet`` / ``.md`` — the size-quality trade-off over delta (distribution shift) at T = 0.3 and 1;
+* with held-out prompts (``confirm``): ``prompts.parquet`` (per-prompt rows), ``tries.parquet``, ``plan.parquet``
+  and ``claims.parquet`` — the paper's orderings judged on the confirmed cells (:mod:`mmw.sweep.claims`; also
+  at the end of ``table.md``);
 * ``timings.parquet`` — per config and stage that actually ran in its experiment: the stage's wall time.
 """
 
@@ -38,6 +41,7 @@ from mmw.selection import (
 )
 from mmw.errors import SpecError
 from mmw.sweep.cells import confirmed_randomness, confirmed_table
+from mmw.sweep.claims import check_claims
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
 from mmw.sweep.plan import sweep_plan
 from mmw.sweep.units import read_runs
@@ -178,7 +182,9 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
         randomness = confirmed_randomness(results, reevaluations, prompts.filter(pl.col("role") == "confirmation"),
                                           sweep.split, sweep.reevaluate.k)
         plan = sweep_plan(table, results, reevaluations, sweep.split, sweep.reevaluate.k, randomness)
-        extra = {"prompts": prompts, "tries": tries, "plan": plan}
+        claims = check_claims(table, randomness, prompts.filter(pl.col("role") == "confirmation"),
+                              level=sweep.split.level)
+        extra = {"prompts": prompts, "tries": tries, "plan": plan, "claims": claims}
     else:
         table = paper_table(results, reevaluations, sweep.reevaluate.k)
         randomness = randomness_table(results)
