@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
+from judge_reference import single_pass_node_logits
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from mmw.errors import SpecError
@@ -145,6 +146,50 @@ def test_padding_batches_to_a_multiple_of_tokens_keeps_the_grade_distribution(on
     for row in range(3):
         expected = brute_force_grade_probability(judge, prompts[row], texts[row], 7)
         assert padded[row, 7] == pytest.approx(expected, rel=1e-3, abs=1e-9)
+
+
+# Rows of mixed lengths (left padding of 0..12 tokens in a batch of 4), all beginning with the rating prompt's head.
+MIXED = [*PAIRS, ("Write a book report.", "a good book report about a bad cat . the cat sat . the end . good")]
+
+# Tolerance of the shared-head forward against the single-pass reference, in float32. Both compute the same
+# function; they differ only in the order of the sums (the head's keys and values come from a 1-row forward, and
+# attention sums over them in a separate block), i.e. in rounding: measured <= 4e-6 on logits of magnitude ~6
+# (a few ulps after two layers). A wrong position, mask or cache shifts these logits by 0.01 to 1.
+LOGIT_ATOL = 5e-5
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("digits_split", [True, False])
+@pytest.mark.parametrize("pad_multiple", [None, 16])
+def test_shared_head_forward_matches_the_single_pass_reference(attention, digits_split, pad_multiple, one_thread):
+    judge = tiny_judge(digits_split)
+    judge.model.set_attn_implementation(attention)
+    judge.pad_multiple = pad_multiple
+    sequences = [judge.tokenizer.encode(judge._chat(p, t) + judge.trie.prefill, add_special_tokens=False)
+                 for p, t in MIXED]
+    assert len({len(s) for s in sequences}) == len(MIXED)
+    assert len(judge.head) > 10 and all(tuple(s[:len(judge.head)]) == judge.head for s in sequences)
+    reference = single_pass_node_logits(judge, sequences)
+    shared = judge.node_logits(sequences)
+    assert shared.shape == reference.shape == (len(MIXED), 1 + len(judge.trie.inner), len(judge.tokenizer))
+    torch.testing.assert_close(shared, reference, rtol=0, atol=LOGIT_ATOL)
+    torch.testing.assert_close(judge.grades_from_logits(shared), judge.grades_from_logits(reference),
+                               rtol=1e-4, atol=1e-9)
+    assert torch.equal(judge.node_logits(sequences), shared)  # same inputs, same bits
+    again = tiny_judge(digits_split)  # a new judge computes the head's cache afresh: the same bits again
+    again.model.set_attn_implementation(attention)
+    again.pad_multiple = pad_multiple
+    assert torch.equal(again.node_logits(sequences), shared)
+
+
+def test_a_batch_with_a_row_not_beginning_with_the_head_is_computed_whole(one_thread):
+    """A row whose tokens differ from the head (a tokenizer merging across its end) sends its whole batch through
+    the plain single pass: the reference's bits exactly."""
+    judge = tiny_judge(digits_split=True)
+    sequences = [judge.tokenizer.encode(judge._chat(p, t) + judge.trie.prefill, add_special_tokens=False)
+                 for p, t in MIXED]
+    sequences[1] = sequences[1][1:]
+    assert torch.equal(judge.node_logits(sequences), single_pass_node_logits(judge, sequences))
 
 
 def test_expected_rating_is_in_range_and_none_without_mass(one_thread):
