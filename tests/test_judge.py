@@ -192,6 +192,18 @@ def test_a_batch_with_a_row_not_beginning_with_the_head_is_computed_whole(one_th
     assert torch.equal(judge.node_logits(sequences), single_pass_node_logits(judge, sequences))
 
 
+def test_the_single_pass_reference_is_the_brute_force_distribution(one_thread):
+    """The reference of the shared-head tests, checked on its own: rows of mixed lengths in one padded batch."""
+    judge = tiny_judge(digits_split=True)
+    sequences = [judge.tokenizer.encode(judge._chat(p, t) + judge.trie.prefill, add_special_tokens=False)
+                 for p, t in MIXED]
+    probs = judge.grades_from_logits(single_pass_node_logits(judge, sequences))
+    for row, (prompt, text) in enumerate(MIXED):
+        for grade in (7, 10, 85):
+            expected = brute_force_grade_probability(judge, prompt, text, grade)
+            assert probs[row, grade].item() == pytest.approx(expected, rel=1e-3, abs=1e-9)
+
+
 def test_expected_rating_is_in_range_and_none_without_mass(one_thread):
     judge = tiny_judge(digits_split=True)
     prompts, texts = [p for p, _ in PAIRS], [t for _, t in PAIRS]
