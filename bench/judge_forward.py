@@ -151,7 +151,8 @@ def synthetic_rows(judge: Judge, n_rows: int, context: int, spread: int, seed: i
     """``n_rows`` rating prompts of about ``context`` tokens (``spread`` tokens apart), random words as texts."""
     tok = judge.tokenizer
     rng = np.random.default_rng(seed)
-    lexicon = [w for w in (tok.decode([i]).strip() for i in range(1000, min(9000, len(tok)))) if w.isalpha()]
+    lexicon = [w for w in (tok.decode([i]).strip() for i in range(min(1000, len(tok) // 4), min(9000, len(tok))))
+               if w.isalpha()]
     rows = []
     for i in range(n_rows):
         target = context - (i * spread) // max(n_rows - 1, 1)

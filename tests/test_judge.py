@@ -3,13 +3,19 @@ without cache, padding or batching), and, with the embedded model, discriminatio
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from judge_reference import single_pass_node_logits
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from judge_reference import single_pass_node_logits
 from mmw.errors import SpecError
 from mmw.judge import (
     MAX_GRADE,
@@ -21,6 +27,8 @@ from mmw.judge import (
     parse_grade,
     shuffle_words,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -202,6 +210,25 @@ def test_the_single_pass_reference_is_the_brute_force_distribution(one_thread):
         for grade in (7, 10, 85):
             expected = brute_force_grade_probability(judge, prompt, text, grade)
             assert probs[row, grade].item() == pytest.approx(expected, rel=1e-3, abs=1e-9)
+
+
+def test_forward_benchmark_runs_every_variant_on_a_tiny_model(tmp_path):
+    """bench/judge_forward.py on the CPU (a tiny random model): a timing and a floor per variant, and the judge's
+    candidates (the shared head, two passes) give the single pass's logits."""
+    tokenizer = word_tokenizer(WORDS + [str(d) for d in range(10)], digits_split=True)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    command = [sys.executable, str(ROOT / "bench" / "judge_forward.py"), "--config", "tiny", "--tokenizer",
+               str(tmp_path / "tok"), "--batch", "3", "--context", "120", "--repeats", "1", "--batches", "1",
+               "--out", str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    subprocess.run(command, check=True, env=env, capture_output=True, timeout=300)
+    result = json.loads((tmp_path / "out" / "judge_forward.json").read_text())
+    runs = {run["variant"]: run for run in result["runs"]}
+    assert set(runs) == {"single", "shared", "two-pass", "causal"} and result["head_tokens"] > 10
+    for run in runs.values():
+        assert run["ms_per_judgement"] > 0 and run["floor_ms_per_judgement"] > 0 and run["judgements"] == 3
+    for name in ("shared", "two-pass"):
+        assert runs[name]["max_abs_logit_diff"] < LOGIT_ATOL and runs[name]["max_abs_rating_diff"] < 1e-3
 
 
 def test_expected_rating_is_in_range_and_none_without_mass(one_thread):
