@@ -184,10 +184,13 @@ def main(
     rounds: int = typer.Option(2, help="real texts: passes of each variant, interleaved"),
     variants: str = "single,shared,two-pass,causal",
     pad_multiple: int = typer.Option(-1, help="the judge's width rounding (-1: its default for the device)"),
+    compile: bool = typer.Option(False, help="wrap the model in torch.compile (every variant runs compiled)"),
     out: Path | None = None,
 ) -> None:
     tok, lm = load(model, config, tokenizer, device, dtype, attention)
     judge = Judge(tok, lm, batch_size=batch)
+    if compile:
+        judge.model = torch.compile(lm)
     if pad_multiple >= 0:
         judge.pad_multiple = pad_multiple or None
     dev = lm.device
@@ -197,7 +200,7 @@ def main(
     rate = matmul_tflops(dev, lm.dtype)
     result: dict = dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                         torch=torch.__version__, threads=torch.get_num_threads(), dtype=str(lm.dtype),
-                        attention=attention, model=model or config, non_embedding_params=non_embedding,
+                        attention=attention, model=model or config, compiled=compile, non_embedding_params=non_embedding,
                         head_tokens=len(judge.head), trie_tokens=len(judge.trie.inner),
                         matmul_tflops=round(rate, 3), pad_multiple=judge.pad_multiple, runs=[])
 
@@ -219,7 +222,7 @@ def main(
             matmul_flop, attention_flop = (sum(x) for x in zip(*(work(s) for s in sets), strict=True))
             floor_ms = 1e3 * matmul_flop / (rate * 1e12) / n_judgements
             reference = [VARIANTS["single"](judge, s).float() for s in sets] if "single" in names else None
-            if reference is not None:
+            if reference is not None and not compile:  # (compiled: another width would be another compilation)
                 # The old judge's own spread: the same rows under another padding width (batch composition).
                 other = judge.pad_multiple
                 judge.pad_multiple = None if other else 128
