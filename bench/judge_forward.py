@@ -30,8 +30,8 @@ Two modes:
   ``--variants`` repeated ``--rounds`` times (A B A B), with the expected ratings' largest difference to
   ``single``::
 
-    PYTHONPATH=. python bench/judge_forward.py --model embedded:qwen2.5-coder-1.5b --texts data/generations/baseline.parquet \\
-        --variants single,shared --rounds 2 --batch 8 --out DIR
+    PYTHONPATH=. python bench/judge_forward.py --model embedded:qwen2.5-coder-1.5b \\
+        --texts data/generations/baseline.parquet --variants single,shared --rounds 2 --batch 8 --out DIR
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ def two_pass_node_logits(judge: Judge, sequences: list[list[int]]) -> torch.Tens
     additive = torch.zeros(allowed.shape, dtype=judge.model.dtype, device=device)
     additive.masked_fill_(~allowed, torch.finfo(judge.model.dtype).min)
     tree = judge.model(input_ids=tree_tokens.expand(n_rows, n_tree), attention_mask=additive,
-                       position_ids=positions[:, -1:] + judge._tree_depth.to(device), past_key_values=out.past_key_values,
-                       use_cache=True).logits
+                       position_ids=positions[:, -1:] + judge._tree_depth.to(device),
+                       past_key_values=out.past_key_values, use_cache=True).logits
     return torch.cat([out.logits[:, -1:], tree], 1)
 
 
@@ -200,7 +200,8 @@ def main(
     rate = matmul_tflops(dev, lm.dtype)
     result: dict = dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                         torch=torch.__version__, threads=torch.get_num_threads(), dtype=str(lm.dtype),
-                        attention=attention, model=model or config, compiled=compile, non_embedding_params=non_embedding,
+                        attention=attention, model=model or config, compiled=compile,
+                        non_embedding_params=non_embedding,
                         head_tokens=len(judge.head), trie_tokens=len(judge.trie.inner),
                         matmul_tflops=round(rate, 3), pad_multiple=judge.pad_multiple, runs=[])
 

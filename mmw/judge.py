@@ -117,9 +117,9 @@ def digit_start_mask(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> tor
     return mask
 
 
-#: The arithmetic of the in-process judge's ``expected`` mode: bumped whenever a change moves its ratings (if only in the last bits, as
-#: computing the rating prompt's head once for all rows did), so judgements cached by another arithmetic are not
-#: mixed with new ones (``mmw.judge_backends.TransformersBackend.cache_id``).
+#: The arithmetic of the in-process judge's ``expected`` mode: bumped whenever a change moves its ratings (if
+#: only in the last bits, as computing the rating prompt's head once for all rows did), so judgements cached by
+#: another arithmetic are not mixed with new ones (``mmw.judge_backends.TransformersBackend.cache_id``).
 ARITHMETIC = 2
 
 #: Stands for the rated prompt where the judge looks for the start of the rating prompt's fixed head.
@@ -271,7 +271,8 @@ class Judge:
         # (query, key) over keys [head | context | tree nodes]
         allowed = torch.zeros(length, head + length, dtype=torch.bool, device=device)
         allowed[:, :head] = True
-        allowed[:context_len, head:head + context_len] = torch.ones(context_len, context_len, device=device).tril().bool()
+        causal = torch.ones(context_len, context_len, dtype=torch.bool, device=device).tril()
+        allowed[:context_len, head:head + context_len] = causal
         allowed[context_len:, head:head + context_len] = True
         allowed[context_len:, head + context_len:] = self._tree_ancestors.to(device)
         key_ok = torch.cat([torch.ones(n_rows, head, dtype=torch.bool, device=device), mask.bool(),

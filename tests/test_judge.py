@@ -3,17 +3,17 @@ without cache, padding or batching), and, with the embedded model, discriminatio
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import typer
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from typer.testing import CliRunner
 
 from judge_reference import single_pass_node_logits
 from mmw.errors import SpecError
@@ -212,16 +212,20 @@ def test_the_single_pass_reference_is_the_brute_force_distribution(one_thread):
             assert probs[row, grade].item() == pytest.approx(expected, rel=1e-3, abs=1e-9)
 
 
-def test_forward_benchmark_runs_every_variant_on_a_tiny_model(tmp_path):
+def test_forward_benchmark_runs_every_variant_on_a_tiny_model(tmp_path, one_thread):
     """bench/judge_forward.py on the CPU (a tiny random model): a timing and a floor per variant, and the judge's
     candidates (the shared head, two passes) give the single pass's logits."""
     tokenizer = word_tokenizer(WORDS + [str(d) for d in range(10)], digits_split=True)
     tokenizer.save_pretrained(tmp_path / "tok")
-    command = [sys.executable, str(ROOT / "bench" / "judge_forward.py"), "--config", "tiny", "--tokenizer",
-               str(tmp_path / "tok"), "--batch", "3", "--context", "120", "--repeats", "1", "--batches", "1",
-               "--out", str(tmp_path / "out")]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    subprocess.run(command, check=True, env=env, capture_output=True, timeout=300)
+    spec = importlib.util.spec_from_file_location("judge_forward", ROOT / "bench" / "judge_forward.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    app = typer.Typer()
+    app.command()(bench.main)
+    outcome = CliRunner().invoke(app, ["--config", "tiny", "--tokenizer", str(tmp_path / "tok"), "--batch", "3",
+                                       "--context", "120", "--repeats", "1", "--batches", "1",
+                                       "--out", str(tmp_path / "out")])
+    assert outcome.exit_code == 0, outcome.output
     result = json.loads((tmp_path / "out" / "judge_forward.json").read_text())
     runs = {run["variant"]: run for run in result["runs"]}
     assert set(runs) == {"single", "shared", "two-pass", "causal"} and result["head_tokens"] > 10
