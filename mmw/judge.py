@@ -236,7 +236,8 @@ class Judge:
         less its last token (which may merge with what follows). :meth:`node_logits` checks each row."""
         if self._head is None:
             chat = self._chat(_PLACEHOLDER, _PLACEHOLDER)
-            self._head = tuple(self.tokenizer.encode(chat[:chat.find(_PLACEHOLDER)], add_special_tokens=False)[:-1])
+            start = chat.find(_PLACEHOLDER)  # -1 where the template rewrites the prompt: no head then
+            self._head = tuple(self.tokenizer.encode(chat[:start], add_special_tokens=False)[:-1]) if start > 0 else ()
         return self._head
 
     def _head_cache(self, n_rows: int) -> DynamicCache:

@@ -200,6 +200,17 @@ def test_a_batch_with_a_row_not_beginning_with_the_head_is_computed_whole(one_th
     assert torch.equal(judge.node_logits(sequences), single_pass_node_logits(judge, sequences))
 
 
+def test_a_template_that_rewrites_the_prompt_has_no_head(one_thread):
+    """Where the chat template changes the rated prompt's text, the judge cannot tell where its fixed head ends:
+    it shares nothing and computes every row whole."""
+    judge = tiny_judge(digits_split=True)
+    judge.tokenizer.chat_template = CHATML.replace("{{ m['content'] }}", "{{ m['content'] | upper }}")
+    sequences = [judge.tokenizer.encode(judge._chat(p, t) + judge.trie.prefill, add_special_tokens=False)
+                 for p, t in MIXED]
+    assert judge.head == ()
+    assert torch.equal(judge.node_logits(sequences), single_pass_node_logits(judge, sequences))
+
+
 def test_the_single_pass_reference_is_the_brute_force_distribution(one_thread):
     """The reference of the shared-head tests, checked on its own: rows of mixed lengths in one padded batch."""
     judge = tiny_judge(digits_split=True)
