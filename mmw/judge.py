@@ -11,6 +11,9 @@ How the expected value is computed for any tokenizer: each grade 0..100 is token
 gives a token path per grade (one token for tokenizers with whole-number tokens, digit by digit for SmolLM2,
 Qwen, ...). The paths form a trie; its inner nodes (e.g. "1".."9" and "10" for digit tokenizers) are appended to the
 context as extra tokens under a tree attention mask, so one forward pass per batch gives every distribution needed.
+The rating prompt's fixed head (the system turn, up to where the rated prompt begins) is the same for every
+judgement: its keys and values are computed once per judge and shared by every row of every batch, so a batch's
+forward covers only each row's own tokens.
 P(grade) = product of the path's token probabilities x P(the number stops there), where "stops" means the next
 token does not start with a digit; it is evaluated at inner nodes ("1" vs "10"..."19", "10" vs "100") and taken
 as 1 at leaves (a longer number would be out of range anyway).
@@ -28,7 +31,7 @@ import torch
 from jinja2 import TemplateError
 from scipy import stats
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
 from mmw.errors import SpecError
@@ -114,6 +117,14 @@ def digit_start_mask(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> tor
     return mask
 
 
+#: The arithmetic of the in-process judge's ``expected`` mode: bumped whenever a change moves its ratings (if
+#: only in the last bits, as computing the rating prompt's head once for all rows did), so judgements cached by
+#: another arithmetic are not mixed with new ones (``mmw.judge_backends.TransformersBackend.cache_id``).
+ARITHMETIC = 2
+
+#: Stands for the rated prompt where the judge looks for the start of the rating prompt's fixed head.
+_PLACEHOLDER = "\uE000prompt\uE000"
+
 #: On CUDA a batch's width is padded up to a multiple of this many tokens: torch's cuDNN attention builds an
 #: execution plan for every new sequence length (~0.4 s a batch of 16 texts of ~700 tokens on an H100,
 #: bench/RESULTS.md "GPU judge"), so batches of nearby lengths should share a shape. Pad positions are masked, so
@@ -159,6 +170,8 @@ class Judge:
         ).reshape(len(inner), len(inner))
         vocab_size = model.get_output_embeddings().weight.shape[0]
         self.digit_start = digit_start_mask(tokenizer, vocab_size).to(model.device)
+        self._head: tuple[int, ...] | None = None
+        self._head_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def _chat(self, prompt: str, response: str) -> str:
         messages = rating_messages(prompt, response)
@@ -171,8 +184,9 @@ class Judge:
 
     def _batches(
         self, prompts: Sequence[str], texts: Sequence[str], prefill: str, desc: str
-    ) -> Iterator[tuple[list[int], dict]]:
-        """Batches of (row indices, left-padded inputs), rows grouped by length; a progress bar when asked."""
+    ) -> Iterator[tuple[list[int], list[list[int]]]]:
+        """Batches of (row indices, token ids of each row's rating prompt), rows grouped by length; a progress bar
+        when asked."""
         if len(prompts) != len(texts):
             raise ValueError(f"prompts and texts differ in length ({len(prompts)} vs {len(texts)})")
         if not texts:
@@ -183,18 +197,21 @@ class Judge:
         with tqdm(total=len(order), desc=desc, unit="text", disable=not self.progress) as bar:
             for start in range(0, len(order), self.batch_size):
                 rows = order[start:start + self.batch_size]
-                batch = self.tokenizer.pad(
-                    {"input_ids": [encoded[i] for i in rows]}, padding=True, padding_side="left", return_tensors="pt",
-                    pad_to_multiple_of=self.pad_multiple,
-                )
-                yield rows, {k: v.to(self.model.device) for k, v in batch.items()}
+                yield rows, [encoded[i] for i in rows]
                 bar.update(len(rows))
+
+    def _pad(self, sequences: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+        """``input_ids`` and ``attention_mask`` of ``sequences`` left-padded to one width, on the model's device."""
+        batch = self.tokenizer.pad({"input_ids": list(sequences)}, padding=True, padding_side="left",
+                                   return_tensors="pt", pad_to_multiple_of=self.pad_multiple)
+        return {k: v.to(self.model.device) for k, v in batch.items()}
 
     def replies(self, prompts: Sequence[str], texts: Sequence[str]) -> list[str]:
         """The judge's greedy replies to the rating prompt (at most ``max_new_tokens`` tokens each)."""
         out: list[str] = [""] * len(texts)
         config = neutral_generation_config(self.tokenizer, self.model, self.max_new_tokens)
-        for rows, batch in self._batches(prompts, texts, prefill="", desc="judge greedy"):
+        for rows, sequences in self._batches(prompts, texts, prefill="", desc="judge greedy"):
+            batch = self._pad(sequences)
             with torch.inference_mode(), neutral_model_defaults(self.model):
                 generated = self.model.generate(**batch, generation_config=config)
             decoded = self.tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -209,44 +226,78 @@ class Judge:
     def grade_distribution(self, prompts: Sequence[str], texts: Sequence[str]) -> np.ndarray:
         """(n_texts, 101) probabilities of writing grade 0..100 after the prefill (rows sum to <= 1)."""
         probs = np.zeros((len(texts), MAX_GRADE + 1))
-        for rows, batch in self._batches(prompts, texts, prefill=self.trie.prefill, desc="judge expected"):
-            probs[rows] = self._batch_grade_distribution(batch).cpu().numpy()
+        for rows, sequences in self._batches(prompts, texts, prefill=self.trie.prefill, desc="judge expected"):
+            probs[rows] = self._batch_grade_distribution(sequences).cpu().numpy()
         return probs
 
-    @torch.inference_mode()
-    def _batch_grade_distribution(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(batch, 101) grade probabilities for one left-padded batch, in a single forward pass.
+    @property
+    def head(self) -> tuple[int, ...]:
+        """Token ids a rating prompt begins with whatever it rates: the chat up to where the rated prompt starts,
+        less its last token (which may merge with what follows). :meth:`node_logits` checks each row."""
+        if self._head is None:
+            chat = self._chat(_PLACEHOLDER, _PLACEHOLDER)
+            start = chat.find(_PLACEHOLDER)  # -1 where the template rewrites the prompt: no head then
+            self._head = tuple(self.tokenizer.encode(chat[:start], add_special_tokens=False)[:-1]) if start > 0 else ()
+        return self._head
 
-        The trie's inner nodes ride along behind the context as extra tokens (one per node: its last token) under
-        a tree attention mask: a node token sees the whole context and its own ancestors only, at the position
-        it would have written right after the context. So one forward gives the next-token distribution after
-        the context (last context position) and after every inner node (its token's position).
+    def _head_cache(self, n_rows: int) -> DynamicCache:
+        """A key/value cache holding the head for ``n_rows`` rows (the head's forward runs once per judge)."""
+        if self._head_kv is None:
+            ids = torch.tensor([self.head], device=self.model.device)
+            cache = self.model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
+            self._head_kv = [(layer.keys, layer.values) for layer in cache.layers]
+        return DynamicCache(ddp_cache_data=[(k.expand(n_rows, -1, -1, -1), v.expand(n_rows, -1, -1, -1))
+                                            for k, v in self._head_kv])
+
+    @torch.inference_mode()
+    def node_logits(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+        """(batch, 1 + n_inner, vocab) next-token logits after each rating prompt and after each inner trie node.
+
+        The trie's inner nodes ride along behind each row as extra tokens (one per node: its last token) under a
+        tree attention mask: a node token sees its row and its own ancestors only, at the position it would have
+        written right after the row. When every row begins with the judge's :attr:`head`, the head comes from a
+        shared key/value cache and only the rest of each row (left-padded) is computed.
         """
+        head = len(self.head) if all(len(s) > len(self.head) and tuple(s[:len(self.head)]) == self.head
+                                     for s in sequences) else 0
+        batch = self._pad([s[head:] for s in sequences])
         ids, mask = batch["input_ids"], batch["attention_mask"]
         n_rows, context_len = ids.shape
         device = ids.device
         tree_tokens = self._tree_tokens.to(device)
         n_tree = tree_tokens.shape[0]
         length = context_len + n_tree
-        context_positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        context_positions = head + (mask.cumsum(-1) - 1).clamp(min=0)
         positions = torch.cat([context_positions, context_positions[:, -1:] + self._tree_depth.to(device)], 1)
-        allowed = torch.zeros(length, length, dtype=torch.bool, device=device)
-        allowed[:context_len, :context_len] = torch.ones(context_len, context_len, device=device).tril().bool()
-        allowed[context_len:, :context_len] = True
-        allowed[context_len:, context_len:] = self._tree_ancestors.to(device)
-        key_ok = torch.cat([mask.bool(), torch.ones(n_rows, n_tree, dtype=torch.bool, device=device)], 1)
+        # (query, key) over keys [head | context | tree nodes]
+        allowed = torch.zeros(length, head + length, dtype=torch.bool, device=device)
+        allowed[:, :head] = True
+        causal = torch.ones(context_len, context_len, dtype=torch.bool, device=device).tril()
+        allowed[:context_len, head:head + context_len] = causal
+        allowed[context_len:, head:head + context_len] = True
+        allowed[context_len:, head + context_len:] = self._tree_ancestors.to(device)
+        key_ok = torch.cat([torch.ones(n_rows, head, dtype=torch.bool, device=device), mask.bool(),
+                            torch.ones(n_rows, n_tree, dtype=torch.bool, device=device)], 1)
         allowed = allowed[None, None] & key_ok[:, None, None, :]  # (batch, 1, query, key)
         # Additive float mask: understood by both the sdpa and eager attention implementations.
         additive = torch.zeros(allowed.shape, dtype=self.model.dtype, device=device)
         additive.masked_fill_(~allowed, torch.finfo(self.model.dtype).min)
-        logits = self.model(
+        return self.model(
             input_ids=torch.cat([ids, tree_tokens.expand(n_rows, n_tree)], 1),
             attention_mask=additive,
             position_ids=positions,
+            past_key_values=self._head_cache(n_rows) if head else None,
+            use_cache=bool(head),
             logits_to_keep=n_tree + 1,
-            use_cache=False,
         ).logits
-        logprobs = torch.log_softmax(logits.float(), -1)  # (batch, 1 + n_tree, vocab): context end, then nodes
+
+    @torch.inference_mode()
+    def grades_from_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """(batch, 101) grade probabilities from :meth:`node_logits`' (batch, 1 + n_inner, vocab) logits.
+
+        P(grade) = product of its path's token probabilities x P(the number stops there) at inner nodes.
+        """
+        logprobs = torch.log_softmax(logits.float(), -1)  # context end, then the inner nodes
         node_logprobs = {node: logprobs[:, i] for i, node in enumerate(((), *self.trie.inner))}
         stop = {node: torch.log1p(-lp.exp()[:, self.digit_start].sum(-1).clamp(max=1 - 1e-7))
                 for node, lp in node_logprobs.items() if node}
@@ -255,6 +306,10 @@ class Judge:
             for path in self.trie.paths
         ], dim=-1)
         return grade_logprob.exp()
+
+    def _batch_grade_distribution(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+        """(batch, 101) grade probabilities for one batch of rating prompts (token ids), in one forward pass."""
+        return self.grades_from_logits(self.node_logits(sequences))
 
     def rate_expected(self, prompts: Sequence[str], texts: Sequence[str]) -> list[float | None]:
         """Expected grade under the judge's distribution over 0..100 (None when that mass is < ``min_mass``)."""

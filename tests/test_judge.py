@@ -3,12 +3,19 @@ without cache, padding or batching), and, with the embedded model, discriminatio
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+import typer
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from typer.testing import CliRunner
 
+from judge_reference import single_pass_node_logits
 from mmw.errors import SpecError
 from mmw.judge import (
     MAX_GRADE,
@@ -20,6 +27,8 @@ from mmw.judge import (
     parse_grade,
     shuffle_words,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -145,6 +154,96 @@ def test_padding_batches_to_a_multiple_of_tokens_keeps_the_grade_distribution(on
     for row in range(3):
         expected = brute_force_grade_probability(judge, prompts[row], texts[row], 7)
         assert padded[row, 7] == pytest.approx(expected, rel=1e-3, abs=1e-9)
+
+
+# Rows of mixed lengths (left padding of 0..12 tokens in a batch of 4), all beginning with the rating prompt's head.
+MIXED = [*PAIRS, ("Write a book report.", "a good book report about a bad cat . the cat sat . the end . good")]
+
+# Tolerance of the shared-head forward against the single-pass reference, in float32. Both compute the same
+# function; they differ only in the order of the sums (the head's keys and values come from a 1-row forward, and
+# attention sums over them in a separate block), i.e. in rounding: measured <= 4e-6 on logits of magnitude ~6
+# (a few ulps after two layers). A wrong position, mask or cache shifts these logits by 0.01 to 1.
+LOGIT_ATOL = 5e-5
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("digits_split", [True, False])
+@pytest.mark.parametrize("pad_multiple", [None, 16])
+def test_shared_head_forward_matches_the_single_pass_reference(attention, digits_split, pad_multiple, one_thread):
+    judge = tiny_judge(digits_split)
+    judge.model.set_attn_implementation(attention)
+    judge.pad_multiple = pad_multiple
+    sequences = [judge.tokenizer.encode(judge._chat(p, t) + judge.trie.prefill, add_special_tokens=False)
+                 for p, t in MIXED]
+    assert len({len(s) for s in sequences}) == len(MIXED)
+    assert len(judge.head) > 10 and all(tuple(s[:len(judge.head)]) == judge.head for s in sequences)
+    reference = single_pass_node_logits(judge, sequences)
+    shared = judge.node_logits(sequences)
+    assert shared.shape == reference.shape == (len(MIXED), 1 + len(judge.trie.inner), len(judge.tokenizer))
+    torch.testing.assert_close(shared, reference, rtol=0, atol=LOGIT_ATOL)
+    torch.testing.assert_close(judge.grades_from_logits(shared), judge.grades_from_logits(reference),
+                               rtol=1e-4, atol=1e-9)
+    assert torch.equal(judge.node_logits(sequences), shared)  # same inputs, same bits
+    again = tiny_judge(digits_split)  # a new judge computes the head's cache afresh: the same bits again
+    again.model.set_attn_implementation(attention)
+    again.pad_multiple = pad_multiple
+    assert torch.equal(again.node_logits(sequences), shared)
+
+
+def test_a_batch_with_a_row_not_beginning_with_the_head_is_computed_whole(one_thread):
+    """A row whose tokens differ from the head (a tokenizer merging across its end) sends its whole batch through
+    the plain single pass: the reference's bits exactly."""
+    judge = tiny_judge(digits_split=True)
+    sequences = [judge.tokenizer.encode(judge._chat(p, t) + judge.trie.prefill, add_special_tokens=False)
+                 for p, t in MIXED]
+    sequences[1] = sequences[1][1:]
+    assert torch.equal(judge.node_logits(sequences), single_pass_node_logits(judge, sequences))
+
+
+def test_a_template_that_rewrites_the_prompt_has_no_head(one_thread):
+    """Where the chat template changes the rated prompt's text, the judge cannot tell where its fixed head ends:
+    it shares nothing and computes every row whole."""
+    judge = tiny_judge(digits_split=True)
+    judge.tokenizer.chat_template = CHATML.replace("{{ m['content'] }}", "{{ m['content'] | upper }}")
+    sequences = [judge.tokenizer.encode(judge._chat(p, t) + judge.trie.prefill, add_special_tokens=False)
+                 for p, t in MIXED]
+    assert judge.head == ()
+    assert torch.equal(judge.node_logits(sequences), single_pass_node_logits(judge, sequences))
+
+
+def test_the_single_pass_reference_is_the_brute_force_distribution(one_thread):
+    """The reference of the shared-head tests, checked on its own: rows of mixed lengths in one padded batch."""
+    judge = tiny_judge(digits_split=True)
+    sequences = [judge.tokenizer.encode(judge._chat(p, t) + judge.trie.prefill, add_special_tokens=False)
+                 for p, t in MIXED]
+    probs = judge.grades_from_logits(single_pass_node_logits(judge, sequences))
+    for row, (prompt, text) in enumerate(MIXED):
+        for grade in (7, 10, 85):
+            expected = brute_force_grade_probability(judge, prompt, text, grade)
+            assert probs[row, grade].item() == pytest.approx(expected, rel=1e-3, abs=1e-9)
+
+
+def test_forward_benchmark_runs_every_variant_on_a_tiny_model(tmp_path, one_thread):
+    """bench/judge_forward.py on the CPU (a tiny random model): a timing and a floor per variant, and the judge's
+    candidates (the shared head, two passes) give the single pass's logits."""
+    tokenizer = word_tokenizer(WORDS + [str(d) for d in range(10)], digits_split=True)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    spec = importlib.util.spec_from_file_location("judge_forward", ROOT / "bench" / "judge_forward.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    app = typer.Typer()
+    app.command()(bench.main)
+    outcome = CliRunner().invoke(app, ["--config", "tiny", "--tokenizer", str(tmp_path / "tok"), "--batch", "3",
+                                       "--context", "120", "--repeats", "1", "--batches", "1",
+                                       "--out", str(tmp_path / "out")])
+    assert outcome.exit_code == 0, outcome.output
+    result = json.loads((tmp_path / "out" / "judge_forward.json").read_text())
+    runs = {run["variant"]: run for run in result["runs"]}
+    assert set(runs) == {"single", "shared", "two-pass", "causal"} and result["head_tokens"] > 10
+    for run in runs.values():
+        assert run["ms_per_judgement"] > 0 and run["floor_ms_per_judgement"] > 0 and run["judgements"] == 3
+    for name in ("shared", "two-pass"):
+        assert runs[name]["max_abs_logit_diff"] < LOGIT_ATOL and runs[name]["max_abs_rating_diff"] < 1e-3
 
 
 def test_expected_rating_is_in_range_and_none_without_mass(one_thread):
