@@ -58,8 +58,9 @@ ATTACK_COLUMNS: dict[str, pl.DataType] = {
     "quality_retained": pl.Float64(), "in_R": pl.Boolean(),
 }
 #: Optional tables a sweep may hold: the picks' re-evaluations (fresh seeds and keys), text-dependent vs fixed
-#: randomness, the size-quality trade-off over delta, per-stage timings, the power planner's rows (confirmed sweeps).
-EXTRA_TABLES = ("reevaluations", "randomness", "delta", "timings", "plan")
+#: randomness, the size-quality trade-off over delta, per-stage timings, the power planner's rows (confirmed sweeps),
+#: the race's rounds (adaptive sweeps).
+EXTRA_TABLES = ("reevaluations", "randomness", "delta", "timings", "plan", "race")
 #: The paper's headline constraint (Figure 1): quality loss <= 1 %, tamper resistance > 0.2.
 MAIN_CONSTRAINT = (0.01, 0.2)
 
