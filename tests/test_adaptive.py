@@ -405,11 +405,15 @@ class RaceWorld:
             record(Outcome(job.name, job.config_id, "done", None, 10.0 + job.overrides["prompts.per_task"],
                            "2026-01-01T00:00:00+00:00"))
 
+    def cids(self) -> list[str]:
+        """Config ids of the race units that ran (each configuration runs round 1)."""
+        return sorted({n.removeprefix("t-").rsplit("-r", 1)[0] for n in self.ran if n.endswith("-r0")})
+
     def read_experiment(self, _repo: Path, sha: str) -> tuple[dict, dict, dict, pl.DataFrame]:
         name = sha.removeprefix("sha-")
         overrides = self.overrides[name]
         delta = overrides["scheme.delta"]
-        rows = shard_rows(self.RHO[delta], self.SIZE[delta], overrides["prompts.offset"],
+        rows = shard_rows(self.RHO[delta], self.SIZE[delta], overrides.get("prompts.offset", 0),
                           overrides["prompts.per_task"], np.random.default_rng(list(name.encode())))
         params = {**overrides, "model.name": "m", "rate.judge": "j", "seed": overrides.get("seed", 0)}
         metrics = {"all.size": 12.0, "all.size_valid": float(rows["size_valid"].drop_nulls().median())}
@@ -565,3 +569,147 @@ def test_a_race_killed_between_or_inside_rounds_resumes_from_the_evidence_alone(
     for name, value in expected.items():
         same = value.equals(found[name]) if isinstance(value, pl.DataFrame) else value == found[name]
         assert same, f"{name} differs:\n{found[name]}\n{value}"
+
+
+def test_pooled_shards_give_the_grids_table_on_the_same_rows(tmp_path: Path) -> None:
+    """Collection pools a raced configuration's shards into one tuning row: on the same per-prompt rows, the
+    pooled metrics equal the grid's (computed here the grid's way: paired mean ratio, median size, the hull of
+    mmw.metrics over the attacks' points), every prompt counted once, and with nothing dropped the confirmed table
+    built from the pooled rows equals the grid's."""
+    import dataclasses
+
+    from mmw.metrics import tamper_resistance
+    from mmw.sweep.collect import confirmed_tables
+    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+    from mmw.sweep.units import RACE, TUNING, StoredUnit, race_name, tables
+
+    schedule = Schedule((6, 12, 24), level=0.05)
+    configs = [Config(f"c{i}", "g", {"model.temperature": 0.7, "scheme.sampler": "distribution_shift",
+                                     "scheme.score": "sum", "scheme.randomness": "window", "scheme.delta": float(i)})
+               for i in range(4)]
+    grid = Sweep("t", "", configs, Reevaluation(k=2), Split(0, 24, 24, 30), schedule=schedule, tasks=1,
+                 uniform=True)
+    race = dataclasses.replace(grid, uniform=False)
+    truth = [(1.0, 30.0), (0.995, 20.0), (0.93, 12.0), (0.7, 8.0)]
+
+    def meta(name: str, cid: str, role: str, shard: int | None, metrics: dict, per_task: int) -> dict:
+        return {"experiment": name, "config_id": cid, "role": role, "shard": shard, "seed": None, "rev": "r",
+                "params": {**configs[0].overrides, "scheme.delta": float(cid[1]), "prompts.per_task": per_task,
+                           "model.name": "m"},
+                "metrics": metrics, "attacks": {}, "timings": {}, "wall_s": 1.0, "stages_ran": [],
+                "stages_restored": [], "has_rows": True}
+
+    grid_units, race_units = [], []
+    for (rho, size), config in zip(truth, configs, strict=True):
+        rows = shard_rows(rho, size, 0, 24, np.random.default_rng(int(rho * 1000)))
+        marked = rows.filter(pl.col("source") == "watermarked")
+        base = rows.filter(pl.col("source") == "baseline")
+        ok = rows.filter(pl.col("source") == "attack")
+        reference = marked.filter(pl.col("prompt_id").is_in(ok["prompt_id"].unique().to_list()))["rating"].mean()
+        points = [(ok.filter(pl.col("attack") == a)["rating"].mean() / reference,
+                   ok.filter(pl.col("attack") == a)["detected"].mean()) for a in ("swap", "typo")]
+        no_attack = rows.filter(pl.col("source") == "retokenized")["detected"].mean()
+        metrics = {"all.relative_quality": marked["rating"].mean() / base["rating"].mean(),
+                   "all.size_valid": marked["size_valid"].median(),
+                   "all.tamper_resistance": tamper_resistance(points, no_attack)}
+        name = f"t-{config.config_id}"
+        grid_units.append(StoredUnit(tmp_path / name, meta(name, config.config_id, TUNING, None, metrics, 24), rows))
+        index = rows["prompt_id"].str.slice(6).cast(pl.Int64)
+        for shard in range(3):
+            start, per_task = schedule.shard(shard)
+            part = rows.filter((index >= start) & (index < start + per_task))
+            name = race_name("t", config.config_id, shard)
+            race_units.append(StoredUnit(tmp_path / name, meta(name, config.config_id, RACE, shard, {}, per_task),
+                                         part))
+    pooled, plain = tables(race, race_units).results, tables(grid, grid_units).results
+    assert pooled["all.n_prompts"].to_list() == [24.0] * 4  # each prompt once
+    for column in ("all.relative_quality", "all.size_valid", "all.tamper_resistance"):
+        assert np.allclose(pooled[column].to_numpy(), plain[column].to_numpy(), rtol=1e-12), column
+    assert pooled["prompts.per_task"].to_list() == [24] * 4 and pooled["race.rounds"].to_list() == [3] * 4
+    from mmw.sweep.units import Runs
+
+    def confirmed(sweep: Sweep, units: list) -> pl.DataFrame:
+        runs = tables(sweep, units)
+        runs = Runs(runs.results.with_columns(pl.col(c).round(12) for c in (
+            "all.relative_quality", "all.size_valid", "all.tamper_resistance")), runs.attacks, runs.reevaluations,
+                    runs.prompts, runs.timings)
+        return confirmed_tables(tmp_path, runs, sweep)[0]
+
+    table = confirmed(race, race_units)
+    assert table.equals(confirmed(grid, grid_units))
+    assert table["pending"].drop_nulls().len() == 4  # every cell has a candidate waiting for confirmation
+
+
+def test_dry_run_prints_the_rounds_and_costs_and_uniform_needs_an_adaptive_definition(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from mmw.cli import app
+
+    repo = _race_repo(tmp_path / "r", monkeypatch, RaceWorld())
+    result = CliRunner().invoke(app, ["sweep", "run", "t", "--repo", str(repo), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "race: 3 rounds, level 0.05" in out
+    assert "round 1: prompts [0, 6) per task (6 a unit), <= 6 units" in out
+    assert "round 3: prompts [12, 24) per task (12 a unit), <= 6 units" in out
+    from mmw.sweep.adaptive import GPU_STAGED
+
+    worst = sum(6 * float(GPU_STAGED.unit(n)) for n in (6, 6, 12)) / 3600
+    uniform = 6 * float(GPU_STAGED.unit(24)) / 3600
+    assert f"race worst case {worst:,.2f} h (18 units at most) vs uniform grid {uniform:,.2f} h" in out
+    assert not (repo / "reports").exists() and not (repo / ".dvc").exists()
+
+    plain = {k: v for k, v in RACE_DEFINITION.items() if k != "adaptive"}
+    (repo / "sweeps" / "plain.yaml").write_text(__import__("yaml").safe_dump(plain))
+    result = CliRunner().invoke(app, ["sweep", "run", "plain", "--repo", str(repo), "--uniform"])
+    assert result.exit_code == 2 and "error: --uniform:" in result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("error")]) == 1
+
+
+def test_mmw_sweep_run_races_reports_and_runs_the_uniform_grid_beside_it(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI path with a fake executor: `mmw sweep run t` races, confirms, collects and writes the page with
+    the race's rounds; `mmw sweep run t --uniform` then runs every configuration on all tuning prompts and
+    collects the grid into reports/sweeps/t/uniform/, reusing the confirmation runs both share."""
+    from typer.testing import CliRunner
+
+    import mmw.sweep
+    from mmw.cli import app
+
+    world = RaceWorld()
+    repo = _race_repo(tmp_path / "r", monkeypatch, world)
+    monkeypatch.setattr(mmw.sweep, "LocalDvcExecutor", lambda _repo: world)
+    result = CliRunner().invoke(app, ["sweep", "run", "t", "--repo", str(repo), "--no-timings"])
+    assert result.exit_code == 0, result.output
+    assert "round 1/3: prompts [0, 6) per task, 6 configuration(s) ran; dropped 3 (3 quality)" in result.output
+    html = (repo / "reports/index.html").read_text()
+    assert 'id="race-table"' in html and "race_tuning_s" in html
+    raced = list(world.ran)
+    table = (repo / "reports/sweeps/t/table.md").read_text()
+
+    result = CliRunner().invoke(app, ["sweep", "run", "t", "--repo", str(repo), "--uniform", "--no-timings"])
+    assert result.exit_code == 0, result.output
+    grid = world.ran[len(raced):]
+    assert sorted(n for n in grid if not n.startswith("reeval-")) == sorted(f"t-{c}" for c in world.cids())
+    assert not set(grid) & set(raced)
+    uniform = (repo / "reports/sweeps/t/uniform/table.md").read_text()
+    assert "Cells:" in uniform and "The race" not in uniform
+    assert (repo / "reports/sweeps/t/table.md").read_text() == table  # the race's tables are left as they were
+
+
+def test_format_1_evidence_still_loads() -> None:
+    """The committed small-confirmed evidence (format 1, no shard) loads and collects as before."""
+    import json as json_
+
+    from mmw.sweep import load_sweep
+    from mmw.sweep.units import META, load_units, tables
+
+    root = Path(__file__).resolve().parent.parent
+    sweep = load_sweep(root, "small-confirmed", validate=False)
+    stored = load_units(root, sweep)
+    assert len(stored) >= 18
+    assert {json_.loads(pl.read_parquet_metadata(u.path)[META])["format"] for u in stored} == {1}
+    assert all("shard" not in u.meta for u in stored)
+    results = tables(sweep, stored).results
+    assert results.filter(pl.col("status") == "done").height == 18
