@@ -445,6 +445,7 @@ def _race_repo(path: Path, monkeypatch: pytest.MonkeyPatch, world: RaceWorld, de
     import subprocess
 
     import yaml
+    from test_sweep import serve
 
     root = Path(__file__).resolve().parent.parent
     (path / "sweeps").mkdir(parents=True)
@@ -454,22 +455,8 @@ def _race_repo(path: Path, monkeypatch: pytest.MonkeyPatch, world: RaceWorld, de
     subprocess.run(["git", "init", "-q"], cwd=path, check=True)
     subprocess.run(["git", "add", "-A"], cwd=path, check=True)
     subprocess.run([*git, "commit", "-qm", "init"], cwd=path, check=True)
-    _serve(monkeypatch, world)
+    serve(monkeypatch, world)
     return path
-
-
-def _serve(monkeypatch: pytest.MonkeyPatch, world: RaceWorld) -> None:
-    """Experiment refs and reads from ``world`` (this machine's experiments)."""
-    import mmw.sweep
-    import mmw.sweep.runner
-    import mmw.sweep.units
-
-    refs = lambda _repo, _baseline=None: dict(world.finished)  # noqa: E731
-    monkeypatch.setattr(mmw.sweep.runner, "finished_experiments", refs)
-    monkeypatch.setattr(mmw.sweep, "finished_experiments", refs)
-    monkeypatch.setattr(mmw.sweep.units, "experiment_refs",
-                        lambda _repo: {n: (sha, "0" * 40) for n, sha in world.finished.items()})
-    monkeypatch.setattr(mmw.sweep.units, "read_experiment", world.read_experiment)
 
 
 def _tables(repo: Path, sweep) -> dict:
@@ -544,6 +531,8 @@ def test_a_race_killed_between_or_inside_rounds_resumes_from_the_evidence_alone(
 
     from mmw.sweep import load_sweep, run_sweep
 
+    from test_sweep import serve
+
     straight, _, expected = _straight_race(tmp_path, monkeypatch)
     first = RaceWorld(stop_after=stop_after)
     repo = _race_repo(tmp_path / "first", monkeypatch, first)
@@ -556,7 +545,7 @@ def test_a_race_killed_between_or_inside_rounds_resumes_from_the_evidence_alone(
     subprocess.run(["git", "clone", "-q", str(repo), str(tmp_path / "clone")], check=True)
     second = RaceWorld()
     clone = tmp_path / "clone"
-    _serve(monkeypatch, second)  # the other machine: none of the first one's experiment refs
+    serve(monkeypatch, second)  # the other machine: none of the first one's experiment refs
     assert not (clone / ".dvc").exists() and not first.finished.keys() & second.finished.keys()
     lines: list[str] = []
     sweep = load_sweep(clone, "t")
