@@ -468,24 +468,26 @@ def _tables(repo: Path, sweep) -> dict:
             **{p.name: p.read_text() for p in sorted(out.glob("*.md"))}, "race.json": (out / "race.json").read_text()}
 
 
-def _straight_race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RaceWorld, list[str], dict]:
+@pytest.fixture(scope="module")
+def straight_race(tmp_path_factory: pytest.TempPathFactory) -> tuple[RaceWorld, list[str], dict, Path]:
+    """An uninterrupted race of ``RACE_DEFINITION``: its world, printed lines, collected tables and repository."""
     from mmw.sweep import load_sweep, run_sweep
 
     world = RaceWorld()
-    repo = _race_repo(tmp_path / "straight", monkeypatch, world)
-    sweep = load_sweep(repo, "t")
-    lines: list[str] = []
-    run_sweep(repo, sweep, executor=world, echo=lines.append)
-    return world, lines, _tables(repo, sweep)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        repo = _race_repo(tmp_path_factory.mktemp("race") / "straight", monkeypatch, world)
+        sweep = load_sweep(repo, "t")
+        lines: list[str] = []
+        run_sweep(repo, sweep, executor=world, echo=lines.append)
+        return world, lines, _tables(repo, sweep), repo
 
 
-def test_a_race_runs_through_the_sweep_runner_drops_logs_and_confirms(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_race_runs_through_the_sweep_runner_drops_logs_and_confirms(straight_race: tuple) -> None:
     """`run_sweep` on an adaptive definition: round 1 runs every configuration on the first shard; the clearly
     infeasible ones (true quality 0.5, 0.6, 0.8) are dropped for quality there and never run again; the round log
     lasts in reports/sweeps/t/rounds.parquet (and beside the run log); a line per round says what was dropped
     and why; the cells' candidates go to the grid's confirmation; the table never holds a dropped config."""
-    world, lines, tables = _straight_race(tmp_path, monkeypatch)
+    world, lines, tables, repo = straight_race
     race_units = [n for n in world.ran if not n.startswith("reeval-")]
     assert all(n.rsplit("-r", 1)[1] in "012" for n in race_units)
     log = tables["rounds.parquet"]
@@ -497,8 +499,7 @@ def test_a_race_runs_through_the_sweep_runner_drops_logs_and_confirms(tmp_path: 
         last = dropped.filter(pl.col("config_id") == cid)["round"].item()
         assert not [n for n in race_units if n.startswith(f"t-{cid}-r") and int(n[-1]) > last]
     assert len(race_units) < 3 * 6  # fewer units than every configuration on every shard
-    assert (tmp_path / "straight/.dvc/tmp/sweeps/t/rounds.parquet").is_file()
-    assert pl.read_parquet(tmp_path / "straight/.dvc/tmp/sweeps/t/rounds.parquet").equals(log)
+    assert pl.read_parquet(repo / ".dvc/tmp/sweeps/t/rounds.parquet").equals(log)
     assert any("round 1/3" in line and "dropped 3 (3 quality)" in line for line in lines), lines
     assert any(line.startswith("[t: round 2] done") for line in lines)  # progress after every unit
     # Confirmation: the grid's procedure on the race's candidates.
@@ -523,7 +524,7 @@ def test_a_race_runs_through_the_sweep_runner_drops_logs_and_confirms(tmp_path: 
 
 @pytest.mark.parametrize("stop_after", [6, 8])
 def test_a_race_killed_between_or_inside_rounds_resumes_from_the_evidence_alone(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_after: int) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_after: int, straight_race: tuple) -> None:
     """Killed after round 1 (6 units) or inside round 2, then resumed on a clone holding only the committed
     evidence files and round log (no experiment refs, no DVC cache, no run log): logged rounds are replayed from
     the evidence, no unit runs twice, none is missing, and every table equals that of an uninterrupted race."""
@@ -533,7 +534,7 @@ def test_a_race_killed_between_or_inside_rounds_resumes_from_the_evidence_alone(
 
     from test_sweep import serve
 
-    straight, _, expected = _straight_race(tmp_path, monkeypatch)
+    straight, _, expected, _ = straight_race
     first = RaceWorld(stop_after=stop_after)
     repo = _race_repo(tmp_path / "first", monkeypatch, first)
     with pytest.raises(KeyboardInterrupt):
