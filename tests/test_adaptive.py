@@ -686,6 +686,12 @@ def test_mmw_sweep_run_races_reports_and_runs_the_uniform_grid_beside_it(tmp_pat
     uniform = (repo / "reports/sweeps/t/uniform/table.md").read_text()
     assert "Cells:" in uniform and "The race" not in uniform
     assert (repo / "reports/sweeps/t/table.md").read_text() == table  # the race's tables are left as they were
+    # Collected again, the race's cost is set against the grid's own measured tuning units.
+    result = CliRunner().invoke(app, ["sweep", "collect", "t", "--repo", str(repo), "--out",
+                                      str(repo / "reports/sweeps"), "--no-timings"])
+    assert result.exit_code == 0, result.output
+    costs = json.loads((repo / "reports/sweeps/t/race.json").read_text())
+    assert costs["uniform_estimate"].startswith("measured") and costs["uniform_tuning_s"] == 6 * (10 + 24)
 
 
 def test_format_1_evidence_still_loads() -> None:

@@ -161,9 +161,10 @@ def race_markdown(summary: pl.DataFrame, costs: Mapping[str, Any]) -> str:
     spent, uniform = costs.get("race_tuning_s"), costs.get("uniform_tuning_s")
     lines.append("")
     if uniform:
+        model = (f": {costs['unit_fixed_s']:g} s a unit + {costs['unit_per_prompt_s']:g} s a prompt"
+                 if "unit_fixed_s" in costs else "")
         lines.append(f"Tuning time: the race {spent / 3600:,.2f} h over {costs['race_units']} units (measured); the "
-                     f"uniform grid {uniform / 3600:,.2f} h estimated ({costs['uniform_estimate']}: "
-                     f"{costs['unit_fixed_s']:g} s a unit + {costs['unit_per_prompt_s']:g} s a prompt); ratio "
+                     f"uniform grid {uniform / 3600:,.2f} h ({costs['uniform_estimate']}{model}); ratio "
                      f"{costs['cost_ratio']:.3f}. Confirmation runs are the same in both.")
     else:
         lines.append(f"Tuning time: {costs.get('race_units', 0)} race units, no measured wall time.")

@@ -815,28 +815,35 @@ def cells_left(log: pl.DataFrame) -> dict[str, set[tuple[float, float]]]:
 
 def measured_costs(units: pl.DataFrame, n_configs: int, tuning: int, tasks: int) -> dict[str, float | int | str]:
     """The race's tuning cost against the uniform grid's, from measured unit times. ``units``: one row per
-    finished race unit (``prompts``: per task, ``wall_s``). The grid runs every configuration once on all
-    ``tuning`` prompts per task; its unit time is the least-squares line ``wall = fixed + per_prompt x prompts``
-    through the race's units (with one shard size only, proportional to the prompts: an upper bound when a unit's
-    time is mostly fixed)."""
-    timed = units.filter(pl.col("wall_s").is_not_null())
-    spent = float(timed["wall_s"].sum()) if timed.height else 0.0
-    out: dict[str, float | int | str] = {"race_units": units.height, "race_tuning_s": round(spent, 1)}
-    if not timed.height:
-        return out
-    prompts = timed["prompts"].to_numpy().astype(float) * tasks
-    wall = timed["wall_s"].to_numpy().astype(float)
-    if len(np.unique(prompts)) >= 2:
-        per_prompt, fixed = np.polyfit(prompts, wall, 1)
-        per_prompt, fixed = max(per_prompt, 0.0), max(fixed, 0.0)
-        how = "least-squares line over the race's unit times"
+    finished unit (``role`` race or tuning, ``prompts`` per task, ``wall_s``). The grid's cost is its own measured
+    tuning units when every configuration has one (``mmw sweep run --uniform``); else every configuration once on
+    all ``tuning`` prompts per task at the least-squares line ``wall = fixed + per_prompt x prompts`` through the
+    race's unit times (with one shard size only, proportional to the prompts: an upper bound when a unit's time is
+    mostly fixed)."""
+    race = units.filter((pl.col("role") == "race") & pl.col("wall_s").is_not_null())
+    grid = units.filter((pl.col("role") == "tuning") & pl.col("wall_s").is_not_null())
+    spent = float(race["wall_s"].sum()) if race.height else 0.0
+    out: dict[str, float | int | str] = {"race_units": units.filter(pl.col("role") == "race").height,
+                                         "race_tuning_s": round(spent, 1)}
+    if grid["config_id"].n_unique() >= n_configs:
+        uniform, how = float(grid["wall_s"].sum()), "measured: the grid's own tuning units (--uniform)"
+        out.update(uniform_units=grid.height)
+    elif race.height:
+        prompts = race["prompts"].to_numpy().astype(float) * tasks
+        wall = race["wall_s"].to_numpy().astype(float)
+        if len(np.unique(prompts)) >= 2:
+            per_prompt, fixed = np.polyfit(prompts, wall, 1)
+            per_prompt, fixed = max(per_prompt, 0.0), max(fixed, 0.0)
+            how = "least-squares line over the race's unit times"
+        else:
+            per_prompt, fixed = float(wall.mean() / prompts.mean()), 0.0
+            how = "proportional to prompts (one shard size measured)"
+        uniform = n_configs * (fixed + per_prompt * tuning * tasks)
+        out.update(unit_fixed_s=round(float(fixed), 1), unit_per_prompt_s=round(float(per_prompt), 2))
     else:
-        per_prompt, fixed = float(wall.mean() / prompts.mean()), 0.0
-        how = "proportional to prompts (one shard size measured)"
-    uniform = n_configs * (fixed + per_prompt * tuning * tasks)
-    out.update({"uniform_tuning_s": round(float(uniform), 1), "unit_fixed_s": round(float(fixed), 1),
-                "unit_per_prompt_s": round(float(per_prompt), 2), "cost_ratio": round(spent / uniform, 4)
-                if uniform else math.nan, "uniform_estimate": how})
+        return out
+    out.update({"uniform_tuning_s": round(uniform, 1), "cost_ratio": round(spent / uniform, 4) if uniform
+                else math.nan, "uniform_estimate": how})
     return out
 
 

@@ -309,8 +309,8 @@ class Runs:
     """A sweep's finished units as collection's tables (see :mod:`mmw.sweep.collect`): ``results`` (one row per
     config; a raced config's shards pooled), ``attacks``, ``reevaluations`` (one row per re-run), ``prompts``
     (per-prompt rows of every unit that has them, with ``experiment, config_id, seed, role``), ``timings`` (per
-    tuning unit and stage) and ``race_units`` (one row per finished race unit: ``config_id``, ``shard``,
-    ``prompts`` per task, ``wall_s``)."""
+    tuning unit and stage) and ``race_units`` (one row per finished race or grid tuning unit: ``config_id``,
+    ``role``, ``shard``, ``prompts`` per task, ``wall_s``: what the race's cost is compared with)."""
 
     results: pl.DataFrame
     attacks: pl.DataFrame
@@ -321,7 +321,8 @@ class Runs:
 
 
 #: ``Runs.race_units``' columns.
-RACE_UNITS = {"config_id": pl.String, "shard": pl.Int64, "prompts": pl.Int64, "wall_s": pl.Float64}
+RACE_UNITS = {"config_id": pl.String, "role": pl.String, "shard": pl.Int64, "prompts": pl.Int64,
+              "wall_s": pl.Float64}
 
 
 def _typed(records: list[dict[str, Any]], floats: tuple[str, ...]) -> pl.DataFrame:
@@ -399,9 +400,9 @@ def tables(sweep: Sweep, stored: list[StoredUnit], failed: Mapping[str, str | No
                                                 "size": pl.Float64})
     timings = pl.DataFrame(timing_rows, schema={"config_id": pl.String, "temperature": pl.Float64,
                                                 "stage": pl.String, "wall_s": pl.Float64})
-    race_units = pl.DataFrame([{"config_id": u.meta["config_id"], "shard": u.meta["shard"],
+    race_units = pl.DataFrame([{"config_id": u.meta["config_id"], "role": u.meta["role"], "shard": u.meta.get("shard"),
                                 "prompts": u.meta["params"].get("prompts.per_task"), "wall_s": u.meta["wall_s"]}
-                               for u in stored if u.meta["role"] == RACE], schema=RACE_UNITS)
+                               for u in stored if u.meta["role"] in (RACE, TUNING)], schema=RACE_UNITS)
     return Runs(results, attacks, reevaluations, _prompts(stored), timings, race_units)
 
 
