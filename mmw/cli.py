@@ -255,19 +255,37 @@ def sweep_run(
         "the config is killed and recorded as failed (timed out)")] = None,
     timeout_retries: Annotated[int, typer.Option(
         help="with --ray: how often a timed-out config is submitted again before it stays failed")] = 1,
+    uniform: Annotated[bool, typer.Option("--uniform", help="an adaptive sweep as the plain grid (every config on "
+                                          "every tuning prompt), collected into reports/sweeps/NAME/uniform/ for "
+                                          "comparison")] = False,
 ) -> None:
     """Run a sweep (configs, then confirmation runs), collect it and write the report.
 
-    Runs the configs not done yet as DVC experiments (failed and missing ones are retried), then the
+    Runs the configs not done yet as DVC experiments (failed and missing ones are retried; with an `adaptive`
+    section, as a race over rounds of prompt shards, dropping what is confidently out), then the
     confirmation (or re-evaluation) runs of the picks, then collects it into reports/sweeps/NAME/ and writes
     reports/index.html. Progress, failures and an ETA are printed after every run; an interrupted run resumes
     without repeating a finished experiment.
 
     Exit code 2 on an unknown sweep or an invalid entry (before anything runs), 1 when some config failed.
     """
+    import dataclasses
+
     from mmw.sweep import run_sweep
 
     definition = _load_sweep(repo, name)
+    if uniform and definition.schedule is None:
+        typer.echo(f"error: --uniform: sweep {name} has no adaptive section (it runs as the grid already); "
+                   "allowed: --uniform only with an adaptive definition", err=True)
+        raise typer.Exit(2)
+    if uniform:
+        definition = dataclasses.replace(definition, uniform=True)
+    elif definition.schedule is not None:
+        from mmw.sweep.adaptive import dry_run_lines
+
+        for line in dry_run_lines(definition.schedule, len(definition.configs), definition.split.tuning,
+                                  definition.tasks):
+            typer.echo(line)
     if dry_run:
         return
     try:
@@ -287,22 +305,34 @@ def sweep_run(
     if reevaluate:  # the sweep has its answer (or all of it there is): write its tables and the report
         from mmw.reporting.page import build_report
 
-        _collect_sweep(repo, definition, repo / "reports" / "sweeps" / name, scale, timings)
-        info = build_report(repo, name, repo / "reports" / "index.html", repo / "params.yaml")
-        typer.echo(f"wrote {repo / 'reports' / 'sweeps' / name}/ and {info.path}")
+        if uniform:  # beside the race's tables; the page stays the race's
+            _collect_sweep(repo, definition, repo / "reports" / "sweeps" / name / "uniform", scale, timings)
+            typer.echo(f"wrote {repo / 'reports' / 'sweeps' / name / 'uniform'}/")
+        else:
+            _collect_sweep(repo, definition, repo / "reports" / "sweeps" / name, scale, timings)
+            info = build_report(repo, name, repo / "reports" / "index.html", repo / "params.yaml")
+            typer.echo(f"wrote {repo / 'reports' / 'sweeps' / name}/ and {info.path}")
     if any(p is not None and p.failed for p in (pool, reruns)):
         raise typer.Exit(1)
 
 
 @sweep_app.command("collect")
 def sweep_collect(name: SweepName, repo: RepoOption = Path("."), out: OutOption = Path("reports/sweeps"),
-                  scale: ScaleOption = None, timings: TimingsOption = True) -> None:
+                  scale: ScaleOption = None, timings: TimingsOption = True,
+                  uniform: Annotated[bool, typer.Option("--uniform", help="an adaptive sweep's plain-grid runs "
+                                                        "(`mmw sweep run --uniform`), into OUT/NAME/uniform/")]
+                  = False) -> None:
     """Collect a sweep's experiments into tables: OUT/NAME/ (table.md and Parquet files).
 
     Results, attacks, re-evaluations, the paper's table (with `confirm`: the confirmed table, per-prompt rows,
-    tries, split and plan), randomness and delta tables; readable without the DVC cache."""
+    tries, split and plan), randomness and delta tables (with `adaptive`: the race's round log, rounds and cost);
+    readable without the DVC cache."""
+    import dataclasses
+
     definition = _load_sweep(repo, name, validate=False)
-    _collect_sweep(repo, definition, out / name, scale, timings)
+    if uniform:
+        definition = dataclasses.replace(definition, uniform=True)
+    _collect_sweep(repo, definition, out / name / "uniform" if uniform else out / name, scale, timings)
 
 
 @sweep_app.command("export")

@@ -364,37 +364,348 @@ def test_simulated_race_against_the_grid() -> None:
                      alternative="greater").pvalue < 0.01
 
 
-def test_dvc_unit_runner_names_shards_and_never_reruns_a_finished_unit(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from mmw.sweep import evidence, runner
-    from mmw.sweep.adaptive import DvcUnitRunner
-    from mmw.sweep.runner import Outcome
+# -- the race through `mmw sweep run`: a fake executor, the real runner, evidence store and collection ----------
 
-    refs: dict[str, str] = {"s-abc-r0": "sha0"}
-    monkeypatch.setattr(runner, "finished_experiments", lambda repo, baseline=None: dict(refs))
-    monkeypatch.setattr(evidence, "prompt_rows", lambda repo, rev: pl.DataFrame({"rev": [rev]}))
+RACE_DEFINITION = {
+    "description": "a raced cell", "temperatures": [0.7],
+    "base": {"prompts.tasks": ["story"], "prompts.per_task": 24},
+    "reevaluate": {"k": 2, "first_seed": 1000},
+    "confirm": {"prompts": 30, "level": 0.05, "max_tries": 2},
+    "adaptive": {"shards": [6, 12, 24], "level": 0.05},
+    "grids": [{"name": "ds", "scheme.sampler": "distribution_shift", "scheme.score": "sum",
+               "scheme.randomness": "window", "scheme.window": 1, "scheme.delta": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]}],
+}
 
-    class Executor:
-        def __init__(self) -> None:
-            self.jobs: list = []
 
-        def run(self, jobs: list, record) -> None:
-            for job in jobs:
-                self.jobs.append(job)
-                refs[job.name] = f"sha-{job.name}"
-                record(Outcome(job.name, job.config_id, "done", None, 1.0, "now"))
+class RaceWorld:
+    """One machine's DVC experiments, faked: the executor 'runs' a job by creating its experiment ref; reading an
+    experiment gives its params, metrics and per-prompt rows for the prompts its overrides name (deterministic in
+    its name). The configuration with delta ``d`` has true relative quality ``RHO[d]`` and size ``SIZE[d]``.
+    ``stop_after``: killed (KeyboardInterrupt) before its n-th job."""
 
-    executor = Executor()
-    units = DvcUnitRunner(tmp_path, "s", {"abc": {"scheme.delta": 2.0}, "def": {"scheme.delta": 3.0}}, executor,
-                          tuning_offset=10, echo=lambda _: None)
-    shard0 = [Unit("abc", 0, 0, 4), Unit("def", 0, 0, 4)]
-    units.run(shard0)
-    assert [j.name for j in executor.jobs] == ["s-def-r0"]  # abc's shard 0 was finished already
-    assert executor.jobs[0].overrides == {"scheme.delta": 3.0, "prompts.offset": 10, "prompts.per_task": 4}
-    units.run(shard0)
-    assert len(executor.jobs) == 1
-    units.run([Unit("abc", 1, 4, 8)])
-    assert executor.jobs[-1].overrides["prompts.offset"] == 14 and executor.jobs[-1].name == "s-abc-r1"
-    assert units.rows(shard0[0])["rev"].to_list() == ["sha0"]
-    assert units.rows(Unit("def", 1, 4, 8)) is None
-    assert len((tmp_path / ".dvc/tmp/sweeps/s/runs.jsonl").read_text().splitlines()) == 2
+    RHO = {0.5: 1.0, 1.0: 0.99, 1.5: 0.8, 2.0: 0.5, 2.5: 0.97, 3.0: 0.6}
+    SIZE = {0.5: 30.0, 1.0: 25.0, 1.5: 15.0, 2.0: 12.0, 2.5: 60.0, 3.0: 10.0}
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.finished: dict[str, str] = {}
+        self.overrides: dict[str, dict] = {}
+        self.ran: list[str] = []
+        self.stop_after = stop_after
+
+    def run(self, jobs: list, record) -> None:
+        from mmw.sweep.runner import Outcome
+
+        for job in jobs:
+            if self.stop_after is not None and len(self.ran) >= self.stop_after:
+                raise KeyboardInterrupt
+            assert job.name not in self.finished, f"{job.name} ran twice"
+            self.ran.append(job.name)
+            self.finished[job.name] = f"sha-{job.name}"
+            self.overrides[job.name] = dict(job.overrides)
+            record(Outcome(job.name, job.config_id, "done", None, 10.0 + job.overrides["prompts.per_task"],
+                           "2026-01-01T00:00:00+00:00"))
+
+    def cids(self) -> list[str]:
+        """Config ids of the race units that ran (each configuration runs round 1)."""
+        return sorted({n.removeprefix("t-").rsplit("-r", 1)[0] for n in self.ran if n.endswith("-r0")})
+
+    def read_experiment(self, _repo: Path, sha: str) -> tuple[dict, dict, dict, pl.DataFrame]:
+        name = sha.removeprefix("sha-")
+        overrides = self.overrides[name]
+        delta = overrides["scheme.delta"]
+        rows = shard_rows(self.RHO[delta], self.SIZE[delta], overrides.get("prompts.offset", 0),
+                          overrides["prompts.per_task"], np.random.default_rng(list(name.encode())))
+        params = {**overrides, "model.name": "m", "rate.judge": "j", "seed": overrides.get("seed", 0)}
+        metrics = {"all.size": 12.0, "all.size_valid": float(rows["size_valid"].drop_nulls().median())}
+        return params, metrics, {}, rows
+
+
+def shard_rows(rho: float, size: float, offset: int, n: int, rng: np.random.Generator) -> pl.DataFrame:
+    """Per-prompt rows (mmw.sweep.evidence's schema) of prompts ``[offset, offset + n)`` of one task: every third
+    prompt attacked (swap keeps 90 % of the quality, typo 60 %; both detected 90 % of the time)."""
+    rows = []
+    for i in range(offset, offset + n):
+        pid = f"story-{i:03d}"
+        base = float(rng.normal(6, 1))
+        mark = rho * base * (1 + float(rng.normal(0, 0.02)))
+        rows += [(pid, "story", "baseline", "", False, None, base, None, None),
+                 (pid, "story", "watermarked", "", True, size * float(np.exp(rng.normal(0, 0.1))), mark, None, None)]
+        if i % 3 == 0:
+            rows.append((pid, "story", "retokenized", "", True, size, None, None, None))
+            for attack, retained in (("swap", 0.9), ("typo", 0.6)):
+                rows.append((pid, "story", "attack", attack, bool(rng.random() < 0.9), 2 * size, retained * mark,
+                             True, True))
+    return pl.DataFrame(rows, schema={"prompt_id": pl.String, "task": pl.String, "source": pl.String,
+                                      "attack": pl.String, "detected": pl.Boolean, "size_valid": pl.Float64,
+                                      "rating": pl.Float64, "in_R": pl.Boolean, "ok": pl.Boolean}, orient="row")
+
+
+def _race_repo(path: Path, monkeypatch: pytest.MonkeyPatch, world: RaceWorld, definition: dict | None = None) -> Path:
+    """A committed repository with params.yaml and sweeps/t.yaml; experiment refs and reads served by ``world``."""
+    import subprocess
+
+    import yaml
+    from test_sweep import serve
+
+    root = Path(__file__).resolve().parent.parent
+    (path / "sweeps").mkdir(parents=True)
+    (path / "params.yaml").write_text((root / "params.yaml").read_text())
+    (path / "sweeps" / "t.yaml").write_text(yaml.safe_dump(definition or RACE_DEFINITION))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], cwd=path, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=path, check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], cwd=path, check=True)
+    serve(monkeypatch, world)
+    return path
+
+
+def _tables(repo: Path, sweep) -> dict:
+    from mmw.sweep.collect import collect
+
+    out = repo / "reports/sweeps/t"
+    collect(repo, sweep, out, "test", echo=lambda _: None)
+    return {**{p.name: pl.read_parquet(p) for p in sorted(out.glob("*.parquet"))},
+            **{p.name: p.read_text() for p in sorted(out.glob("*.md"))}, "race.json": (out / "race.json").read_text()}
+
+
+@pytest.fixture(scope="module")
+def straight_race(tmp_path_factory: pytest.TempPathFactory) -> tuple[RaceWorld, list[str], dict, Path]:
+    """An uninterrupted race of ``RACE_DEFINITION``: its world, printed lines, collected tables and repository."""
+    from mmw.sweep import load_sweep, run_sweep
+
+    world = RaceWorld()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        repo = _race_repo(tmp_path_factory.mktemp("race") / "straight", monkeypatch, world)
+        sweep = load_sweep(repo, "t")
+        lines: list[str] = []
+        run_sweep(repo, sweep, executor=world, echo=lines.append)
+        return world, lines, _tables(repo, sweep), repo
+
+
+def test_a_race_runs_through_the_sweep_runner_drops_logs_and_confirms(straight_race: tuple) -> None:
+    """`run_sweep` on an adaptive definition: round 1 runs every configuration on the first shard; the clearly
+    infeasible ones (true quality 0.5, 0.6, 0.8) are dropped for quality there and never run again; the round log
+    lasts in reports/sweeps/t/rounds.parquet (and beside the run log); a line per round says what was dropped
+    and why; the cells' candidates go to the grid's confirmation; the table never holds a dropped config."""
+    world, lines, tables, repo = straight_race
+    race_units = [n for n in world.ran if not n.startswith("reeval-")]
+    assert all(n.rsplit("-r", 1)[1] in "012" for n in race_units)
+    log = tables["rounds.parquet"]
+    dropped = log.filter(pl.col("decision") == "dropped")
+    first = dropped.filter(pl.col("round") == 0)
+    assert first.height == 3 and all("quality" in r for r in first["reason"].to_list())
+    out = set(dropped["config_id"].to_list())
+    for cid in out:  # a dropped configuration never runs again
+        last = dropped.filter(pl.col("config_id") == cid)["round"].item()
+        assert not [n for n in race_units if n.startswith(f"t-{cid}-r") and int(n[-1]) > last]
+    assert len(race_units) < 3 * 6  # fewer units than every configuration on every shard
+    assert pl.read_parquet(repo / ".dvc/tmp/sweeps/t/rounds.parquet").equals(log)
+    assert any("round 1/3" in line and "dropped 3 (3 quality)" in line for line in lines), lines
+    assert any(line.startswith("[t: round 2] done") for line in lines)  # progress after every unit
+    # Confirmation: the grid's procedure on the race's candidates.
+    reruns = [n for n in world.ran if n.startswith("reeval-")]
+    assert reruns and not {n.removeprefix("reeval-t-").rsplit("-s", 1)[0] for n in reruns} & out
+    table = tables["table.parquet"]
+    assert table.height == 4 and set(table["status"].to_list()) <= {"confirmed", "not confirmed", "unresolved",
+                                                                    "no feasible setting"}
+    assert not set(table["config_id"].drop_nulls().to_list()) & out
+    assert table["n_settings"].to_list() == [6] * 4
+    results = tables["results.parquet"]
+    assert results["all.n_prompts"].sort().to_list()[-1] == 24 and results["all.n_prompts"].min() == 6
+    # The report: per round kept / dropped and why, and the cost against the uniform grid from measured times.
+    race = tables["race.parquet"]
+    assert race["round"].to_list()[:1] == [1] and race["dropped_quality"][0] == 3
+    costs = json.loads(tables["race.json"])
+    assert costs["race_units"] == len(race_units) and costs["race_tuning_s"] == sum(
+        10.0 + int(world.overrides[n]["prompts.per_task"]) for n in race_units)
+    assert costs["uniform_tuning_s"] == pytest.approx(6 * (10 + 24), rel=1e-6)  # wall = 10 s + 1 s a prompt
+    assert "The race: configurations dropped" in tables["table.md"] and "ratio" in tables["table.md"]
+
+
+@pytest.mark.parametrize("stop_after", [6, 8])
+def test_a_race_killed_between_or_inside_rounds_resumes_from_the_evidence_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_after: int, straight_race: tuple) -> None:
+    """Killed after round 1 (6 units) or inside round 2, then resumed on a clone holding only the committed
+    evidence files and round log (no experiment refs, no DVC cache, no run log): logged rounds are replayed from
+    the evidence, no unit runs twice, none is missing, and every table equals that of an uninterrupted race."""
+    import subprocess
+
+    from mmw.sweep import load_sweep, run_sweep
+
+    from test_sweep import serve
+
+    straight, _, expected, _ = straight_race
+    first = RaceWorld(stop_after=stop_after)
+    repo = _race_repo(tmp_path / "first", monkeypatch, first)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(repo, load_sweep(repo, "t"), executor=first, echo=lambda _: None)
+    assert pl.read_parquet(repo / "reports/sweeps/t/rounds.parquet")["round"].unique().to_list() == [0]
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "add", "reports/sweeps/t"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "evidence"], cwd=repo, check=True)
+    subprocess.run(["git", "clone", "-q", str(repo), str(tmp_path / "clone")], check=True)
+    second = RaceWorld()
+    clone = tmp_path / "clone"
+    serve(monkeypatch, second)  # the other machine: none of the first one's experiment refs
+    assert not (clone / ".dvc").exists() and not first.finished.keys() & second.finished.keys()
+    lines: list[str] = []
+    sweep = load_sweep(clone, "t")
+    run_sweep(clone, sweep, executor=second, echo=lines.append)
+    assert not set(first.ran) & set(second.ran)
+    assert sorted(first.ran + second.ran) == sorted(straight.ran)
+    assert any("round 1/3 (replayed from evidence)" in line for line in lines), lines
+    found = _tables(clone, sweep)
+    assert sorted(found) == sorted(expected)
+    for name, value in expected.items():
+        same = value.equals(found[name]) if isinstance(value, pl.DataFrame) else value == found[name]
+        assert same, f"{name} differs:\n{found[name]}\n{value}"
+
+
+def test_pooled_shards_give_the_grids_table_on_the_same_rows(tmp_path: Path) -> None:
+    """Collection pools a raced configuration's shards into one tuning row: on the same per-prompt rows, the
+    pooled metrics equal the grid's (computed here the grid's way: paired mean ratio, median size, the hull of
+    mmw.metrics over the attacks' points), every prompt counted once, and with nothing dropped the confirmed table
+    built from the pooled rows equals the grid's."""
+    import dataclasses
+
+    from mmw.metrics import tamper_resistance
+    from mmw.sweep.collect import confirmed_tables
+    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+    from mmw.sweep.units import RACE, TUNING, StoredUnit, race_name, tables
+
+    schedule = Schedule((6, 12, 24), level=0.05)
+    configs = [Config(f"c{i}", "g", {"model.temperature": 0.7, "scheme.sampler": "distribution_shift",
+                                     "scheme.score": "sum", "scheme.randomness": "window", "scheme.delta": float(i)})
+               for i in range(4)]
+    grid = Sweep("t", "", configs, Reevaluation(k=2), Split(0, 24, 24, 30), schedule=schedule, tasks=1,
+                 uniform=True)
+    race = dataclasses.replace(grid, uniform=False)
+    truth = [(1.0, 30.0), (0.995, 20.0), (0.93, 12.0), (0.7, 8.0)]
+
+    def meta(name: str, cid: str, role: str, shard: int | None, metrics: dict, per_task: int) -> dict:
+        return {"experiment": name, "config_id": cid, "role": role, "shard": shard, "seed": None, "rev": "r",
+                "params": {**configs[0].overrides, "scheme.delta": float(cid[1]), "prompts.per_task": per_task,
+                           "model.name": "m"},
+                "metrics": metrics, "attacks": {}, "timings": {}, "wall_s": 1.0, "stages_ran": [],
+                "stages_restored": [], "has_rows": True}
+
+    grid_units, race_units = [], []
+    for (rho, size), config in zip(truth, configs, strict=True):
+        rows = shard_rows(rho, size, 0, 24, np.random.default_rng(int(rho * 1000)))
+        marked = rows.filter(pl.col("source") == "watermarked")
+        base = rows.filter(pl.col("source") == "baseline")
+        ok = rows.filter(pl.col("source") == "attack")
+        reference = marked.filter(pl.col("prompt_id").is_in(ok["prompt_id"].unique().to_list()))["rating"].mean()
+        points = [(ok.filter(pl.col("attack") == a)["rating"].mean() / reference,
+                   ok.filter(pl.col("attack") == a)["detected"].mean()) for a in ("swap", "typo")]
+        no_attack = rows.filter(pl.col("source") == "retokenized")["detected"].mean()
+        metrics = {"all.relative_quality": marked["rating"].mean() / base["rating"].mean(),
+                   "all.size_valid": marked["size_valid"].median(),
+                   "all.tamper_resistance": tamper_resistance(points, no_attack)}
+        name = f"t-{config.config_id}"
+        grid_units.append(StoredUnit(tmp_path / name, meta(name, config.config_id, TUNING, None, metrics, 24), rows))
+        index = rows["prompt_id"].str.slice(6).cast(pl.Int64)
+        for shard in range(3):
+            start, per_task = schedule.shard(shard)
+            part = rows.filter((index >= start) & (index < start + per_task))
+            name = race_name("t", config.config_id, shard)
+            race_units.append(StoredUnit(tmp_path / name, meta(name, config.config_id, RACE, shard, {}, per_task),
+                                         part))
+    pooled, plain = tables(race, race_units).results, tables(grid, grid_units).results
+    assert pooled["all.n_prompts"].to_list() == [24.0] * 4  # each prompt once
+    for column in ("all.relative_quality", "all.size_valid", "all.tamper_resistance"):
+        assert np.allclose(pooled[column].to_numpy(), plain[column].to_numpy(), rtol=1e-12), column
+    assert pooled["prompts.per_task"].to_list() == [24] * 4 and pooled["race.rounds"].to_list() == [3] * 4
+    from mmw.sweep.units import Runs
+
+    def confirmed(sweep: Sweep, units: list) -> pl.DataFrame:
+        runs = tables(sweep, units)
+        runs = Runs(runs.results.with_columns(pl.col(c).round(12) for c in (
+            "all.relative_quality", "all.size_valid", "all.tamper_resistance")), runs.attacks, runs.reevaluations,
+                    runs.prompts, runs.timings)
+        return confirmed_tables(tmp_path, runs, sweep)[0]
+
+    table = confirmed(race, race_units)
+    assert table.equals(confirmed(grid, grid_units))
+    assert table["pending"].drop_nulls().len() == 4  # every cell has a candidate waiting for confirmation
+
+
+def test_dry_run_prints_the_rounds_and_costs_and_uniform_needs_an_adaptive_definition(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from mmw.cli import app
+
+    repo = _race_repo(tmp_path / "r", monkeypatch, RaceWorld())
+    result = CliRunner().invoke(app, ["sweep", "run", "t", "--repo", str(repo), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "race: 3 rounds, level 0.05" in out
+    assert "round 1: prompts [0, 6) per task (6 a unit), <= 6 units" in out
+    assert "round 3: prompts [12, 24) per task (12 a unit), <= 6 units" in out
+    from mmw.sweep.adaptive import GPU_STAGED
+
+    worst = sum(6 * float(GPU_STAGED.unit(n)) for n in (6, 6, 12)) / 3600
+    uniform = 6 * float(GPU_STAGED.unit(24)) / 3600
+    assert f"race worst case {worst:,.2f} h (18 units at most) vs uniform grid {uniform:,.2f} h" in out
+    assert not (repo / "reports").exists() and not (repo / ".dvc").exists()
+
+    plain = {k: v for k, v in RACE_DEFINITION.items() if k != "adaptive"}
+    (repo / "sweeps" / "plain.yaml").write_text(__import__("yaml").safe_dump(plain))
+    result = CliRunner().invoke(app, ["sweep", "run", "plain", "--repo", str(repo), "--uniform"])
+    assert result.exit_code == 2 and "error: --uniform:" in result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("error")]) == 1
+
+
+def test_mmw_sweep_run_races_reports_and_runs_the_uniform_grid_beside_it(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI path with a fake executor: `mmw sweep run t` races, confirms, collects and writes the page with
+    the race's rounds; `mmw sweep run t --uniform` then runs every configuration on all tuning prompts and
+    collects the grid into reports/sweeps/t/uniform/, reusing the confirmation runs both share."""
+    from typer.testing import CliRunner
+
+    import mmw.sweep
+    from mmw.cli import app
+
+    world = RaceWorld()
+    repo = _race_repo(tmp_path / "r", monkeypatch, world)
+    monkeypatch.setattr(mmw.sweep, "LocalDvcExecutor", lambda _repo: world)
+    result = CliRunner().invoke(app, ["sweep", "run", "t", "--repo", str(repo), "--no-timings"])
+    assert result.exit_code == 0, result.output
+    assert "round 1/3: prompts [0, 6) per task, 6 configuration(s) ran; dropped 3 (3 quality)" in result.output
+    html = (repo / "reports/index.html").read_text()
+    assert 'id="race-table"' in html and "race_tuning_s" in html
+    raced = list(world.ran)
+    table = (repo / "reports/sweeps/t/table.md").read_text()
+
+    result = CliRunner().invoke(app, ["sweep", "run", "t", "--repo", str(repo), "--uniform", "--no-timings"])
+    assert result.exit_code == 0, result.output
+    grid = world.ran[len(raced):]
+    assert sorted(n for n in grid if not n.startswith("reeval-")) == sorted(f"t-{c}" for c in world.cids())
+    assert not set(grid) & set(raced)
+    uniform = (repo / "reports/sweeps/t/uniform/table.md").read_text()
+    assert "Cells:" in uniform and "The race" not in uniform
+    assert (repo / "reports/sweeps/t/table.md").read_text() == table  # the race's tables are left as they were
+    # Collected again, the race's cost is set against the grid's own measured tuning units.
+    result = CliRunner().invoke(app, ["sweep", "collect", "t", "--repo", str(repo), "--out",
+                                      str(repo / "reports/sweeps"), "--no-timings"])
+    assert result.exit_code == 0, result.output
+    costs = json.loads((repo / "reports/sweeps/t/race.json").read_text())
+    assert costs["uniform_estimate"].startswith("measured") and costs["uniform_tuning_s"] == 6 * (10 + 24)
+
+
+def test_format_1_evidence_still_loads() -> None:
+    """The committed small-confirmed evidence (format 1, no shard) loads and collects as before."""
+    import json as json_
+
+    from mmw.sweep import load_sweep
+    from mmw.sweep.units import META, load_units, tables
+
+    root = Path(__file__).resolve().parent.parent
+    sweep = load_sweep(root, "small-confirmed", validate=False)
+    stored = load_units(root, sweep)
+    assert len(stored) >= 18
+    assert {json_.loads(pl.read_parquet_metadata(u.path)[META])["format"] for u in stored} == {1}
+    assert all("shard" not in u.meta for u in stored)
+    results = tables(sweep, stored).results
+    assert results.filter(pl.col("status") == "done").height == 18

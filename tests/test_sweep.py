@@ -503,12 +503,12 @@ class _FakeSweepWorld:
         return {k: v for k, v in params.items() if k != "key"}, metrics, attacks, rows
 
 
-def _fake_sweep(monkeypatch: pytest.MonkeyPatch, world: _FakeSweepWorld) -> Any:
-    """The sweep ``t`` (one cell, K = 2, 30 held-out prompts), its experiment refs and reads served by ``world``."""
+def serve(monkeypatch: pytest.MonkeyPatch, world: Any) -> None:
+    """This machine's experiment refs and reads, served by ``world`` (its ``finished`` name -> sha and its
+    ``read_experiment``)."""
     import mmw.sweep
     import mmw.sweep.runner
     import mmw.sweep.units
-    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
 
     refs = lambda _repo, _baseline=None: dict(world.finished)  # noqa: E731
     monkeypatch.setattr(mmw.sweep.runner, "finished_experiments", refs)
@@ -516,6 +516,13 @@ def _fake_sweep(monkeypatch: pytest.MonkeyPatch, world: _FakeSweepWorld) -> Any:
     monkeypatch.setattr(mmw.sweep.units, "experiment_refs",
                         lambda _repo: {n: (sha, "0" * 40) for n, sha in world.finished.items()})
     monkeypatch.setattr(mmw.sweep.units, "read_experiment", world.read_experiment)
+
+
+def _fake_sweep(monkeypatch: pytest.MonkeyPatch, world: _FakeSweepWorld) -> Any:
+    """The sweep ``t`` (one cell, K = 2, 30 held-out prompts), its experiment refs and reads served by ``world``."""
+    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+
+    serve(monkeypatch, world)
     world.overrides = {}
     scheme = {"model.temperature": 0.7, "scheme.sampler": "distribution_shift", "scheme.score": "sum",
               "scheme.randomness": "window", "scheme.window": 1}

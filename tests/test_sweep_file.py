@@ -30,8 +30,8 @@ def _write(tmp_path: Path, raw: Any) -> Path:
 
 
 @pytest.mark.parametrize(("raw", "key", "allowed"), [
-    ([GRID], "", "description, base, temperatures, grids, reevaluate, confirm"),
-    ({"grids": [GRID], "grid": []}, "grid", "description, base, temperatures, grids, reevaluate, confirm"),
+    ([GRID], "", "description, base, temperatures, grids, reevaluate, confirm, adaptive"),
+    ({"grids": [GRID], "grid": []}, "grid", "description, base, temperatures, grids, reevaluate, confirm, adaptive"),
     ({"grids": []}, "grids", "a non-empty list of grid entries"),
     ({"grids": [GRID, "ds"]}, "grids[1]", "mappings of dotted params"),
     ({"grids": [GRID], "description": 3}, "description", "one line of text"),
@@ -49,6 +49,21 @@ def _write(tmp_path: Path, raw: Any) -> Path:
      "a non-empty subset of [0.01, 0.1]"),
     ({"grids": [{**GRID, "scheme.window": []}]}, "grids[0] (g0): scheme.window", None),
     ({"grids": [{**GRID, "model.temperature": 0.7}]}, "grids[0] (g0): model.temperature", None),
+    # The race's schedule (8 tuning prompts per task, 3 tasks, confirmation max_tries 2).
+    *[({"grids": [GRID], "confirm": {"prompts": 6}, "adaptive": adaptive}, key, allowed) for adaptive, key, allowed in [
+        ({"shards": [2, 8], "level": 0}, "adaptive.level", "(0, 1)"),
+        ({"shards": [2, 8], "level": 1.5}, "adaptive.level", "(0, 1)"),
+        ({"shards": [8, 4]}, "adaptive.shards", "increasing"),
+        ({"shards": [2, 12]}, "adaptive.shards", "<= 8"),  # would reach the confirmation prompts
+        ({"shards": [1, 8]}, "adaptive.shards", "at least 2 per task"),  # 3 prompts: too few for a bound
+        ({"shards": [8]}, "adaptive.shards", "at least two"),  # one round is the uniform grid
+        ({"shards": [2, 8], "budget_s": 10}, "adaptive.budget_s", "at least"),  # less than round 1
+        ({"shards": [2, 8], "budget_s": -5}, "adaptive.budget_s", "> 0"),
+        ({"shards": [2, 8], "keep": 3}, "adaptive.keep", "confirm.max_tries"),
+        ({"shards": [2, 8], "rounds": 3}, "adaptive.rounds", "shards, level, budget_s, keep"),
+        ([2, 8], "adaptive", None),
+    ]],
+    ({"grids": [GRID], "adaptive": {"shards": [2, 8]}}, "adaptive", "confirm"),  # no confirmation stage
 ])
 def test_a_bad_sweep_file_names_the_key_in_the_file_and_the_allowed_values(tmp_path: Path, raw: Any, key: str,
                                                                           allowed: str | None) -> None:
@@ -80,7 +95,7 @@ def test_every_field_says_what_it_accepts_and_the_losses_are_the_papers() -> Non
 
 
 def test_the_committed_sweeps_read_and_split_as_declared() -> None:
-    for name in ("paper", "small", "smoke"):
+    for name in ("paper", "small", "smoke", "small-race"):
         _, definition = read_definition(name, BOARD, REPO / "sweeps")
         assert definition.grids and definition.reevaluate.k >= 1
     _, confirmed = read_definition("small-confirmed", BOARD, REPO / "sweeps")

@@ -59,8 +59,8 @@ ATTACK_COLUMNS: dict[str, pl.DataType] = {
 }
 #: Optional tables a sweep may hold: the picks' re-evaluations (fresh seeds and keys), text-dependent vs fixed
 #: randomness, the size-quality trade-off over delta, per-stage timings, the power planner's rows and the paper's
-#: orderings judged on the confirmed cells (confirmed sweeps).
-EXTRA_TABLES = ("reevaluations", "randomness", "delta", "timings", "plan", "claims")
+#: orderings judged on the confirmed cells (confirmed sweeps), the race's rounds (adaptive sweeps).
+EXTRA_TABLES = ("reevaluations", "randomness", "delta", "timings", "plan", "claims", "race")
 #: The paper's headline constraint (Figure 1): quality loss <= 1 %, tamper resistance > 0.2.
 MAIN_CONSTRAINT = (0.01, 0.2)
 

@@ -154,7 +154,8 @@ def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | 
         judge_columns=judge_columns, judge_sweep=list(judge_sweep), keys=list(data.key_spread(sweep).iter_rows(
             named=True)), randomness=_plain(sweep.extras.get("randomness")), delta=_plain(sweep.extras.get("delta")),
         plan=_plain(sweep.extras.get("plan")), claims=_plain(claims_shown(sweep.extras.get("claims"))),
-        stages=data.stage_totals(sweep), provenance=data.sweep_provenance(sweep, commit, generated))
+        race=_plain(sweep.extras.get("race")), stages=data.stage_totals(sweep),
+        provenance=data.sweep_provenance(sweep, commit, generated))
 
 
 def render_single(run: data.SingleRun, commit: str | None, generated: str) -> str:

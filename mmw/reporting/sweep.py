@@ -170,6 +170,32 @@ def claims_markdown(claims: pl.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def race_markdown(summary: pl.DataFrame, costs: Mapping[str, Any]) -> str:
+    """The race's decisions for table.md: per round, the units that ran, kept and dropped (by reason: quality or R
+    confidently infeasible, size confidently above the cell's leaders), the cells that stopped (futile / budget);
+    then the tuning time spent against the uniform grid's (``costs``: :func:`mmw.sweep.adaptive.measured_costs`)."""
+    lines = ["", "The race: configurations dropped round by round (quality / R: confidently infeasible; size: "
+             "confidently larger than the cell's leaders), at the cumulative prompts per task shown.", ""]
+    if summary.height == 0:
+        return "\n".join([*lines, "(no round has run)"]) + "\n"
+    lines += ["| round | prompts per task | units | kept | dropped | quality | R | size | cells stopped |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in summary.iter_rows(named=True):
+        lines.append(f"| {r['round']} | {r['prompts_per_task']} | {r['units']} | {r['kept']} | {r['dropped']} | "
+                     f"{r['dropped_quality']} | {r['dropped_R']} | {r['dropped_size']} | {r['cells_stopped'] or '–'} |")
+    spent, uniform = costs.get("race_tuning_s"), costs.get("uniform_tuning_s")
+    lines.append("")
+    if uniform:
+        model = (f": {costs['unit_fixed_s']:g} s a unit + {costs['unit_per_prompt_s']:g} s a prompt"
+                 if "unit_fixed_s" in costs else "")
+        lines.append(f"Tuning time: the race {spent / 3600:,.2f} h over {costs['race_units']} units (measured); the "
+                     f"uniform grid {uniform / 3600:,.2f} h ({costs['uniform_estimate']}{model}); ratio "
+                     f"{costs['cost_ratio']:.3f}. Confirmation runs are the same in both.")
+    else:
+        lines.append(f"Tuning time: {costs.get('race_units', 0)} race units, no measured wall time.")
+    return "\n".join(lines) + "\n"
+
+
 def write_sweep_tables(out_dir: Path, frames: Mapping[str, pl.DataFrame], split: Split | None, scale: str,
                        plan_text: str = "") -> None:
     """Write every frame of ``frames`` as ``<name>.parquet``, ``results.csv``, ``table.md`` (confirmed with a

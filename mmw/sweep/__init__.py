@@ -13,7 +13,9 @@ tables that live in git. See docs/SWEEP.md.
 * :mod:`~mmw.sweep.plan` — prompts and time needed to resolve the unresolved cells.
 
 ``run_sweep`` is what ``mmw sweep run NAME`` does: run the configs that are not done (neither an evidence file nor
-an experiment ref: failed and missing ones), writing each finished unit's evidence file as it lands, then pick per
+an experiment ref: failed and missing ones) — all of them on the tuning prompts, or, for a definition with an
+``adaptive`` section, as a race (:mod:`mmw.sweep.adaptive`: rounds of prompt shards, survivors only) — writing
+each finished unit's evidence file as it lands, then pick per
 temperature x family x constraint among the finished ones and re-evaluate each pick with the definition's K seeds,
 each run under a fresh key that only its environment holds (``MMW_KEY``).
 """
@@ -24,7 +26,6 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-import polars as pl
 import yaml
 
 from mmw.errors import SpecError
@@ -88,8 +89,8 @@ def reevaluation_jobs(sweep: Sweep, config_ids: list[str]) -> list[Job]:
             for seed in sweep.reevaluate.seeds for cid in config_ids]
 
 
-def _jobs(repo: Path, sweep: Sweep, label: str, jobs: list[Job], executor: Executor,
-          echo: Callable[[str], None]) -> Progress:
+def run_units(repo: Path, sweep: Sweep, label: str, jobs: list[Job], executor: Executor,
+              echo: Callable[[str], None]) -> Progress:
     """:func:`run_jobs` with the sweep's evidence: units with a file count as finished, and each unit that
     finishes gets its file as it lands (a kill between units loses nothing already written)."""
     units = sweep_units(sweep)
@@ -112,24 +113,66 @@ def confirmation_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Call
     """Confirm the picks on the held-out prompts: each round runs the K confirmation runs of every cell's
     pending candidate (its pick first, then a fallback where the pick was not confirmed), at most
     ``split.max_tries`` rounds. Finished runs are never repeated (a rerun resumes)."""
-    from mmw.sweep.cells import confirmed_randomness, confirmed_table, pending_config_ids
+    from mmw.sweep.cells import pending_config_ids
+    from mmw.sweep.collect import confirmed_tables
 
     assert sweep.split is not None
     progress = None
     for number in range(1, sweep.split.max_tries + 1):
-        runs = read_runs(repo, sweep, echo)
-        results, reevaluations = runs.results, runs.reevaluations
-        prompts = runs.prompts.filter(pl.col("role") == "confirmation")
-        table, _ = confirmed_table(results, reevaluations, prompts, sweep.split, sweep.reevaluate.k)
-        randomness = confirmed_randomness(results, reevaluations, prompts, sweep.split, sweep.reevaluate.k)
+        table, _, randomness = confirmed_tables(repo, read_runs(repo, sweep, echo), sweep)
         pending = list(dict.fromkeys(pending_config_ids(table) + pending_config_ids(randomness)))
         if not pending:
             break
         echo(f"[{sweep.name}] confirmation round {number}: {len(pending)} candidate(s), {sweep.reevaluate.k} "
              f"runs each on prompts [{sweep.split.offset}, {sweep.split.offset + sweep.split.prompts}) per task")
-        progress = _jobs(repo, sweep, f"{sweep.name}: confirmation {number}", reevaluation_jobs(sweep, pending),
+        progress = run_units(repo, sweep, f"{sweep.name}: confirmation {number}", reevaluation_jobs(sweep, pending),
                          executor, echo)
     return progress
+
+
+def race_groups(sweep: Sweep) -> dict[str, list[str]]:
+    """The race's groups: ``"T=<temperature> <family>"`` -> config ids, in definition order (one group answers
+    the cells of one temperature x family)."""
+    groups: dict[str, list[str]] = {}
+    for config in sweep.configs:
+        label = f"T={config.overrides.get('model.temperature'):g} {config.overrides.get('scheme.sampler')}"
+        groups.setdefault(label, []).append(config.config_id)
+    return groups
+
+
+def rounds_paths(repo: Path, name: str) -> tuple[Path, Path]:
+    """The race's round log: the committed copy (what lasts, and what a resume on any machine reads) and the
+    working copy beside the run log."""
+    from mmw.sweep.runner import LOG_DIR
+    from mmw.sweep.units import REPORTS
+
+    return repo / REPORTS / name / "rounds.parquet", repo / LOG_DIR / name / "rounds.parquet"
+
+
+def run_race(repo: Path, sweep: Sweep, executor: Executor, echo: Callable[[str], None]) -> Progress:
+    """The tuning runs of an ``adaptive`` definition: the race (:func:`mmw.sweep.adaptive.run_adaptive`) over
+    :func:`race_groups`, its units through :func:`run_units` (evidence written as each lands), the round log
+    written to both :func:`rounds_paths`, ranked by the anytime size where every config of a group has a sum score
+    (the size the confirmed table ranks by), else the valid size. Returns the summed progress of its rounds."""
+    from mmw.selection import Constraints
+    from mmw.sweep.adaptive import DvcUnitRunner, run_adaptive
+
+    assert sweep.split is not None and sweep.schedule is not None
+    groups = race_groups(sweep)
+    scores = {c.config_id: c.overrides.get("scheme.score") for c in sweep.configs}
+    columns = {label: "size_anytime" if all(scores[c] == "sum" for c in ids) else "size_valid"
+               for label, ids in groups.items()}
+    runner = DvcUnitRunner(repo, sweep, executor, echo)
+    lasting, working = rounds_paths(repo, sweep.name)
+    echo(f"[{sweep.name}] race over {len(groups)} group(s) x {len(sweep.split.constraints)} cell(s): "
+         f"{sweep.schedule.rounds} rounds, level {sweep.schedule.level:g}")
+    run_adaptive(groups, sweep.schedule, runner, lasting, sweep.tasks, None,
+                 constraints=[Constraints(loss, r) for loss, r in sweep.split.constraints], size_column=columns,
+                 copies=(working,), echo=echo)
+    parts = runner.progress
+    return Progress(total=sum(p.total for p in parts), done=sum(p.done for p in parts),
+                    failed=sum(p.failed for p in parts), queued=sum(p.queued for p in parts),
+                    walls=[w for p in parts for w in p.walls])
 
 
 def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, configs: bool = True,
@@ -144,7 +187,12 @@ def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, config
     export(repo, sweep, echo)  # experiments finished without their evidence file (older runs, a kill)
     load_units(repo, sweep)  # evidence of another definition, generator or judge: refused before anything runs
     executor = executor or LocalDvcExecutor(repo)
-    pool = _jobs(repo, sweep, f"{sweep.name}: configs", pool_jobs(sweep), executor, echo) if configs else None
+    if not configs:
+        pool = None
+    elif sweep.racing:
+        pool = run_race(repo, sweep, executor, echo)
+    else:
+        pool = run_units(repo, sweep, f"{sweep.name}: configs", pool_jobs(sweep), executor, echo)
     if not reevaluate:
         return pool, None
     if sweep.split is not None:
@@ -152,5 +200,5 @@ def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, config
     picked = picked_config_ids(read_runs(repo, sweep, echo).results)
     echo(f"[{sweep.name}] {len(picked)} distinct picks over temperature x family x 4 constraints; "
          f"re-evaluating each with {sweep.reevaluate.k} fresh seeds and keys")
-    rerun = _jobs(repo, sweep, f"{sweep.name}: re-evaluations", reevaluation_jobs(sweep, picked), executor, echo)
+    rerun = run_units(repo, sweep, f"{sweep.name}: re-evaluations", reevaluation_jobs(sweep, picked), executor, echo)
     return pool, rerun

@@ -187,15 +187,19 @@ class AdaptiveSection(Section):
     shards: list[Integer] = allowed("[int, ...] (cumulative tuning prompts per task), e.g. [4, 16, 64]", default=[])
     level: float = allowed("a number in (0, 1), e.g. 0.05", default=0.05)
     budget_s: float | None = allowed("a number of seconds > 0", gt=0.0, default=None)
+    keep: Integer | None = allowed("an integer >= 1 (default: confirm.max_tries, which it must equal)", default=None)
 
 
 def schedule_from(raw: Any, tuning: int | None, confirm_tries: int | None, n_configs: int, tasks: int,
                   cost: CostModel = GPU_STAGED) -> Schedule:
     """The ``adaptive:`` section of a sweep definition (:class:`AdaptiveSection`), checked against the sweep
-    (:meth:`Schedule.check`) before anything runs."""
+    (:meth:`Schedule.check`) before anything runs. One round is the uniform grid (``--uniform``), not a race."""
     section = validate(AdaptiveSection, raw, "adaptive")
-    keep = confirm_tries if confirm_tries is not None else 2
+    keep = section.keep if section.keep is not None else confirm_tries if confirm_tries is not None else 2
     schedule = Schedule(shards=tuple(section.shards), level=section.level, budget_s=section.budget_s, keep=keep)
+    if schedule.rounds < 2:
+        raise SpecError("adaptive.shards", f"{list(schedule.shards)!r} is one round: that is the uniform grid, "
+                        "not a race", "at least two increasing values, e.g. [4, 16] (or run --uniform)")
     schedule.check(tuning, n_configs, tasks, cost, confirm=confirm_tries is not None, max_tries=confirm_tries)
     return schedule
 
@@ -528,50 +532,54 @@ class UnitRunner(Protocol):
 
 
 class DvcUnitRunner:
-    """:class:`UnitRunner` over a sweep's executor (local or Ray): a unit is the DVC experiment
-    ``<sweep>-<config_id>-r<round>`` of its configuration with ``prompts.offset`` = tuning offset + shard start and
-    ``prompts.per_task`` = shard size (a shard's baseline is then shared by every configuration through DVC's
-    run-cache). A unit with an experiment ref is done and never runs again (:func:`mmw.sweep.runner.run_jobs`
-    skips it and logs every attempt); its rows are read from its own tables (:func:`mmw.sweep.evidence.prompt_rows`).
-    ``overrides``: config id -> its ``-S`` overrides."""
+    """:class:`UnitRunner` over a sweep's executor (local or Ray) and its evidence store (:mod:`mmw.sweep.units`):
+    a unit is the race unit ``<sweep>-<config_id>-r<round>`` of :func:`mmw.sweep.units.sweep_units` (its
+    configuration with ``prompts.offset`` = tuning offset + shard start and ``prompts.per_task`` = shard size, so a
+    shard's baseline is shared by every configuration through DVC's run-cache). Units run through the sweep's
+    :func:`mmw.sweep.run_units`: one with an evidence file (or an experiment ref) is done and never runs again,
+    each one that finishes gets its evidence file as it lands, and its rows are read back from that file alone (a
+    clone without experiment refs or DVC cache resumes the race)."""
 
-    def __init__(self, repo: Path, sweep: str, overrides: Mapping[str, Mapping[str, Any]], executor: Any,
-                 tuning_offset: int = 0, echo: Callable[[str], None] = print) -> None:
-        self.repo, self.sweep, self.overrides, self.executor = repo, sweep, overrides, executor
-        self.tuning_offset, self.echo = tuning_offset, echo
-        self._finished: dict[str, str] | None = None
+    def __init__(self, repo: Path, sweep: Any, executor: Any, echo: Callable[[str], None] = print) -> None:
+        from mmw.sweep.units import sweep_units
+
+        self.repo, self.sweep, self.executor, self.echo = repo, sweep, executor, echo
+        self.units = sweep_units(sweep)
+        self.progress: list[Any] = []
 
     def name(self, unit: Unit) -> str:
-        return f"{self.sweep}-{unit.key}"
+        from mmw.sweep.units import race_name
+
+        return race_name(self.sweep.name, unit.config_id, unit.shard)
 
     def job(self, unit: Unit) -> Any:
         from mmw.sweep.runner import Job
 
-        overrides = {**self.overrides[unit.config_id], "prompts.offset": self.tuning_offset + unit.offset,
-                     "prompts.per_task": unit.per_task}
-        return Job(name=self.name(unit), config_id=unit.config_id, overrides=overrides)
+        stored = self.units[self.name(unit)]
+        return Job(name=stored.experiment, config_id=stored.config_id, overrides=dict(stored.overrides))
 
     def run(self, units: Sequence[Unit]) -> None:
-        from mmw.sweep import runner
+        from mmw.sweep import run_units
 
-        label = f"{self.sweep}: round {units[0].shard + 1}" if units else self.sweep
-        runner.run_jobs(self.repo, self.sweep, label, [self.job(u) for u in units], self.executor, self.echo)
-        self._finished = None
+        label = f"{self.sweep.name}: round {units[0].shard + 1}" if units else self.sweep.name
+        self.progress.append(run_units(self.repo, self.sweep, label, [self.job(u) for u in units], self.executor,
+                                       self.echo))
 
     def rows(self, unit: Unit) -> pl.DataFrame | None:
-        from mmw.sweep import evidence, runner
+        from mmw.sweep.units import read_unit, unit_path
 
-        if self._finished is None:
-            self._finished = runner.finished_experiments(self.repo)
-        rev = self._finished.get(self.name(unit))
-        return None if rev is None else evidence.prompt_rows(self.repo, rev)
+        path = unit_path(self.repo, self.sweep.name, self.units[self.name(unit)])
+        if not path.is_file():
+            return None
+        stored = read_unit(path)
+        return stored.rows if stored.meta.get("has_rows") else None
 
 
 LOG_SCHEMA = {"round": pl.Int64, "group": pl.String, "config_id": pl.String, "prompts_per_task": pl.Int64,
               "decision": pl.String, "reason": pl.String, "quality": pl.Float64, "quality_low": pl.Float64,
               "quality_high": pl.Float64, "resistance": pl.Float64, "resistance_low": pl.Float64,
               "resistance_high": pl.Float64, "size": pl.Float64, "size_low": pl.Float64, "size_high": pl.Float64,
-              "cells_stopped": pl.String, "schedule": pl.String}
+              "cells_stopped": pl.String, "cells_left": pl.String, "schedule": pl.String}
 
 
 def tuning_arrays(rows: pl.DataFrame, attacks: Sequence[str], size_column: str = "size_valid") -> Tuning:
@@ -626,18 +634,24 @@ class AdaptiveOutcome:
     cost_s: float
 
 
-def _observe(runner: UnitRunner, schedule: Schedule, ids: Sequence[str], r: int, attacks: Sequence[str],
+def _observe(runner: UnitRunner, schedule: Schedule, ids: Sequence[str], r: int, attacks: Sequence[str] | None,
              size_column: str) -> Bounds:
-    """Bounds of every configuration of a group on all its shards up to ``r`` (NaN where none is stored)."""
-    alpha = schedule.alpha(len(ids), len(attacks))
-    picked = []
+    """Bounds of every configuration of a group on all its shards up to ``r`` (NaN where none is stored).
+    ``attacks``: the attacks counted in R (None: those the group's rows hold, ``in_R``)."""
+    pooled = {}
     for cid in ids:
         frames = [f for f in (runner.rows(Unit(cid, s, *schedule.shard(s))) for s in range(r + 1)) if f is not None]
         if frames:
-            picked.append(race_bounds(tuning_arrays(pl.concat(frames, how="diagonal_relaxed"), attacks,
-                                                    size_column), alpha))
-        else:
-            picked.append(Bounds(*[np.full(1, np.nan)] * 9, prompts=np.zeros(1, int)))
+            pooled[cid] = pl.concat(frames, how="diagonal_relaxed")
+    if attacks is None:
+        attacks = sorted({a for rows in pooled.values() if "in_R" in rows.columns for a in rows.filter(
+            (pl.col("source") == "attack") & pl.col("in_R").fill_null(False))["attack"].to_list()})
+    alpha = schedule.alpha(len(ids), len(attacks))
+    if size_column != "size_valid" and not any(
+            size_column in rows.columns and rows[size_column].drop_nulls().len() for rows in pooled.values()):
+        size_column = "size_valid"  # the runs do not write it: the table ranks by the valid size then too
+    picked = [race_bounds(tuning_arrays(pooled[cid], attacks, size_column), alpha) if cid in pooled
+              else Bounds(*[np.full(1, np.nan)] * 9, prompts=np.zeros(1, int)) for cid in ids]
     return Bounds(**{f: np.concatenate([getattr(b, f) for b in picked]) for f in Bounds.__dataclass_fields__})
 
 
@@ -654,26 +668,32 @@ def _log_rows(r: int, label: str, ids: Sequence[str], state: Race, fingerprint: 
             continue
         out = [f"{_cell(c)}: {REASONS[state.codes[i, j]]}" for i, c in enumerate(state.constraints)
                if state.left_at[i, j] == r]
+        left = [[c.max_quality_loss, c.min_tamper_resistance, REASONS[state.codes[i, j]]]
+                for i, c in enumerate(state.constraints) if state.left_at[i, j] == r]
         dropped = bool((state.codes[:, j] != IN).all()) and bool((state.left_at[:, j] == r).any())
         rows.append({"round": r, "group": label, "config_id": cid, "prompts_per_task": state.schedule.shards[r],
                      "decision": "dropped" if dropped else "kept", "reason": "; ".join(out) or None,
-                     "cells_stopped": stopped,
+                     "cells_stopped": stopped, "cells_left": json.dumps(left) if left else None,
                      "schedule": fingerprint, **{f: _finite(getattr(bounds, f)[j]) for f in LOG_SCHEMA
                                                  if f.startswith(("quality", "resistance", "size"))}})
     return pl.DataFrame(rows, schema=LOG_SCHEMA)
 
 
 def run_adaptive(groups: Mapping[str, Sequence[str]], schedule: Schedule, runner: UnitRunner, log_path: Path,
-                 tasks: int, attacks: Sequence[str], cost: CostModel = GPU_STAGED,
-                 constraints: Sequence[Constraints] | None = None, size_column: str = "size_valid"
-                 ) -> AdaptiveOutcome:
+                 tasks: int, attacks: Sequence[str] | None, cost: CostModel = GPU_STAGED,
+                 constraints: Sequence[Constraints] | None = None,
+                 size_column: str | Mapping[str, str] = "size_valid", copies: Sequence[Path] = (),
+                 echo: Callable[[str], None] | None = None) -> AdaptiveOutcome:
     """Race every group (``label -> config ids``, e.g. ``"T=0.7 distribution_shift"``) through ``schedule`` with
     ``runner`` and return each cell's confirmation candidates (confirm them with :mod:`mmw.sweep.confirm`).
 
     Round by round over all groups: the round's units (every group's survivors) go to the runner as one batch of
     independent jobs, then each group's elimination runs and the round log (:data:`LOG_SCHEMA`) is rewritten
-    atomically to ``log_path`` (Parquet). After a kill, a call resumes: logged rounds are replayed from the units'
-    stored rows (the runner skips units already done, so no finished unit runs again) and the race goes on."""
+    atomically to ``log_path`` (Parquet) and to each of ``copies``; ``echo`` gets one line per round (how many
+    configurations ran, were dropped and why, which cells stopped). ``size_column``: the per-prompt size the race
+    ranks by, one for all groups or per group label. After a kill, a call resumes: logged rounds are replayed from
+    the units' stored rows (the runner skips units already done, so no finished unit runs again) and the race goes
+    on."""
     constraints = list(constraints or [Constraints(loss, r) for loss, r in PAPER_CONSTRAINTS])
     fingerprint = schedule_fingerprint(schedule, groups, constraints)
     previous = pl.read_parquet(log_path) if Path(log_path).is_file() else pl.DataFrame(schema=LOG_SCHEMA)
@@ -698,10 +718,16 @@ def run_adaptive(groups: Mapping[str, Sequence[str]], schedule: Schedule, runner
         runner.run(units)
         for label, ids in groups.items():
             if running[label].any():
-                states[label].update(r, _observe(runner, schedule, ids, r, attacks, size_column))
+                column = size_column if isinstance(size_column, str) else size_column[label]
+                states[label].update(r, _observe(runner, schedule, ids, r, attacks, column))
+        fresh = pl.concat([_log_rows(r, label, ids, states[label], fingerprint) for label, ids in groups.items()])
         if r not in logged_rounds:
-            frames += [_log_rows(r, label, ids, states[label], fingerprint) for label, ids in groups.items()]
-            write_table(pl.concat(frames).sort(["round", "group", "config_id"]), log_path)
+            frames.append(fresh)
+            log = pl.concat(frames).sort(["round", "group", "config_id"])
+            for path in (log_path, *copies):
+                write_table(log, path)
+        if echo is not None:
+            echo(round_line(fresh, schedule, r, replayed=r in logged_rounds))
     candidates = {}
     for label, ids in groups.items():
         result = states[label].result()
@@ -709,6 +735,24 @@ def run_adaptive(groups: Mapping[str, Sequence[str]], schedule: Schedule, runner
                              [ids[i] for i in result.candidates[k] if i >= 0] for k, c in enumerate(constraints)}
     cost_s = float(sum(state.cost for state in states.values()))
     return AdaptiveOutcome(candidates, pl.concat(frames).sort(["round", "group", "config_id"]), cost_s)
+
+
+def round_line(rows: pl.DataFrame, schedule: Schedule, r: int, replayed: bool = False) -> str:
+    """One round's decisions in a line: configurations that ran, dropped (by reason), still running, cells
+    stopped."""
+    dropped = rows.filter(pl.col("decision") == "dropped")
+    reasons: dict[str, int] = {}
+    for text in dropped["reason"].drop_nulls().to_list():
+        for why in sorted({part.split(": ", 1)[1] for part in text.split("; ")}):
+            reasons[why] = reasons.get(why, 0) + 1
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+    stopped = [f"{group} ({text})" for group, text in rows.select("group", "cells_stopped").unique()
+               .drop_nulls().sort("group").iter_rows()]
+    start, size = schedule.shard(r)
+    return (f"  round {r + 1}/{schedule.rounds}{' (replayed from evidence)' if replayed else ''}: prompts "
+            f"[{start}, {start + size}) per task, {rows.height} configuration(s) ran; dropped {dropped.height}"
+            + (f" ({why})" if why else "") + f", {rows.height - dropped.height} go on"
+            + (f"; cells stopped: {'; '.join(stopped)}" if stopped else ""))
 
 
 def _cell(constraint: Constraints) -> str:
@@ -719,3 +763,108 @@ def _cell(constraint: Constraints) -> str:
 def _finite(value: Any) -> float | None:
     value = float(value)
     return value if math.isfinite(value) else (None if math.isnan(value) else value)
+
+
+# -- collection: pooled shards, the race's exclusions, its cost ---------------------------------------------------
+
+#: Per-prompt size columns and the metric each pools into (a median over the pooled prompts; inf: undetected).
+POOLED_SIZES = {"size_valid": "all.size_valid", "size": "all.size", "size_anytime": "all.size_anytime"}
+
+
+def pooled_metrics(rows: pl.DataFrame) -> tuple[dict[str, float | None], dict[str, dict[str, float | None]]]:
+    """``(metrics, attacks)`` of one configuration from its shards' pooled per-prompt rows (one row per prompt:
+    a prompt seen twice counts once): ``all.relative_quality`` (ratio of the paired sums), ``all.tamper_resistance``
+    (the hull of :func:`mmw.sweep.confirm.hull_resistance` at the pooled ``Q_A``, ``W_A``, ``W_0``), the median of
+    each size column present (inf: undetected in half or more), ``all.n_prompts``; per attack counted in R:
+    ``watermarked`` (detection rate) and ``quality_retained``. The same estimates the race's bounds are centred
+    on (:func:`race_bounds`)."""
+    attacked = rows.filter((pl.col("source") == "attack") & pl.col("in_R").fill_null(False))
+    attacks = sorted(attacked["attack"].unique().to_list())
+    marked = rows.filter(pl.col("source") == "watermarked")
+    metrics: dict[str, float | None] = {}
+    tuning = None
+    for column, metric in POOLED_SIZES.items():
+        if column not in marked.columns or (column == "size_anytime" and marked[column].null_count() == marked.height):
+            continue
+        tuning = tuning_arrays(rows, attacks, column)
+        metrics[metric] = _finite(median_bounds(tuning.sizes[0], 0.5)[0])
+    tuning = tuning or tuning_arrays(rows, attacks)
+    bounds = race_bounds(tuning, 0.05)
+    metrics.update({"all.relative_quality": _finite(bounds.quality[0]),
+                    "all.tamper_resistance": _finite(bounds.resistance[0]),
+                    "all.n_prompts": float(bounds.prompts[0])})
+    per_attack: dict[str, dict[str, float | None]] = {}
+    evidence = tuning.attacked
+    for index, name in enumerate(attacks):
+        detected = evidence.detected[0, index]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = float(np.nanmean(detected)) if (~np.isnan(detected)).any() else math.nan
+            retained = _ratio_bounds(evidence.rating_attacked[0, index], evidence.rating_reference[0], 0.05)[0]
+        per_attack[name] = {"watermarked": _finite(rate), "quality_retained": _finite(retained), "size": None}
+    return metrics, per_attack
+
+
+def cells_left(log: pl.DataFrame) -> dict[str, set[tuple[float, float]]]:
+    """Config id -> the cells ``(quality loss, min R)`` the race took it out of (the round log's ``cells_left``):
+    its confirmation ranks only the configurations still contending in each cell."""
+    out: dict[str, set[tuple[float, float]]] = {}
+    for config, text in log.select("config_id", "cells_left").drop_nulls().iter_rows():
+        out.setdefault(config, set()).update((float(loss), float(r)) for loss, r, _ in json.loads(text))
+    return out
+
+
+def measured_costs(units: pl.DataFrame, n_configs: int, tuning: int, tasks: int) -> dict[str, float | int | str]:
+    """The race's tuning cost against the uniform grid's, from measured unit times. ``units``: one row per
+    finished unit (``role`` race or tuning, ``prompts`` per task, ``wall_s``). The grid's cost is its own measured
+    tuning units when every configuration has one (``mmw sweep run --uniform``); else every configuration once on
+    all ``tuning`` prompts per task at the least-squares line ``wall = fixed + per_prompt x prompts`` through the
+    race's unit times (with one shard size only, proportional to the prompts: an upper bound when a unit's time is
+    mostly fixed)."""
+    race = units.filter((pl.col("role") == "race") & pl.col("wall_s").is_not_null())
+    grid = units.filter((pl.col("role") == "tuning") & pl.col("wall_s").is_not_null())
+    spent = float(race["wall_s"].sum()) if race.height else 0.0
+    out: dict[str, float | int | str] = {"race_units": units.filter(pl.col("role") == "race").height,
+                                         "race_tuning_s": round(spent, 1)}
+    if grid["config_id"].n_unique() >= n_configs:
+        uniform, how = float(grid["wall_s"].sum()), "measured: the grid's own tuning units (--uniform)"
+        out.update(uniform_units=grid.height)
+    elif race.height:
+        prompts = race["prompts"].to_numpy().astype(float) * tasks
+        wall = race["wall_s"].to_numpy().astype(float)
+        if len(np.unique(prompts)) >= 2:
+            per_prompt, fixed = np.polyfit(prompts, wall, 1)
+            per_prompt, fixed = max(per_prompt, 0.0), max(fixed, 0.0)
+            how = "least-squares line over the race's unit times"
+        else:
+            per_prompt, fixed = float(wall.mean() / prompts.mean()), 0.0
+            how = "proportional to prompts (one shard size measured)"
+        uniform = n_configs * (fixed + per_prompt * tuning * tasks)
+        out.update(unit_fixed_s=round(float(fixed), 1), unit_per_prompt_s=round(float(per_prompt), 2))
+    else:
+        return out
+    out.update({"uniform_tuning_s": round(uniform, 1), "cost_ratio": round(spent / uniform, 4) if uniform
+                else math.nan, "uniform_estimate": how})
+    return out
+
+
+def dry_run_lines(schedule: Schedule, n_configs: int, tuning: int, tasks: int, cost: CostModel = GPU_STAGED
+                  ) -> list[str]:
+    """What ``mmw sweep run NAME --dry-run`` prints for a race: each round's prompts and at most how many units,
+    the race's worst case (nothing dropped, capped by the budget) against the uniform grid, under ``cost``."""
+    lines = [f"  race: {schedule.rounds} rounds, level {schedule.level:g} per group, keep {schedule.keep} per cell, "
+             f"budget {'none' if schedule.budget_s is None else f'{schedule.budget_s:,.0f} s'}; cost model "
+             f"{cost.unit_s:g} s a unit + {cost.prompt_s:.3g} s a prompt"]
+    worst = 0.0
+    for r in range(schedule.rounds):
+        start, size = schedule.shard(r)
+        seconds = schedule.round_cost(r, n_configs, tasks, cost)
+        worst += seconds
+        lines.append(f"    round {r + 1}: prompts [{start}, {start + size}) per task ({size * tasks} a unit), "
+                     f"<= {n_configs} units, <= {seconds / 3600:,.2f} h")
+    if schedule.budget_s is not None:
+        worst = min(worst, schedule.budget_s)
+    uniform = n_configs * float(cost.unit(tuning * tasks))
+    lines.append(f"  tuning cost: race worst case {worst / 3600:,.2f} h ({schedule.rounds * n_configs} units at "
+                 f"most) vs uniform grid {uniform / 3600:,.2f} h ({n_configs} units of {tuning * tasks} prompts); "
+                 "confirmation runs extra in both")
+    return lines

@@ -16,7 +16,12 @@ lands, or exported from the experiment refs first) into tables that live in git.
 * with held-out prompts (``confirm``): ``prompts.parquet`` (per-prompt rows), ``tries.parquet``, ``plan.parquet``
   and ``claims.parquet`` — the paper's orderings judged on the confirmed cells (:mod:`mmw.sweep.claims`; also
   at the end of ``table.md``);
-* ``timings.parquet`` — per config and stage that actually ran in its experiment: the stage's wall time.
+* ``timings.parquet`` — per config and stage that actually ran in its experiment: the stage's wall time;
+* for a race (an ``adaptive`` definition): ``rounds.parquet`` (the round log: per round and configuration that
+  ran, kept or dropped, why, at how many prompts, the bounds, cells stopped), ``race.parquet`` (per round: units,
+  kept, dropped by reason, cells stopped) and ``race.json`` (tuning seconds spent against the uniform grid's, from
+  the measured unit times); a raced configuration's row in ``results`` pools its shards' per-prompt rows, and each
+  cell's confirmation ranks only the configurations the race kept in it.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 
 import polars as pl
 
-from mmw.reporting.sweep import plan_markdown, write_sweep_tables
+from mmw.reporting.sweep import plan_markdown, race_markdown, write_sweep_tables
 from mmw.selection import (
     PAPER_CONSTRAINTS,
     Constraints,
@@ -40,11 +45,12 @@ from mmw.selection import (
     with_group,
 )
 from mmw.errors import SpecError
+from mmw.io import write_text
 from mmw.sweep.cells import confirmed_randomness, confirmed_table
 from mmw.sweep.claims import check_claims
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
 from mmw.sweep.plan import sweep_plan
-from mmw.sweep.units import read_runs
+from mmw.sweep.units import Runs, read_runs
 
 SIZE, QUALITY, RESISTANCE = "all.size", "all.relative_quality", "all.tamper_resistance"
 
@@ -163,6 +169,70 @@ def delta_table(results: pl.DataFrame, temperatures: tuple[float, ...] = (0.3, 1
 
 
 
+def round_log(repo: Path, sweep: Sweep) -> pl.DataFrame:
+    """The race's committed round log (empty before its first round)."""
+    from mmw.sweep import rounds_paths
+    from mmw.sweep.adaptive import LOG_SCHEMA
+
+    path = rounds_paths(repo, sweep.name)[0]
+    return pl.read_parquet(path) if path.is_file() else pl.DataFrame(schema=LOG_SCHEMA)
+
+
+def confirmed_tables(repo: Path, runs: Runs, sweep: Sweep) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """``(table, tries, randomness)`` of a sweep with ``confirm`` (:mod:`mmw.sweep.cells`). For a race, each cell
+    ranks only the configurations still contending in it (the round log's ``cells_left``) and the randomness
+    comparison those still in their 10 %-quality cell; ``n_settings`` counts every configuration of the cell."""
+    assert sweep.split is not None
+    results, reevaluations, k = runs.results, runs.reevaluations, sweep.reevaluate.k
+    prompts = runs.prompts.filter(pl.col("role") == "confirmation")
+    if not sweep.racing:
+        table, tries = confirmed_table(results, reevaluations, prompts, sweep.split, k)
+        return table, tries, confirmed_randomness(results, reevaluations, prompts, sweep.split, k)
+    from mmw.sweep.adaptive import cells_left
+
+    out = cells_left(round_log(repo, sweep))
+
+    def contending(cell: tuple[float, float]) -> pl.DataFrame:
+        return results.filter(~pl.col("config_id").is_in([c for c, cells in out.items() if cell in cells]))
+
+    tables, tried = [], []
+    for cell in sweep.split.constraints:
+        table, tries = confirmed_table(contending(cell), reevaluations, prompts, sweep.split, k,
+                                       constraint_list=(cell,))
+        tables.append(table)
+        tried += [tries] if tries.height else []
+    counts = (results.filter(pl.col("status") == "done").group_by("model.temperature", "family")
+              .agg(pl.len().cast(pl.Int64).alias("_n")).rename({"model.temperature": "temperature"}))
+    table = (pl.concat(tables).join(counts, on=["temperature", "family"], how="left")
+             .with_columns(pl.col("_n").alias("n_settings")).drop("_n")
+             .sort(["temperature", "family", "max_quality_loss", "min_tamper_resistance"],
+                   descending=[False, False, False, True]))
+    randomness = confirmed_randomness(contending((0.1, 0.0)), reevaluations, prompts, sweep.split, k)
+    return table, pl.concat(tried, how="diagonal_relaxed") if tried else pl.DataFrame(), randomness
+
+
+def race_frames(repo: Path, runs: Runs, sweep: Sweep) -> tuple[dict[str, pl.DataFrame], dict[str, Any]]:
+    """The race's report tables (``rounds``: the round log; ``race``: per round, units, kept, dropped by reason,
+    cells stopped) and its costs (:func:`mmw.sweep.adaptive.measured_costs`)."""
+    from mmw.sweep.adaptive import measured_costs
+
+    assert sweep.split is not None and sweep.schedule is not None
+    log = round_log(repo, sweep)
+    reason = pl.col("reason").fill_null("")
+    summary = (log.group_by("round", maintain_order=True).agg(
+        pl.col("prompts_per_task").first(), pl.len().alias("units"),
+        (pl.col("decision") == "kept").sum().alias("kept"), (pl.col("decision") == "dropped").sum().alias("dropped"),
+        *[((pl.col("decision") == "dropped") & reason.str.contains(f": {why}", literal=True)).sum()
+          .alias(f"dropped_{why}") for why in ("quality", "R", "size")],
+        pl.concat_str(pl.col("group"), pl.lit(": "), pl.col("cells_stopped")).drop_nulls().unique().sort()
+        .str.join("; ").alias("cells_stopped"))
+        .with_columns(pl.col("round") + 1).sort("round")) if log.height else pl.DataFrame()
+    costs = measured_costs(runs.race_units, len(sweep.configs), sweep.split.tuning, sweep.tasks)
+    costs.update(race_rounds=sweep.schedule.rounds, race_level=sweep.schedule.level,
+                 race_shards=",".join(str(s) for s in sweep.schedule.shards))
+    return {"rounds": log, "race": summary}, costs
+
+
 def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: bool = True,
             echo: Callable[[str], None] = print) -> Collected:
     """Read ``sweep``'s experiments in ``repo`` and write every table of the module docstring to ``out_dir``."""
@@ -174,17 +244,20 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
         echo(f"warning: the finished configs form {groups} groups that cannot be compared; the table picks "
              "across them (check the sweep's base)")
     extra: dict[str, pl.DataFrame] = {}
+    race_text = ""
     if sweep.split is not None:
         check_single_valued(results)
-        prompts = runs.prompts
-        table, tries = confirmed_table(results, reevaluations, prompts.filter(pl.col("role") == "confirmation"),
-                                       sweep.split, sweep.reevaluate.k)
-        randomness = confirmed_randomness(results, reevaluations, prompts.filter(pl.col("role") == "confirmation"),
-                                          sweep.split, sweep.reevaluate.k)
+        table, tries, randomness = confirmed_tables(repo, runs, sweep)
         plan = sweep_plan(table, results, reevaluations, sweep.split, sweep.reevaluate.k, randomness)
-        claims = check_claims(table, randomness, prompts.filter(pl.col("role") == "confirmation"),
+        claims = check_claims(table, randomness, runs.prompts.filter(pl.col("role") == "confirmation"),
                               level=sweep.split.level)
-        extra = {"prompts": prompts, "tries": tries, "plan": plan, "claims": claims}
+        extra = {"prompts": runs.prompts, "tries": tries, "plan": plan, "claims": claims}
+        if sweep.racing:
+            frames, costs = race_frames(repo, runs, sweep)
+            extra.update(frames)
+            race_text = race_markdown(frames["race"], costs)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_text(json.dumps(costs, indent=2) + "\n", out_dir / "race.json")
     else:
         table = paper_table(results, reevaluations, sweep.reevaluate.k)
         randomness = randomness_table(results)
@@ -194,6 +267,6 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
     if with_timings:
         frames["timings"] = runs.timings
     plan_text = plan_markdown(extra["plan"], sweep.split.level, sweep.reevaluate.k) if sweep.split else ""
-    write_sweep_tables(out_dir, frames, sweep.split, scale, plan_text)
+    write_sweep_tables(out_dir, frames, sweep.split, scale, plan_text + race_text)
     return Collected(results=results, attacks=attacks, reevaluations=reevaluations, table=table,
                      randomness=randomness, delta=delta, groups=groups)

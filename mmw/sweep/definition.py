@@ -11,6 +11,7 @@ A definition file holds::
         scheme.window: [1, 2, 3]
     reevaluate: {k: 5, first_seed: 1000}    # each pick is re-run with seeds first_seed .. first_seed+k-1
     confirm: {prompts: 20, level: 0.05, max_tries: 2}   # held-out prompts per task for the re-runs (optional)
+    adaptive: {shards: [4, 16, 64], level: 0.05, budget_s: null}   # race the tuning prompts (optional; needs confirm)
 
 Every config sets the whole ``scheme`` section (keys a grid does not name are set to null, so one config never
 inherits another's parameters) except the key, which is never a param of a sweep. A config's identity,
@@ -175,6 +176,10 @@ class SweepFile(Section):
     reevaluate: Annotated[Reevaluation, BeforeValidator(_or_empty)] = allowed(
         _mapping_text(Reevaluation), default=Reevaluation())
     confirm: ConfirmSection | None = allowed(_mapping_text(ConfirmSection), default=None)
+    #: The race's schedule as written (:class:`mmw.sweep.adaptive.AdaptiveSection`): checked by :func:`expand`,
+    #: which knows the configs and tasks it is checked against.
+    adaptive: Any = allowed("{shards: [int, ...], level: a number in (0, 1), budget_s: seconds, keep: an integer}",
+                            default=None)
 
     @model_validator(mode="after")
     def _against_board(self, info: ValidationInfo) -> Self:
@@ -244,6 +249,17 @@ class Sweep:
     configs: list[Config]
     reevaluate: Reevaluation
     split: Split | None = None
+    #: The race (:class:`mmw.sweep.adaptive.Schedule`) of a definition with an ``adaptive`` section, else None.
+    schedule: Any = None
+    #: Run (and collect) an adaptive definition as the plain grid, for comparison (``mmw sweep run --uniform``).
+    uniform: bool = False
+    #: Tasks per run (``prompts.tasks``): a race unit's prompts are its shard's per-task prompts times this.
+    tasks: int = 0
+
+    @property
+    def racing(self) -> bool:
+        """Whether the tuning runs are the race's shards (an ``adaptive`` section, not ``--uniform``)."""
+        return self.schedule is not None and not self.uniform
 
 
 def attacked_prompts(fraction: float, per_task: int, tasks: int) -> int:
@@ -389,5 +405,16 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
                 cid = config_id(overrides)
                 configs.setdefault(cid, Config(config_id=cid, grid=str(label), overrides=overrides))
     _single_valued(path, board, list(configs.values()))
+    split = definition.split(board)
+    schedule = None
+    tasks = definition.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or []
+    if definition.adaptive is not None:
+        from mmw.sweep.adaptive import schedule_from
+
+        try:
+            schedule = schedule_from(definition.adaptive, split.tuning if split else None,
+                                     split.max_tries if split else None, len(configs), len(tasks))
+        except SpecError as err:
+            raise SpecError(f"{path}: {err.key}", err.problem, err.allowed) from None
     return Sweep(name=name, description=definition.description, configs=list(configs.values()),
-                 reevaluate=definition.reevaluate, split=definition.split(board))
+                 reevaluate=definition.reevaluate, split=split, schedule=schedule, tasks=len(tasks))

@@ -29,7 +29,7 @@ import json
 import math
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +46,13 @@ from mmw.sweep.evidence import COLUMNS, KEYS, prompt_rows
 REPORTS = Path("reports/sweeps")
 RUNS = "runs"
 META = "mmw.unit"
-FORMAT = 1
+#: 2: the metadata holds ``shard`` (the race round of a race unit, else null). Format 1 files (no ``shard``) read
+#: as units without a shard.
+FORMAT = 2
 #: Stages whose wall times make the cost model (``reports/timings/<stage>.json``, a DVC output of each stage).
 TIMED_STAGES = ("generate_baseline", "generate_watermarked", "perturb", "detect_baseline", "detect_watermarked",
                 "rate_baseline", "rate_watermarked", "aggregate")
-TUNING, CONFIRMATION, REEVALUATION = "tuning", "confirmation", "reevaluation"
+TUNING, CONFIRMATION, REEVALUATION, RACE = "tuning", "confirmation", "reevaluation", "race"
 
 
 def experiment_name(sweep: str, config_id: str) -> str:
@@ -61,16 +63,23 @@ def reevaluation_name(sweep: str, config_id: str, seed: int) -> str:
     return f"{REEVAL_PREFIX}{sweep}-{config_id}-s{seed}"
 
 
+def race_name(sweep: str, config_id: str, shard: int) -> str:
+    """The experiment of a configuration's race unit on prompt shard (round) ``shard``."""
+    return f"{sweep}-{config_id}-r{shard}"
+
+
 @dataclass(frozen=True)
 class Unit:
-    """One experiment a sweep may run: its name, config, role (tuning | confirmation | reevaluation), seed (None:
-    the repository's) and the overrides it runs with; ``unit_id`` is a hash of those overrides."""
+    """One experiment a sweep may run: its name, config, role (tuning | race | confirmation | reevaluation), seed
+    (None: the repository's), the overrides it runs with and, for a race unit, its prompt shard (round); ``unit_id``
+    is a hash of those overrides."""
 
     experiment: str
     config_id: str
     role: str
     seed: int | None
     overrides: dict[str, Any]
+    shard: int | None = None
 
     @property
     def unit_id(self) -> str:
@@ -84,13 +93,22 @@ def reevaluation_overrides(sweep: Sweep, overrides: Mapping[str, Any], seed: int
 
 
 def sweep_units(sweep: Sweep) -> dict[str, Unit]:
-    """Every unit the definition can ask for, by experiment name: each config's tuning run and its K re-runs
-    (any config may become a pick or a fallback)."""
+    """Every unit the definition can ask for, by experiment name: each config's tuning run, its race units (one
+    per round of an ``adaptive`` definition: the round's shard of the tuning prompts) and its K re-runs (any config
+    may become a pick or a fallback)."""
     role = CONFIRMATION if sweep.split is not None else REEVALUATION
     units: dict[str, Unit] = {}
     for config in sweep.configs:
         name = experiment_name(sweep.name, config.config_id)
         units[name] = Unit(name, config.config_id, TUNING, None, dict(config.overrides))
+    if sweep.schedule is not None and sweep.split is not None:
+        for config in sweep.configs:
+            for shard in range(sweep.schedule.rounds):
+                start, size = sweep.schedule.shard(shard)
+                name = race_name(sweep.name, config.config_id, shard)
+                units[name] = Unit(name, config.config_id, RACE, None,
+                                   {**config.overrides, "prompts.offset": sweep.split.tuning_offset + start,
+                                    "prompts.per_task": size}, shard)
     for config in sweep.configs:
         for seed in sweep.reevaluate.seeds:
             name = reevaluation_name(sweep.name, config.config_id, seed)
@@ -150,7 +168,8 @@ def write_unit(repo: Path, sweep: Sweep, unit: Unit, sha: str, baseline: str, wa
     params, metrics, attacks, rows = read_experiment(repo, sha)
     meta = {"format": FORMAT, "sweep": sweep.name, "unit_id": unit.unit_id, "experiment": unit.experiment,
             "ran_as": ran_as or unit.experiment,
-            "config_id": unit.config_id, "role": unit.role, "seed": unit.seed, "overrides": unit.overrides,
+            "config_id": unit.config_id, "role": unit.role, "seed": unit.seed, "shard": unit.shard,
+            "overrides": unit.overrides,
             "rev": sha, "baseline": baseline, "params": params, "metrics": metrics, "attacks": attacks,
             "wall_s": wall_s, "finished": finished, "stages_ran": ran, "stages_restored": restored,
             "timings": stage_timings(repo, sha, ran), "has_rows": rows is not None}
@@ -222,7 +241,7 @@ def _unit_of(units: Mapping[str, Unit], name: str, params: Mapping[str, Any]) ->
     """The one unit of the definition whose overrides the experiment ``name`` ran with (``params``: its flat
     params), of the same role (tuning or re-run); None when none or several match."""
     rerun = name.startswith(REEVAL_PREFIX)
-    found = [u for u in units.values() if (u.role != TUNING) == rerun
+    found = [u for u in units.values() if (u.role in (CONFIRMATION, REEVALUATION)) == rerun
              and all(params.get(k) == v for k, v in u.overrides.items())]
     return found[0] if len(found) == 1 else None
 
@@ -239,7 +258,7 @@ class StoredUnit:
     rows: pl.DataFrame
 
 
-def _read_unit(path: Path) -> StoredUnit:
+def read_unit(path: Path) -> StoredUnit:
     try:
         meta = json.loads(pl.read_parquet_metadata(path)[META])
         rows = pl.read_parquet(path)
@@ -259,7 +278,7 @@ def load_units(repo: Path, sweep: Sweep) -> list[StoredUnit]:
     """Every evidence file of ``sweep``, checked (SpecError, one line naming the setting): written for this sweep
     and for a unit of its definition, and one generator, engine and judge over all of them."""
     units = {u.unit_id: u for u in sweep_units(sweep).values()}
-    stored = [_read_unit(p) for p in sorted(runs_dir(repo, sweep.name).glob("*.parquet"))]
+    stored = [read_unit(p) for p in sorted(runs_dir(repo, sweep.name).glob("*.parquet"))]
     where = f"{REPORTS / sweep.name / RUNS}"
     for unit in stored:
         name = f"{where}/{unit.path.name}"
@@ -288,14 +307,22 @@ def load_units(repo: Path, sweep: Sweep) -> list[StoredUnit]:
 @dataclass(frozen=True)
 class Runs:
     """A sweep's finished units as collection's tables (see :mod:`mmw.sweep.collect`): ``results`` (one row per
-    config), ``attacks``, ``reevaluations`` (one row per re-run), ``prompts`` (per-prompt rows of every unit
-    that has them, with ``experiment, config_id, seed, role``) and ``timings`` (per tuning unit and stage)."""
+    config; a raced config's shards pooled), ``attacks``, ``reevaluations`` (one row per re-run), ``prompts``
+    (per-prompt rows of every unit that has them, with ``experiment, config_id, seed, role``), ``timings`` (per
+    tuning unit and stage) and ``race_units`` (one row per finished race or grid tuning unit: ``config_id``,
+    ``role``, ``shard``, ``prompts`` per task, ``wall_s``: what the race's cost is compared with)."""
 
     results: pl.DataFrame
     attacks: pl.DataFrame
     reevaluations: pl.DataFrame
     prompts: pl.DataFrame
     timings: pl.DataFrame
+    race_units: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RACE_UNITS))
+
+
+#: ``Runs.race_units``' columns.
+RACE_UNITS = {"config_id": pl.String, "role": pl.String, "shard": pl.Int64, "prompts": pl.Int64,
+              "wall_s": pl.Float64}
 
 
 def _typed(records: list[dict[str, Any]], floats: tuple[str, ...]) -> pl.DataFrame:
@@ -319,12 +346,17 @@ def tables(sweep: Sweep, stored: list[StoredUnit], failed: Mapping[str, str | No
     records: list[dict[str, Any]] = []
     attack_rows: list[dict[str, Any]] = []
     timing_rows: list[dict[str, Any]] = []
+    shards: dict[str, list[StoredUnit]] = {}
+    for unit in stored:
+        if sweep.racing and unit.meta["role"] == RACE:
+            shards.setdefault(unit.meta["config_id"], []).append(unit)
     for config in sweep.configs:
         name = experiment_name(sweep.name, config.config_id)
         record: dict[str, Any] = {"config_id": config.config_id, "grid": config.grid, "experiment": name}
-        unit = by_name.get(name)
-        if unit is not None:
-            meta = unit.meta
+        unit = None if sweep.racing else by_name.get(name)
+        ran = sorted(shards.get(config.config_id, []), key=lambda u: u.meta["shard"])
+        if unit is not None or ran:
+            meta = unit.meta if unit is not None else _pooled_meta(sweep, ran)
             record.update(rev=meta["rev"], kind="experiment", status="done", error=None)
             record.update(meta["params"])
             record.update(meta["metrics"])
@@ -332,17 +364,20 @@ def tables(sweep: Sweep, stored: list[StoredUnit], failed: Mapping[str, str | No
                 attack_rows.append({"config_id": config.config_id, "attack": attack,
                                     "watermarked": metrics.get("watermarked"),
                                     "quality_retained": metrics.get("quality_retained"), "size": metrics.get("size")})
-            for stage, wall in meta["timings"].items():
-                timing_rows.append({"config_id": config.config_id,
-                                    "temperature": meta["params"].get("model.temperature"),
-                                    "stage": stage, "wall_s": wall})
+            for part in ([unit] if unit is not None else ran):
+                for stage, wall in part.meta["timings"].items():
+                    timing_rows.append({"config_id": config.config_id,
+                                        "temperature": part.meta["params"].get("model.temperature"),
+                                        "stage": stage, "wall_s": wall})
         else:
+            meta = None
+            names = [name] if not sweep.racing else [race_name(sweep.name, config.config_id, 0)]
             record.update({k: v for k, v in config.overrides.items() if not isinstance(v, list | dict)})
-            record.update(status="failed" if name in failed else "missing", error=failed.get(name))
+            record.update(status="failed" if names[0] in failed else "missing", error=failed.get(names[0]))
         record["name"] = name
-        record["wall_s"] = unit.meta["wall_s"] if unit is not None else None
-        record["stages_ran"] = ",".join(unit.meta["stages_ran"]) if unit is not None else None
-        record["stages_restored"] = ",".join(unit.meta["stages_restored"]) if unit is not None else None
+        record["wall_s"] = meta["wall_s"] if meta is not None else None
+        record["stages_ran"] = ",".join(meta["stages_ran"]) if meta is not None else None
+        record["stages_restored"] = ",".join(meta["stages_restored"]) if meta is not None else None
         records.append(record)
     results = _typed(records, (SIZE, QUALITY, RESISTANCE))
     results = results.with_columns(
@@ -353,7 +388,7 @@ def tables(sweep: Sweep, stored: list[StoredUnit], failed: Mapping[str, str | No
     reeval_rows = []
     for name in sorted(by_name):
         meta = by_name[name].meta
-        if meta["role"] != TUNING:
+        if meta["role"] in (CONFIRMATION, REEVALUATION):
             reeval_rows.append({"config_id": meta["config_id"], "seed": meta["seed"], "experiment": name,
                                 "status": "done", **{m: meta["metrics"].get(m) for m in REEVAL_METRICS},
                                 "rev": meta["rev"], "wall_s": meta["wall_s"]})
@@ -365,7 +400,29 @@ def tables(sweep: Sweep, stored: list[StoredUnit], failed: Mapping[str, str | No
                                                 "size": pl.Float64})
     timings = pl.DataFrame(timing_rows, schema={"config_id": pl.String, "temperature": pl.Float64,
                                                 "stage": pl.String, "wall_s": pl.Float64})
-    return Runs(results, attacks, reevaluations, _prompts(stored), timings)
+    race_units = pl.DataFrame([{"config_id": u.meta["config_id"], "role": u.meta["role"], "shard": u.meta.get("shard"),
+                                "prompts": u.meta["params"].get("prompts.per_task"), "wall_s": u.meta["wall_s"]}
+                               for u in stored if u.meta["role"] in (RACE, TUNING)], schema=RACE_UNITS)
+    return Runs(results, attacks, reevaluations, _prompts(stored), timings, race_units)
+
+
+def _pooled_meta(sweep: Sweep, ran: list[StoredUnit]) -> dict[str, Any]:
+    """A raced configuration as one tuning run: its race units' per-prompt rows pooled
+    (:func:`mmw.sweep.adaptive.pooled_metrics`), the params of its first unit with the prompts it saw
+    (``prompts.offset`` / ``prompts.per_task`` over its shards), ``race.rounds``, the summed wall time."""
+    from mmw.sweep.adaptive import pooled_metrics
+
+    assert sweep.split is not None and sweep.schedule is not None
+    frames = [u.rows for u in ran if u.meta.get("has_rows")]
+    metrics, attacks = pooled_metrics(pl.concat(frames, how="diagonal_relaxed")) if frames else ({}, {})
+    last = max(u.meta["shard"] for u in ran)
+    params = {**ran[0].meta["params"], "prompts.offset": sweep.split.tuning_offset,
+              "prompts.per_task": sweep.schedule.shards[last]}
+    walls = [u.meta["wall_s"] for u in ran]
+    stages = lambda key: list(dict.fromkeys(s for u in ran for s in u.meta[key]))  # noqa: E731
+    return {"rev": ran[-1].meta["rev"], "params": params, "metrics": {**metrics, "race.rounds": len(ran)},
+            "attacks": attacks, "wall_s": None if None in walls else round(sum(walls), 1),
+            "stages_ran": stages("stages_ran"), "stages_restored": stages("stages_restored")}
 
 
 def _prompts(stored: list[StoredUnit]) -> pl.DataFrame:
