@@ -941,3 +941,20 @@ def test_plan_on_the_committed_small_sweep_prints_every_picked_cell() -> None:
     # A sweep with confirm takes its level from its definition.
     refused = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(REPO), "--level", "0.1"])
     assert refused.exit_code == 2 and "--level: sweep smoke sets it in its confirm section" in refused.output
+
+
+def test_confirmation_runs_go_candidate_major_and_reevaluations_seed_major() -> None:
+    """A cell is judged once all K runs of its candidate exist, so confirmation finishes one candidate before the
+    next; plain re-evaluations interleave the picks seed by seed."""
+    from dataclasses import replace
+
+    from mmw.sweep import reevaluation_jobs
+    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+
+    configs = [Config(config_id=c, grid="g", overrides={"scheme.delta": d}) for c, d in (("a", 1.0), ("b", 2.0))]
+    sweep = Sweep(name="t", description="", configs=configs, reevaluate=Reevaluation(k=2, first_seed=1000),
+                  split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2))
+    confirming = [j.name for j in reevaluation_jobs(sweep, ["b", "a"])]
+    assert confirming == ["reeval-t-b-s1000", "reeval-t-b-s1001", "reeval-t-a-s1000", "reeval-t-a-s1001"]
+    plain = [j.name for j in reevaluation_jobs(replace(sweep, split=None), ["b", "a"])]
+    assert plain == ["reeval-t-b-s1000", "reeval-t-a-s1000", "reeval-t-b-s1001", "reeval-t-a-s1001"]

@@ -81,12 +81,19 @@ def pool_jobs(sweep: Sweep) -> list[Job]:
 def reevaluation_jobs(sweep: Sweep, config_ids: list[str]) -> list[Job]:
     """K runs per picked config: its overrides with each re-evaluation seed, a fresh key in the environment.
 
-    Seed-major order (every pick's first seed, then every pick's second, ...): a cut-short run leaves every pick
-    with about the same number of re-evaluations, and the runs of one seed share its baselines."""
+    Re-evaluations (no ``confirm``) run seed-major (every pick's first seed, then every pick's second, ...): a
+    cut-short run leaves every pick with about the same number of runs, each of which the table already uses.
+    Confirmation runs go candidate-major (all K runs of the first candidate, then the next's): a cell is judged only
+    once all K of its runs have finished, so a sweep cut short (hours, resumed across machines) leaves whole cells
+    judged rather than every cell K - 1 runs short. The total is the same either way: each seed's baseline is made
+    once and shared through DVC's run-cache."""
     overrides = {c.config_id: c.overrides for c in sweep.configs}
+    seeds = sweep.reevaluate.seeds
+    pairs = [(cid, seed) for cid in config_ids for seed in seeds] if sweep.split is not None \
+        else [(cid, seed) for seed in seeds for cid in config_ids]
     return [Job(name=reevaluation_name(sweep.name, cid, seed), config_id=cid,
                 overrides=reevaluation_overrides(sweep, overrides[cid], seed), env={"MMW_KEY": secrets.token_hex(16)})
-            for seed in sweep.reevaluate.seeds for cid in config_ids]
+            for cid, seed in pairs]
 
 
 def run_units(repo: Path, sweep: Sweep, label: str, jobs: list[Job], executor: Executor,
