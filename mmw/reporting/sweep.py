@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from mmw.io import write_text, write_with
+from mmw.reporting.formats import fmt_tokens
 from mmw.samplers import LABELS
 
 if TYPE_CHECKING:
@@ -118,6 +119,12 @@ def confirmed_markdown(table: pl.DataFrame, split: Split, scale: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def constraint_label(row: Mapping[str, Any]) -> str:
+    """A table row's constraint in a few characters: ``10% q, R > 0.2`` or ``10% q, no R``."""
+    r_min = row["min_tamper_resistance"]
+    return f"{row['max_quality_loss']:.0%} q, " + (f"R > {r_min:g}" if r_min else "no R")
+
+
 def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
     """The planner's table (:mod:`mmw.sweep.plan`) for table.md / the terminal."""
     lines = [f"Prompts needed to resolve each unresolved cell at level {level:g} (from the measured per-prompt "
@@ -134,8 +141,7 @@ def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
         return "∞" if math.isinf(value) else f"{value:,.{digits}f}"
 
     for r in plan.iter_rows(named=True):
-        label = f"{r['max_quality_loss']:.0%} q, " + (f"R > {r['min_tamper_resistance']:g}"
-                                                        if r["min_tamper_resistance"] else "no R")
+        label = constraint_label(r)
         estimate = "–" if r["quality"] is None else f"q {r['quality']:.3f} ({r['quality_toward']})"
         if r["resistance"] is not None:
             estimate += f", R {r['resistance']:.2f} ({r['r_toward']})"
@@ -156,12 +162,11 @@ def claims_markdown(claims: pl.DataFrame) -> str:
     lines += ["| claim | T | constraint | verdict | comparisons | medians (smaller, than) | gap interval | "
               "size | prompts |", "|---|---|---|---|---|---|---|---|---|"]
 
-    def size(value: float | None) -> str:
-        return "–" if value is None else "∞" if math.isinf(value) else f"{value:g}"
+    def size(value: float | None) -> str:  # a gap can be -inf (the claimed side detected, the other not)
+        return "−∞" if value is not None and value == -math.inf else fmt_tokens(value)
 
     for r in claims.iter_rows(named=True):
-        label = f"{r['max_quality_loss']:.0%} q, " + (f"R > {r['min_tamper_resistance']:g}"
-                                                        if r["min_tamper_resistance"] else "no R")
+        label = constraint_label(r)
         medians = "–" if r["median_smaller"] is None else f"{size(r['median_smaller'])}, {size(r['median_than'])}"
         gap = "–" if r["gap_low"] is None else f"[{size(r['gap_low'])}, {size(r['gap_high'])}]"
         lines.append(f"| {r['claim']} | {r['temperature']:g} | {label} | **{r['verdict']}** | {r['comparisons']} | "
