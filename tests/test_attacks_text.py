@@ -367,6 +367,22 @@ def test_synonym_rate_among_eligible_words(attacks, p):
     assert changed <= stats.binom.interval(1 - ALPHA, len(before), p)[1]  # overall word rate is at most p
 
 
+def test_synonym_attacks_share_each_texts_candidates_and_their_order_changes_nothing():
+    """Every synonym attack of a process looks a text up once (the candidates are one shared object), and an
+    attack's output is the same whether it runs first, after another p, or with the shared state cleared."""
+    from mmw.attacks.synonym import lexicon
+
+    half, full = build_attack({"name": "synonym", "p": 0.5}), build_attack({"name": "synonym", "p": 1.0})
+    texts = [SAMPLE, SAMPLE.upper(), LONG]
+    lexicon.cache_clear()
+    alone = [half(text, 11) for text in texts]
+    lexicon.cache_clear()
+    [full(text, 11) for text in texts]
+    assert [half(text, 11) for text in texts] == alone
+    assert half.candidates(LONG) is full.candidates(LONG)
+    assert all(out != text for out, text in zip(alone, texts, strict=True))  # the attack did replace words
+
+
 def test_synonyms_are_wordnet_synonyms_with_same_pos_and_case(attacks):
     wordnet = attacks["synonym"]._wordnet
     pos_of_tag = {"N": "n", "V": "v", "J": "a", "R": "r"}

@@ -8,8 +8,9 @@ from WordNet 3.0 (``mmw.attacks.wordnet``).
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -73,8 +74,43 @@ class Synonym(RateAttack):
         pieces.append(text[end:])
         return "".join(pieces)
 
-    def candidates(self, text: str) -> list[Candidate]:
+    def candidates(self, text: str) -> tuple[Candidate, ...]:
         """The replaceable words of ``text`` in order, each with its replacements."""
+        return lexicon().candidates(text)
+
+    @property
+    def _wordnet(self):  # nltk's reader type is only imported lazily
+        return lexicon().wordnet
+
+
+@cache
+def lexicon() -> Lexicon:
+    """The process's one :class:`Lexicon`, shared by every synonym attack."""
+    return Lexicon()
+
+
+class Lexicon:
+    """The synonym attack's language resources (tagger, lemmatiser, WordNet) and what it derives from them.
+
+    A text's candidates depend on the text alone, not on ``p`` or the seed, so they are kept per process and
+    shared by every :class:`Synonym`: a board with synonym attacks at several ``p`` tags and looks up each text
+    once, not once per attack (on full-scale random-weight texts the second to fourth attacks re-did 5 s of
+    lookups each). Keeping them changes no output: candidates are a pure function of the text.
+    """
+
+    #: Texts whose candidates are kept (the most recent ones); a board's attacks share their inputs.
+    TEXTS = 4096
+
+    def __init__(self) -> None:
+        self._texts: OrderedDict[str, tuple[Candidate, ...]] = OrderedDict()
+        # (lower-case word, tag) -> lower-case replacements and probabilities; words repeat a lot in text.
+        self._words: dict[tuple[str, str], tuple[tuple[str, ...], tuple[float, ...]]] = {}
+
+    def candidates(self, text: str) -> tuple[Candidate, ...]:
+        """The replaceable words of ``text`` in order, each with its replacements."""
+        if text in self._texts:
+            self._texts.move_to_end(text)
+            return self._texts[text]
         found = []
         for sentence in self._sentences(text):
             for match, tag in zip(sentence, self._tag([m.group() for m in sentence]), strict=True):
@@ -83,7 +119,10 @@ class Synonym(RateAttack):
                     replacements, probabilities = self._replacements(word, tag)
                     if replacements:
                         found.append(Candidate(match.start(), match.end(), tag, replacements, probabilities))
-        return found
+        self._texts[text] = kept = tuple(found)
+        if len(self._texts) > self.TEXTS:
+            self._texts.popitem(last=False)
+        return kept
 
     @staticmethod
     def _sentences(text: str) -> list[list[re.Match[str]]]:
@@ -108,15 +147,15 @@ class Synonym(RateAttack):
             cut = len(token) - 3 if token.lower().endswith("n't") else token.rfind("'")
             first_part.append(len(split))
             split += [token[:cut], token[cut:]] if cut > 0 else [token]
-        tags = [tag for _, tag in self._tagger.find_tags(split)]
+        tags = [tag for _, tag in self.tagger.find_tags(split)]
         return [tags[k] for k in first_part]
 
     def _replacements(self, word: str, tag: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
         """Replacements of ``word`` (cased like it) and their probabilities; empty if it is not eligible."""
         key = (word.lower(), tag)
-        if key not in self._cache:
-            self._cache[key] = self._lowercase_replacements(*key)
-        forms, probabilities = self._cache[key]
+        if key not in self._words:
+            self._words[key] = self._lowercase_replacements(*key)
+        forms, probabilities = self._words[key]
         return tuple(match_case(word, form) for form in forms), probabilities
 
     def _lowercase_replacements(self, word: str, tag: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
@@ -136,9 +175,9 @@ class Synonym(RateAttack):
 
     def _lemma(self, word: str, pos: str) -> str | None:
         """The dictionary form of ``word`` that WordNet knows for ``pos`` (lemminflect first, then morphy)."""
-        lemmas = self._lemminflect.getLemma(word, upos=LEMMINFLECT_POS[pos])
-        for lemma in (*lemmas, self._wordnet.morphy(word, pos)):
-            if lemma and self._wordnet.synsets(lemma, pos):
+        lemmas = self.lemminflect.getLemma(word, upos=LEMMINFLECT_POS[pos])
+        for lemma in (*lemmas, self.wordnet.morphy(word, pos)):
+            if lemma and self.wordnet.synsets(lemma, pos):
                 return lemma
         return None
 
@@ -151,7 +190,7 @@ class Synonym(RateAttack):
         multi-word lemmas would change the word count, and one- or two-letter lemmas are mostly abbreviations
         ("yr"), so all three are skipped.
         """
-        synsets = self._wordnet.synsets(lemma, pos)
+        synsets = self.wordnet.synsets(lemma, pos)
         lemmas = [m for m in synsets[0].lemmas() if m.name() != lemma and len(m.name()) >= MIN_SYNONYM_LETTERS
                   and m.name().isascii() and m.name().isalpha() and m.name().islower()]
         return tuple(m.name() for m in lemmas), tuple(m.count() + 1.0 for m in lemmas)
@@ -159,26 +198,21 @@ class Synonym(RateAttack):
     def _inflect(self, lemma: str, tag: str) -> str | None:
         if tag not in INFLECTED_TAGS:
             return lemma
-        forms = self._lemminflect.getInflection(lemma, tag=tag)
+        forms = self.lemminflect.getInflection(lemma, tag=tag)
         return forms[0] if forms else None
 
     @cached_property
-    def _cache(self) -> dict[tuple[str, str], tuple[tuple[str, ...], tuple[float, ...]]]:
-        """(lower-case word, tag) -> lower-case replacements and probabilities; words repeat a lot in text."""
-        return {}
-
-    @cached_property
-    def _wordnet(self):  # nltk's reader type is only imported lazily
+    def wordnet(self):  # nltk's reader type is only imported lazily
         return load_wordnet()
 
     @cached_property
-    def _tagger(self):
+    def tagger(self):
         from textblob.en import parser  # the pattern tagger; its lexicon loads on first use
 
         return parser
 
     @cached_property
-    def _lemminflect(self):
+    def lemminflect(self):
         import lemminflect
 
         return lemminflect
