@@ -1,5 +1,5 @@
 """``python -m mmw`` = the ``mmw`` command."""
 
-from mmw.cli import app
+from mmw.cli import main
 
-app(prog_name="mmw")
+main()

@@ -10,6 +10,7 @@ the whole file runs in seconds after the first imports.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -134,6 +135,24 @@ def test_key_command_writes_only_the_fingerprint(workdir: Path) -> None:
     fingerprint = (workdir / "data/key.fingerprint").read_text().strip()
     assert fingerprint == key_fingerprint(resolve_key("an-environment-key-wins-42"))
     assert fingerprint != key_fingerprint(resolve_key(GOOD_KEY))  # $MMW_KEY won over params
+
+
+def test_a_stage_in_its_own_process_ends_at_once_losing_no_output(workdir: Path) -> None:
+    """``python -m mmw`` (as DVC runs a stage) skips the interpreter's teardown after a stage succeeds: exit code
+    0, the stage's output in place, and what was printed before (block-buffered into a pipe) still delivered. A
+    failing stage keeps its message and exit code 2."""
+    from mmw.keys import key_fingerprint, resolve_key
+
+    script = ("import sys, mmw.cli; print('printed before the stage'); sys.argv = ['mmw', *sys.argv[1:]]; "
+              "mmw.cli.main(); print('not reached')")
+    done = subprocess.run([sys.executable, "-c", script, "key"], cwd=workdir, capture_output=True, text=True,
+                          env={**os.environ, "MMW_KEY": "an-environment-key-wins-42"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "printed before the stage\n"
+    assert (workdir / "data/key.fingerprint").read_text().strip() == key_fingerprint(
+        resolve_key("an-environment-key-wins-42"))
+    failed = subprocess.run([sys.executable, "-m", "mmw", "perturb"], cwd=workdir, capture_output=True, text=True)
+    assert failed.returncode == 2 and "data/generations/watermarked.parquet" in failed.stderr, failed.stderr
 
 
 # ---------------------------------------------------------------------------------------------- missing input: 2
