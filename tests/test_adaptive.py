@@ -32,6 +32,7 @@ from mmw.sweep.adaptive import (
     race_bounds,
     run_adaptive,
     schedule_from,
+    screen,
 )
 from mmw.sweep.simulate import Truth, draw_tuning
 
@@ -116,6 +117,45 @@ def test_elimination_rule() -> None:
     assert eliminate(b, np.zeros((2, 6), bool), CONSTRAINTS, 2).max() == IN
 
 
+def test_screening_rule() -> None:
+    # One-sigma bounds at 16 of 64 prompts seen. 0, 1: feasible, small; 2: feasible, ten times larger; 3: quality
+    # far below 0.9; 4: a near tie of 0 and 1; 5: small but R far below 0.2 (feasible without R).
+    b = _bounds(q=[(0.98, 1.02), (0.98, 1.02), (0.98, 1.02), (0.58, 0.62), (0.98, 1.02), (0.98, 1.02)],
+                r=[(0.4, 0.5), (0.4, 0.5), (0.4, 0.5), (0.4, 0.5), (0.4, 0.5), (0.03, 0.07)],
+                s=[(19, 21), (20, 22), (190, 210), (5, 6), (20, 22), (200, 220)])
+    contending = np.ones((2, 6), bool)
+    codes = screen(b, contending, CONSTRAINTS, keep=2, seen=0.25, level=0.05)
+    assert codes[0].tolist() == [IN, IN, SIZE, QUALITY, IN, RESISTANCE]
+    assert codes[1].tolist() == [IN, IN, SIZE, QUALITY, IN, SIZE]
+    assert (screen(b, contending, CONSTRAINTS, 2, 0.25, 0.05) == codes).all()  # seeded: deterministic
+    assert screen(b, np.zeros((2, 6), bool), CONSTRAINTS, 2, 0.25, 0.05).max() == IN
+    # The chance each drop costs is summed per cell: six interchangeable configs are each among the two first with
+    # chance ~1/3, so none may go at level 0.05 (dropping all but the two first on the estimates would).
+    same = _bounds(q=[(0.95, 1.05)] * 6, r=[(0.3, 0.5)] * 6, s=[(18, 22)] * 6)
+    assert (screen(same, np.ones((2, 6), bool), CONSTRAINTS, 2, 0.25, 0.05) == IN).all()
+    # Nothing left to see: the prediction is the estimates, and exactly the two first on them stay.
+    spread = _bounds(q=[(0.95, 1.05)] * 4, r=[(0.3, 0.5)] * 4, s=[(18, 22), (28, 32), (8, 12), (38, 42)])
+    assert screen(spread, np.ones((2, 4), bool), CONSTRAINTS, 2, 1.0, 0.05)[1].tolist() == [IN, SIZE, IN, SIZE]
+    # Undetected (infinite size) while feasible others are detected: out for size; a config without a quality
+    # estimate is never dropped.
+    b3 = _bounds(q=[(0.95, 1.05), (0.95, 1.05), (0.95, 1.05), (math.nan, math.nan)], r=[(0.3, 0.5)] * 4,
+                 s=[(10, 20), (12, 22), (math.inf, math.inf), (300, 400)])
+    assert screen(b3, np.ones((2, 4), bool), CONSTRAINTS, 2, 0.25, 0.05)[1].tolist() == [IN, IN, SIZE, IN]
+
+
+def test_cost_model_packs_configurations_into_units() -> None:
+    assert CostModel(10.0, 1.0).units(10, 5) == 10 * 10 + 10 * 5  # one configuration a unit
+    assert CostModel(10.0, 1.0, configs_per_unit=4).units(10, 5) == 3 * 10 + 10 * 5
+    assert CostModel(10.0, 1.0, configs_per_unit=0).units(10, 5) == 10 + 10 * 5  # one unit per group and shard
+    assert CostModel(10.0, 1.0, configs_per_unit=0).units(0, 5) == 0
+    assert CostModel(10.0, 1.0).units(np.array([1, 0]), np.array([2, 2])).tolist() == [12.0, 0.0]
+    for kwargs, key in (({"configs_per_unit": -1}, "cost.configs_per_unit"), ({"configs_per_unit": 1.5},
+                        "cost.configs_per_unit"), ({"unit_s": -5.0}, "cost.unit_s")):
+        with pytest.raises(SpecError) as err:
+            CostModel(**{"unit_s": 10.0, "prompt_s": 1.0, **kwargs})
+        assert err.value.key == key and "\n" not in str(err.value)
+
+
 def test_race_drops_only_with_the_corrected_level_and_the_grid_drops_nothing() -> None:
     truth = Truth.trade_off(n=8)
     rng = np.random.default_rng(3)
@@ -186,6 +226,7 @@ def test_race_never_spends_more_than_its_budget() -> None:
     ({"shards": [4, 16], "budget_s": 100}, "adaptive.budget_s"),  # less than round 1
     ({"shards": [4, 16], "budget_s": -1}, "adaptive.budget_s"),
     ({"shards": [4, 16], "rounds": 3}, "adaptive.rounds"),
+    ({"shards": [4, 16], "rule": "halving"}, "adaptive.rule"),
     ({"shards": [4, True]}, "adaptive.shards[1]"),
     ([4, 16], "adaptive"),
 ])
@@ -308,7 +349,8 @@ def test_round_log_and_resume_after_a_kill_between_rounds(tmp_path: Path) -> Non
 
 # -- the simulation study ---------------------------------------------------------------------------------------
 
-SWEEPS = 1000
+SWEEPS = 500
+SCREEN_SWEEPS = 400
 TUNING, CONFIRM, K = 64, 32, 3
 
 
@@ -326,7 +368,8 @@ def _paper_slice() -> dict:
 
 
 def test_simulated_race_against_the_grid() -> None:
-    """Over 1,000 simulated sweeps of the paper grid's T = 1 slice, on the same simulated data: the race reaches
+    """Over 500 simulated sweeps of the paper grid's T = 1 slice, on the same simulated data: the race (the union
+    rule) reaches
     the grid's status and pick in >= 95 % of the cells the grid resolves; it never loses a cell's truly smallest
     feasible configs more often than its level (per group); its false-confirmation rate stays at the
     confirmation's level. Without the multiplicity correction the race loses true answers far more often than
@@ -364,6 +407,36 @@ def test_simulated_race_against_the_grid() -> None:
                      alternative="greater").pvalue < 0.01
 
 
+def test_simulated_screen_against_the_grid() -> None:
+    """The screening rule (level 0.02) over 400 simulated sweeps of the T = 1 slice: it reaches the grid's status and pick in
+    >= 95 % of the cells the grid resolves (not significantly fewer), its false-confirmation rate stays at the
+    confirmation's level and not above the grid's, and it spends less than half the grid's prompts, confirmation
+    included (the costs of docs/SWEEP.md are bench/adaptive.py's, over the whole grid)."""
+    from scipy.stats import binomtest
+
+    from mmw.sweep.adaptive import GPU_STAGED
+    from mmw.sweep.confirm import ConfirmSettings
+    from mmw.sweep.simulate import adaptive_summary, simulate_adaptive
+
+    groups = _paper_slice()
+    settings = ConfirmSettings(level=0.05, max_tries=2, resamples=200)
+    # At level 0.05 (bench/adaptive.py's) this slice agrees on 93.3 % (400 sweeps): its cells are the hard ones.
+    schedule = Schedule((4, 12, 32, 64), level=0.02, rule="screen")
+    prompts_only = GPU_STAGED.with_fixed(0.0)
+    result = simulate_adaptive(groups, schedule, SCREEN_SWEEPS, TUNING, CONFIRM, K, settings, prompts_only, seed=6,
+                               chunk=200)
+    s = adaptive_summary(result, prompts_only, CONFIRM, K)
+    print(f"\nscreen, {SCREEN_SWEEPS} sweeps: grid resolves {s['resolved']:.3f}; agreement {s['agreement']:.4f}; "
+          f"prompts ratio {s['tuning_ratio']:.3f} (with confirmation {s['total_ratio']:.3f}); false confirmations "
+          f"race {s['adaptive_false']:.4f} vs grid {s['uniform_false']:.4f}")
+    resolved, cells = round(s["resolved_cells"]), result.height
+    assert binomtest(round(s["agreement"] * resolved), resolved, 0.95, alternative="less").pvalue > 0.01
+    assert binomtest(round(s["adaptive_false"] * cells), cells, 0.05, alternative="greater").pvalue > 0.01
+    race_false, grid_false = round(s["adaptive_false"] * cells), round(s["uniform_false"] * cells)
+    assert race_false <= grid_false + 3 * max(grid_false, 1) ** 0.5
+    assert s["total_ratio"] < 0.5
+
+
 # -- the race through `mmw sweep run`: a fake executor, the real runner, evidence store and collection ----------
 
 RACE_DEFINITION = {
@@ -371,7 +444,7 @@ RACE_DEFINITION = {
     "base": {"prompts.tasks": ["story"], "prompts.per_task": 24},
     "reevaluate": {"k": 2, "first_seed": 1000},
     "confirm": {"prompts": 30, "level": 0.05, "max_tries": 2},
-    "adaptive": {"shards": [6, 12, 24], "level": 0.05},
+    "adaptive": {"shards": [6, 12, 24], "level": 0.05, "rule": "union"},  # the runner's tests pin the drops
     "grids": [{"name": "ds", "scheme.sampler": "distribution_shift", "scheme.score": "sum",
                "scheme.randomness": "window", "scheme.window": 1, "scheme.delta": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]}],
 }
@@ -559,6 +632,52 @@ def test_a_race_killed_between_or_inside_rounds_resumes_from_the_evidence_alone(
     for name, value in expected.items():
         same = value.equals(found[name]) if isinstance(value, pl.DataFrame) else value == found[name]
         assert same, f"{name} differs:\n{found[name]}\n{value}"
+
+
+def test_a_screened_race_drops_runs_less_and_resumes_to_the_same_tables(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The screening rule through `run_sweep`: the clearly infeasible configurations (true quality 0.5, 0.6) go
+    after round 1 and never run again, and a race killed inside round 2 resumes to the round log and tables of an
+    uninterrupted one (the screen's draws are seeded, so its decisions replay)."""
+    from mmw.sweep import load_sweep, run_sweep
+
+    definition = {**RACE_DEFINITION, "adaptive": {"shards": [6, 12, 24], "level": 0.05, "rule": "screen"}}
+    results = []
+    for name, stop in (("straight", None), ("killed", 8)):
+        world = RaceWorld(stop_after=stop)
+        repo = _race_repo(tmp_path / name, monkeypatch, world, definition)
+        if stop is not None:
+            with pytest.raises(KeyboardInterrupt):
+                run_sweep(repo, load_sweep(repo, "t"), executor=world, echo=lambda _: None)
+            world.stop_after = None
+        run_sweep(repo, load_sweep(repo, "t"), executor=world, echo=lambda _: None)
+        assert len(world.ran) == len(set(world.ran))  # no unit twice
+        results.append((world, _tables(repo, load_sweep(repo, "t"))))
+    (world, tables), (_, resumed) = results
+    log = tables["rounds.parquet"]
+    first = log.filter((pl.col("round") == 0) & (pl.col("decision") == "dropped"))
+    deltas = {c: world.overrides[f"t-{c}-r0"]["scheme.delta"] for c in first["config_id"].to_list()}
+    assert {2.0, 3.0} <= set(deltas.values())
+    race_units = [n for n in world.ran if not n.startswith("reeval-")]
+    for cid in deltas:
+        assert f"t-{cid}-r1" not in race_units and f"t-{cid}-r2" not in race_units
+    assert len(race_units) < 3 * 6
+    for name in ("rounds.parquet", "table.parquet", "results.parquet"):
+        assert tables[name].equals(resumed[name]), name
+
+
+def test_a_bad_rule_is_refused_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from mmw.cli import app
+
+    definition = {**RACE_DEFINITION, "adaptive": {"shards": [6, 12, 24], "rule": "halving"}}
+    repo = _race_repo(tmp_path / "r", monkeypatch, RaceWorld(), definition)
+    result = CliRunner().invoke(app, ["sweep", "run", "t", "--repo", str(repo), "--dry-run"])
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "adaptive.rule" in errors[0] and "union or screen" in errors[0], result.output
+    assert not (repo / "reports").exists()
 
 
 def test_pooled_shards_give_the_grids_table_on_the_same_rows(tmp_path: Path) -> None:

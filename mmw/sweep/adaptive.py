@@ -2,17 +2,25 @@
 
 The uniform grid runs every configuration on every tuning prompt. Most configurations of a cell are clearly
 infeasible or clearly larger than the best one long before that. A **race** runs the tuning prompts in rounds
-(prompt shards, cumulative ``schedule.shards`` prompts per task) and, after each round, drops what is confidently
-out of every cell it could answer:
+(prompt shards, cumulative ``schedule.shards`` prompts per task) and, after each round, drops what is out of every
+cell it could answer. A group of configurations (temperature x family) answers one cell per constraint
+(:data:`PAPER_CONSTRAINTS`); ``keep`` = the confirmation's ``max_tries``, so the fallbacks survive too. Two rules
+say when a configuration is **out** of a cell (``schedule.rule``):
 
-* a group of configurations (temperature x family) answers one cell per constraint (:data:`PAPER_CONSTRAINTS`);
-* for a cell, a configuration is **out** when its relative-quality upper bound is below ``1 - loss``, or its R
+* ``union`` (:func:`eliminate`): confidently out. Its relative-quality upper bound is below ``1 - loss``, or its R
   upper bound is at or below ``min R`` (confidently infeasible), or its size lower bound lies above the upper
   bound of the ``keep``-th smallest configuration that is confidently feasible (confidently larger than the
-  cell's leaders; ``keep`` = the confirmation's ``max_tries``, so the fallbacks survive too);
-* a configuration is **dropped** when it is out of every cell of its group that is still running; survivors get
-  the next shard. A cell stops when its budget share is spent (:func:`plan_round`); its contenders then stop
-  unless another cell still needs them.
+  cell's leaders), every bound at the union-bound level below. A cell also stops when no contender can be
+  decided by the remaining prompts (:func:`decidable`).
+* ``screen`` (:func:`screen`): unlikely to matter. From one-sigma bounds, the grid's estimates at the last shard
+  are predicted (Student-t, shrunk for the prompts already seen) and each contender's chance of being among the
+  grid's ``keep`` first candidates is drawn; per cell and round the least likely ones go, as many as fit in
+  ``level`` of summed chance. It aims at the grid's answer at a fraction of its prompts; the per-cell error
+  guarantee is confirmation's (disjoint prompts, fresh keys and seeds), not the race's.
+
+A configuration is **dropped** when it is out of every cell of its group that is still running; survivors get
+the next shard. A cell stops when its budget share is spent (:func:`plan_round`); its contenders then stop
+unless another cell still needs them.
 
 After the last round each cell ranks its contenders on their point estimates as the grid does (feasible on the
 estimates, smallest median size first) and the candidates go to confirmation exactly as
@@ -20,7 +28,8 @@ estimates, smallest median size first) and the candidates go to confirmation exa
 max_tries``. The uniform grid is the degenerate schedule: one round, every configuration, the whole budget
 (:meth:`Schedule.uniform`).
 
-**Bounds and their correction.** Per configuration and round: relative quality (the ratio of paired sums, a
+**Bounds and their correction** (the union rule; the screen reads the same bounds at :data:`ONE_SIGMA`). Per
+configuration and round: relative quality (the ratio of paired sums, a
 normal bound from its delta-method standard error), the median size (distribution-free, by binomial order
 statistics) and R. R is the hull area of :func:`mmw.sweep.confirm.hull_resistance`, nondecreasing in every
 ``W_A`` and ``W_0`` and nonincreasing in every ``Q_A`` (an attack that keeps more quality while losing the mark
@@ -37,6 +46,8 @@ are asymptotic (normal), the others exact.
 **Units and cost.** A unit is one configuration on one prompt shard (key ``config_id x shard``); a round's units
 are independent jobs. Cost is time: a fixed cost per unit (process start-ups, model loads, DVC) plus a cost per
 prompt (:class:`CostModel`); a shard's baseline is paid once per temperature and shared by the configurations.
+The cost model can also price units that hold several configurations of one group and shard (one process, one
+model load: ``configs_per_unit``), which the runner does not do yet.
 
 Array shapes: leading batch dimensions ``...`` (simulated sweeps), ``C`` configurations of a group, ``X`` cells
 (constraints), ``n`` prompts, ``m`` attacks counted in R, ``n_a`` attacked prompts. Missing values are NaN.
@@ -62,29 +73,70 @@ from mmw.selection import PAPER_CONSTRAINTS, Constraints
 from mmw.sweep.confirm import MIN_PROMPTS, AttackEvidence, hull_resistance
 from mmw.validation import Integer, Section, allowed, validate
 
-#: Reason codes of :func:`eliminate` (0: still contending).
+#: Reason codes of :func:`eliminate` and :func:`screen` (0: still contending).
 IN, QUALITY, RESISTANCE, SIZE = 0, 1, 2, 3
 REASONS = ("", "quality", "R", "size")
+#: The elimination rules of :class:`Schedule`.
+RULES = ("union", "screen")
+#: One-sided level of a one-standard-error bound (the screen's bounds: estimate -/+ 1 SE).
+ONE_SIGMA = float(stats.norm.sf(1.0))
+#: Draws of the screen's predictive simulation per configuration.
+SCREEN_DRAWS = 400
 
 
 # -- settings ---------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds of one unit: ``unit_s`` fixed (start-ups, model loads, DVC) + ``prompt_s`` per prompt; a shard's
-    baseline (per temperature, shared by every configuration): ``baseline_unit_s`` + ``baseline_prompt_s`` per
-    prompt. Linear in prompts: valid while a unit's prompts fill the accelerator's batch."""
+    """Seconds of work: a unit pays ``unit_s`` fixed (start-ups, model loads, DVC) + ``prompt_s`` per prompt of
+    each configuration it holds; a shard's baseline (per temperature, shared by every configuration):
+    ``baseline_unit_s`` + ``baseline_prompt_s`` per prompt. Linear in prompts: valid while a unit's prompts fill the
+    accelerator's batch.
+
+    ``configs_per_unit``: how many configurations of one group and shard a unit holds (one process, one model
+    load, the fixed cost paid once; 0: all of them, one unit per group and round). 1 is what the runner does today:
+    one configuration per unit."""
 
     unit_s: float
     prompt_s: float
     baseline_unit_s: float = 0.0
     baseline_prompt_s: float = 0.0
+    configs_per_unit: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("unit_s", "prompt_s", "baseline_unit_s", "baseline_prompt_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise SpecError(f"cost.{name}", f"{value!r} is not a number of seconds >= 0", "a number >= 0")
+        per = self.configs_per_unit
+        if isinstance(per, bool) or not isinstance(per, int) or per < 0:
+            raise SpecError("cost.configs_per_unit", f"{per!r} is not an integer >= 0",
+                            "an integer >= 1, or 0 (every configuration of a group and shard in one unit)")
 
     def unit(self, prompts: float | np.ndarray) -> float | np.ndarray:
+        """Seconds of one configuration on ``prompts`` prompts in a unit of its own."""
         return self.unit_s + self.prompt_s * prompts
+
+    def units(self, configs: float | np.ndarray, prompts: float | np.ndarray) -> float | np.ndarray:
+        """Seconds of ``configs`` configurations of one group on one shard of ``prompts`` prompts, packed
+        ``configs_per_unit`` to a unit: ``ceil(configs / configs_per_unit)`` fixed costs + every prompt."""
+        configs = np.asarray(configs, dtype=float)
+        packed = np.where(configs > 0, 1.0, 0.0) if self.configs_per_unit == 0 else np.ceil(
+            configs / self.configs_per_unit)
+        out = packed * self.unit_s + configs * self.prompt_s * prompts
+        return float(out) if out.ndim == 0 else out
+
+    def share(self, configs: float, prompts: float) -> float:
+        """One configuration's share of a round of ``configs`` configurations (:meth:`units` / ``configs``)."""
+        return float(self.units(configs, prompts)) / configs if configs else 0.0
 
     def baseline(self, prompts: float | np.ndarray) -> float | np.ndarray:
         return self.baseline_unit_s + self.baseline_prompt_s * prompts
+
+    def with_fixed(self, unit_s: float, configs_per_unit: int | None = None) -> CostModel:
+        """The same model with another fixed cost per unit (and packing)."""
+        return CostModel(unit_s, self.prompt_s, self.baseline_unit_s, self.baseline_prompt_s,
+                         self.configs_per_unit if configs_per_unit is None else configs_per_unit)
 
 
 #: One H100, 8B-shaped models, 296 prompts x 1,024 tokens (bench/RESULTS.md, "Cost model for the paper's grid"):
@@ -110,7 +162,13 @@ class Schedule:
     * ``budget_s``: tuning seconds of the whole race (None: unlimited), shared equally by the cells;
     * ``keep``: leaders kept per cell (the confirmation's ``max_tries``);
     * ``corrected``: False tests every bound at ``level`` itself (no multiplicity correction: the reckless
-      negative control of the simulation study, never a sweep setting).
+      negative control of the simulation study, never a sweep setting);
+    * ``rule``: the elimination rule. ``"union"`` (:func:`eliminate`): drop only what is confidently out, with
+      every bound at the union-bound level of :meth:`alpha`; the race then never loses a cell's true answer with
+      probability ``>= 1 - level``. ``"screen"`` (:func:`screen`): drop what is unlikely to be among the grid's
+      ``keep`` first candidates at the last shard, at most ``level`` of predictive chance per cell and round;
+      it targets agreement with the grid at a fraction of its cost, and leaves the error guarantee to
+      confirmation.
     """
 
     shards: tuple[int, ...]
@@ -118,6 +176,7 @@ class Schedule:
     budget_s: float | None = None
     keep: int = 2
     corrected: bool = True
+    rule: str = "union"
 
     def __post_init__(self) -> None:
         if isinstance(self.level, bool) or not isinstance(self.level, int | float) or not 0 < self.level < 1:
@@ -129,6 +188,8 @@ class Schedule:
                             "task", "integers >= 1, increasing, e.g. [4, 16, 64]")
         if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
             raise SpecError("adaptive.keep", f"{self.keep!r} is not a positive integer", "an integer >= 1")
+        if self.rule not in RULES:
+            raise SpecError("adaptive.rule", f"{self.rule!r} is not an elimination rule", " or ".join(RULES))
 
     @classmethod
     def uniform(cls, tuning: int, keep: int = 2) -> Schedule:
@@ -145,7 +206,10 @@ class Schedule:
         return start, self.shards[r] - start
 
     def alpha(self, n_configs: int, attacks: int) -> float:
-        """The one-sided level of every bound of a group of ``n_configs`` (see the module docstring)."""
+        """The one-sided level of every bound of a group of ``n_configs`` (see the module docstring); the screen
+        reads its standard errors off one-sigma bounds (:data:`ONE_SIGMA`)."""
+        if self.rule == "screen":
+            return ONE_SIGMA
         if not self.corrected:
             return self.level
         return self.level / (self.rounds * max(n_configs, 1) * bounds_per_config(attacks))
@@ -188,6 +252,7 @@ class AdaptiveSection(Section):
     level: float = allowed("a number in (0, 1), e.g. 0.05", default=0.05)
     budget_s: float | None = allowed("a number of seconds > 0", gt=0.0, default=None)
     keep: Integer | None = allowed("an integer >= 1 (default: confirm.max_tries, which it must equal)", default=None)
+    rule: str = allowed(" or ".join(RULES) + " (the elimination rule)", default="screen")
 
 
 def schedule_from(raw: Any, tuning: int | None, confirm_tries: int | None, n_configs: int, tasks: int,
@@ -196,7 +261,8 @@ def schedule_from(raw: Any, tuning: int | None, confirm_tries: int | None, n_con
     (:meth:`Schedule.check`) before anything runs. One round is the uniform grid (``--uniform``), not a race."""
     section = validate(AdaptiveSection, raw, "adaptive")
     keep = section.keep if section.keep is not None else confirm_tries if confirm_tries is not None else 2
-    schedule = Schedule(shards=tuple(section.shards), level=section.level, budget_s=section.budget_s, keep=keep)
+    schedule = Schedule(shards=tuple(section.shards), level=section.level, budget_s=section.budget_s, keep=keep,
+                        rule=section.rule)
     if schedule.rounds < 2:
         raise SpecError("adaptive.shards", f"{list(schedule.shards)!r} is one round: that is the uniform grid, "
                         "not a race", "at least two increasing values, e.g. [4, 16] (or run --uniform)")
@@ -347,6 +413,68 @@ def eliminate(bounds: Bounds, contending: np.ndarray, constraints: Sequence[Cons
     return np.stack(codes, axis=-2)
 
 
+def screen(bounds: Bounds, contending: np.ndarray, constraints: Sequence[Constraints], keep: int, seen: float,
+           level: float, seed: int = 0, draws: int = SCREEN_DRAWS) -> np.ndarray:
+    """Reason codes ``(..., X, C)`` of the screening rule: per cell, drop the configurations least likely to be
+    among the grid's ``keep`` first candidates once the last shard is in, as many as fit in ``level`` of summed
+    chance.
+
+    ``bounds`` are one-sigma bounds (:data:`ONE_SIGMA`), read as standard errors: quality and R by half their
+    interval, the median size on the log scale (infinite when undetected; an open bound counts as 3, a factor
+    of 20). ``seen``: the share of the last shard's prompts the bounds rest on. The grid's estimates at the last
+    shard are predicted as Student-t (``prompts - 1`` degrees of freedom: the standard errors are themselves
+    estimated) around today's, the standard errors shrunk by ``sqrt(1 - seen)`` (the prompts still to come; the
+    ones seen are shared); ``draws`` joint draws of every contender (seeded by ``seed``:
+    deterministic) give each one's chance ``p`` of being feasible on the grid's point rule (quality ``>= 1 -
+    loss``, R ``>= min R``) with fewer than ``keep`` feasible contenders smaller (ties of undetected ones by
+    index, as the grid's stable sort). A cell's contenders are dropped in increasing ``p`` while their sum stays
+    ``<= level``, so each round loses one of the grid's ``keep`` candidates with chance about ``level`` at most
+    (under the normal prediction). Reason: ``quality`` or ``R`` when that alone makes the configuration more
+    likely infeasible than not, else ``size``. A contender without a quality estimate is never dropped."""
+    shrink = math.sqrt(max(1.0 - seen, 0.0))
+    rng = np.random.default_rng(seed)
+    shape = bounds.quality.shape
+
+    df = np.maximum(np.broadcast_to(bounds.prompts, shape) - 1, 1).astype(float)
+
+    def draw(estimate: np.ndarray, low: np.ndarray, high: np.ndarray, cap: float = np.inf) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            se = np.minimum(np.nan_to_num((high - low) / 2, nan=cap, posinf=cap), cap) * shrink
+        return estimate + rng.standard_t(df, (draws, *shape)) * se
+
+    quality = draw(bounds.quality, bounds.quality_low, bounds.quality_high)
+    resistance = draw(bounds.resistance, bounds.resistance_low, bounds.resistance_high)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_size = np.log(bounds.size)
+        log_draw = draw(log_size, np.log(np.maximum(bounds.size_low, 0.0)), np.log(bounds.size_high), cap=3.0)
+    log_draw = np.where(np.isinf(log_size), np.inf, log_draw)
+    tie = np.broadcast_to(np.arange(shape[-1], dtype=float), shape)
+    unknown = ~np.isfinite(bounds.quality)
+    codes = []
+    for x, constraint in enumerate(constraints):
+        alive = contending[..., x, :]
+        q_min, r_min = constraint.min_relative_quality, constraint.min_tamper_resistance
+        q_ok = quality >= q_min
+        r_ok = resistance >= r_min if r_min > 0 else np.ones_like(q_ok)
+        feasible = q_ok & r_ok & alive
+        key = np.where(feasible, np.where(np.isinf(log_draw), 1e6 + tie, log_draw), np.inf)
+        if shape[-1] > keep:
+            kth = np.partition(key, keep - 1, axis=-1)[..., keep - 1:keep]
+            top = feasible & (key <= kth)
+        else:
+            top = feasible
+        p = np.where(unknown | ~alive, np.inf, top.mean(0))
+        order = np.argsort(p, axis=-1, kind="stable")
+        ranked = np.take_along_axis(p, order, -1)
+        out_sorted = np.cumsum(np.where(np.isfinite(ranked), ranked, np.inf), axis=-1) <= level
+        out = np.zeros(shape, bool)
+        np.put_along_axis(out, order, out_sorted, -1)
+        p_q, p_r = q_ok.mean(0), r_ok.mean(0)
+        reason = np.where((p_q < 0.5) & (p_q <= p_r), QUALITY, np.where(p_r < 0.5, RESISTANCE, SIZE))
+        codes.append(np.where(out & alive, reason, IN))
+    return np.stack(codes, axis=-2)
+
+
 def plan_round(contending: np.ndarray, active: np.ndarray, spent: np.ndarray, unit_s: float, budget_cell: float
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Who runs the next round: ``(running (..., C), active (..., X), charge (..., X))``.
@@ -409,7 +537,8 @@ class RaceResult:
     configuration left each cell (:data:`REASONS`), ``left_at`` ``(..., X, C)`` the round it left (-1: never),
     ``units`` ``(..., C)`` rounds each configuration ran, ``prompts`` ``(..., C)`` its prompts per task, ``cost_s``
     ``(...)`` units' seconds, ``cells_stopped`` ``(..., X)`` the round each cell stopped (budget or futile; -1: never),
-    ``bounds`` the final :class:`Bounds`."""
+    ``bounds`` the final :class:`Bounds`, ``round_units`` ``(..., rounds)`` configurations that ran each round
+    (what :meth:`CostModel.units` prices under any fixed cost and packing)."""
 
     candidates: np.ndarray
     codes: np.ndarray
@@ -419,6 +548,7 @@ class RaceResult:
     cost_s: np.ndarray
     cells_stopped: np.ndarray
     bounds: Bounds
+    round_units: np.ndarray
 
 
 class Race:
@@ -445,6 +575,7 @@ class Race:
         self.cost = np.zeros(batch)
         self.bounds: Bounds | None = None
         self.running = np.zeros(shape, bool)
+        self.round_units = np.zeros(batch + (schedule.rounds,), int)
         self.uniform = schedule.rounds == 1 and schedule.budget_s is None
 
     def plan(self, r: int) -> np.ndarray:
@@ -466,16 +597,22 @@ class Race:
         running = self.running
         self.bounds = fresh if self.bounds is None else fresh.where(running, self.bounds)
         self.units += running
+        self.round_units[..., r] = running.sum(-1)
         self.prompts = np.where(running, self.schedule.shards[r], self.prompts)
         self.cost = self.cost + running.sum(-1) * self.unit_cost(r)
-        if not self.uniform:
-            new = eliminate(self.bounds, self.contending & running[..., None, :], self.constraints,
-                            self.schedule.keep)
+        last = r + 1 == self.schedule.rounds
+        if not self.uniform and not (last and self.schedule.rule == "screen"):
+            judged = self.contending & running[..., None, :]
+            if self.schedule.rule == "screen":
+                new = screen(self.bounds, judged, self.constraints, self.schedule.keep,
+                             self.schedule.shards[r] / self.schedule.shards[-1], self.schedule.level, seed=r)
+            else:
+                new = eliminate(self.bounds, judged, self.constraints, self.schedule.keep)
             leaving = new != IN
             self.codes = np.where(leaving, new, self.codes)
             self.left_at = np.where(leaving, r, self.left_at)
             self.contending &= ~leaving
-            if r + 1 < self.schedule.rounds:
+            if r + 1 < self.schedule.rounds and self.schedule.rule == "union":
                 futile = self.active & ~decidable(self.bounds, self.contending, self.constraints,
                                                   self.schedule.shards[-1] / self.schedule.shards[r])
                 self.stopped = np.where(futile, r, self.stopped)
@@ -487,7 +624,7 @@ class Race:
         candidates = np.stack([rank(self.bounds, self.contending[..., i, :], constraint)
                                for i, constraint in enumerate(self.constraints)], axis=-2)
         return RaceResult(candidates, self.codes, self.left_at, self.units, self.prompts, self.cost, self.stopped,
-                          self.bounds)
+                          self.bounds, self.round_units)
 
 
 def race(observe: Callable[[int, np.ndarray], Bounds], shape: tuple[int, ...], schedule: Schedule,
@@ -620,7 +757,8 @@ def schedule_fingerprint(schedule: Schedule, groups: Mapping[str, Sequence[str]]
     """What a round log was made under: a resume under another schedule, grid or constraints is refused."""
     blob = json.dumps({"shards": schedule.shards, "level": schedule.level, "budget_s": schedule.budget_s,
                        "keep": schedule.keep, "groups": {k: list(v) for k, v in sorted(groups.items())},
-                       "constraints": [[c.max_quality_loss, c.min_tamper_resistance] for c in constraints]})
+                       "constraints": [[c.max_quality_loss, c.min_tamper_resistance] for c in constraints],
+                       **({"rule": schedule.rule} if schedule.rule != "union" else {})})
     return hashlib.blake2b(blob.encode(), digest_size=8).hexdigest()
 
 
@@ -851,7 +989,9 @@ def dry_run_lines(schedule: Schedule, n_configs: int, tuning: int, tasks: int, c
                   ) -> list[str]:
     """What ``mmw sweep run NAME --dry-run`` prints for a race: each round's prompts and at most how many units,
     the race's worst case (nothing dropped, capped by the budget) against the uniform grid, under ``cost``."""
-    lines = [f"  race: {schedule.rounds} rounds, level {schedule.level:g} per group, keep {schedule.keep} per cell, "
+    lines = [f"  race: {schedule.rounds} rounds, level {schedule.level:g} "
+             f"{'per cell and round (screen)' if schedule.rule == 'screen' else 'per group (union)'}, "
+             f"keep {schedule.keep} per cell, "
              f"budget {'none' if schedule.budget_s is None else f'{schedule.budget_s:,.0f} s'}; cost model "
              f"{cost.unit_s:g} s a unit + {cost.prompt_s:.3g} s a prompt"]
     worst = 0.0

@@ -405,7 +405,7 @@ def simulate_adaptive(groups: dict[str, tuple[list[str], Truth]], schedule: Sche
             size = min(chunk, sweeps - start)
             data = draw_tuning(truth, size, n_total, rng, quality_sd)
             alpha = schedule.alpha(c, truth.survival.shape[1])
-            results = {}
+            results, plans = {}, {}
             for name, plan in (("uniform", uniform), ("adaptive", schedule)):
                 state = Race((size, c), plan, constraints, lambda r, plan=plan: float(cost.unit(plan.shard(r)[1] *
                                                                                                tasks)), budget_cell)
@@ -415,6 +415,7 @@ def simulate_adaptive(groups: dict[str, tuple[list[str], Truth]], schedule: Sche
                         break
                     state.update(r, _bounds_of(data, running, plan.shards[r] * tasks, alpha))
                 results[name] = state.result()
+                plans[name] = plan
             # Confirmation runs, drawn once per (sweep, config) that either procedure tries.
             needed = np.unique(np.concatenate([
                 (np.arange(size)[:, None, None] * c + results[n].candidates[:, :, :settings.max_tries]).reshape(-1)
@@ -428,6 +429,7 @@ def simulate_adaptive(groups: dict[str, tuple[list[str], Truth]], schedule: Sche
                        "min_tamper_resistance": constraint.min_tamper_resistance}
                 columns = {}
                 for name, result in results.items():
+                    plan = plans[name]
                     status, pick, tried = _walk(result.candidates[:, x, :], lambda s, cfg, x=x:
                                                 statuses[where[s * c + cfg], x], settings.max_tries)
                     for s, t in enumerate(tried):
@@ -440,28 +442,43 @@ def simulate_adaptive(groups: dict[str, tuple[list[str], Truth]], schedule: Sche
                     columns[f"{name}_lost"] = (result.codes[:, x, best[x]] != 0).any(-1) if best[x].size else \
                         np.zeros(size, bool)
                     columns[f"{name}_units"] = result.units.sum(-1)
+                    columns[f"{name}_round_units"] = result.round_units.tolist()
+                    columns[f"{name}_round_prompts"] = [[plan.shard(r)[1] * tasks for r in range(plan.rounds)]] * size
                 rows.append(pl.DataFrame({"sweep": np.arange(start, start + size), **row, **columns}))
             confirmed_configs = {f"{name}_confirm_configs": [len(t) for t in tried_by[name]] for name in results}
             frames += [r.with_columns(pl.Series(k, v) for k, v in confirmed_configs.items()) for r in rows]
     return pl.concat(frames)
 
 
+def priced(result: pl.DataFrame, name: str, cost: CostModel, n_confirm: int, k: int, tasks: int = 3
+           ) -> tuple[float, float]:
+    """``(tuning, confirmation)`` seconds of ``name`` (uniform / adaptive) summed over the result's sweeps and
+    groups under ``cost``: each group's round ``r`` is ``cost.units(configurations that ran it, its prompts)``
+    (so any fixed cost and packing prices the same simulated decisions); confirmation is K runs of every distinct
+    configuration the group tried, packed alike."""
+    per_group = result.filter(pl.col("cell") == 0)
+    units = np.array(per_group[f"{name}_round_units"].to_list(), dtype=float)
+    prompts = np.array(per_group[f"{name}_round_prompts"].to_list(), dtype=float)
+    tuning = float(np.sum(cost.units(units, prompts)))
+    tried = per_group[f"{name}_confirm_configs"].to_numpy().astype(float)
+    return tuning, float(k * np.sum(cost.units(tried, n_confirm * tasks)))
+
+
 def adaptive_summary(result: pl.DataFrame, cost: CostModel, n_confirm: int, k: int, tasks: int = 3) -> dict[str, float]:
     """Agreement on the cells the grid resolves (status confirmed, not confirmed or no feasible setting: same
     status and same pick), cost ratios (tuning units; and with confirmation: K runs per distinct config tried,
-    baselines aside), and both procedures' false-confirmation rates."""
+    baselines aside; :func:`priced`), and both procedures' false-confirmation rates."""
     resolved = result.filter(pl.col("uniform_status") != UNRESOLVED)
     agree = resolved.filter((pl.col("adaptive_status") == pl.col("uniform_status"))
                             & (pl.col("adaptive_pick") == pl.col("uniform_pick")))
-    per_group = result.filter(pl.col("cell") == 0)
-    confirm_s = float(cost.unit(n_confirm * tasks)) * k
+    costs = {name: priced(result, name, cost, n_confirm, k, tasks) for name in ("uniform", "adaptive")}
     out = {"sweeps": float(result["sweep"].n_unique()), "cells": float(result.height),
-           "resolved": resolved.height / result.height,
+           "resolved": resolved.height / result.height, "resolved_cells": float(resolved.height),
            "agreement": agree.height / max(resolved.height, 1),
-           "tuning_ratio": per_group["adaptive_tuning_s"].sum() / per_group["uniform_tuning_s"].sum()}
+           "tuning_ratio": costs["adaptive"][0] / costs["uniform"][0]}
     for name in ("uniform", "adaptive"):
-        tries = per_group[f"{name}_confirm_configs"].sum()
-        out[f"{name}_total_s"] = (per_group[f"{name}_tuning_s"].sum() + tries * confirm_s) / out["sweeps"]
+        out[f"{name}_tuning_s"] = costs[name][0] / out["sweeps"]
+        out[f"{name}_total_s"] = sum(costs[name]) / out["sweeps"]
         out[f"{name}_false"] = float(result[f"{name}_false"].mean())
         out[f"{name}_confirmed"] = float((result[f"{name}_status"] == CONFIRMED).mean())
         # Per group (the race's level is per group): any cell lost a truly smallest feasible config.
