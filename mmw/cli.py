@@ -4,15 +4,16 @@ Heavy imports (torch, transformers, the attacks) happen inside the commands, so 
 A ``SpecError`` (bad parameter) ends the command with its one-line message and exit code 2.
 
 A stage run as its own process (the ``mmw`` script or ``python -m mmw``, as ``dvc repro`` runs it) ends the process
-as soon as its outputs are written: every output is already in place (written atomically), and tearing down an
-interpreter that holds torch, transformers and a model took 1.8 s on the 2-core CPU and 2-6 s a stage on an
-H100 (module finalisation, freeing the weights and the CUDA caches one object at a time), for nothing.
+as soon as its outputs are written and its exit handlers (``atexit``) have run: every output is already in place
+(written atomically), and tearing down an interpreter that holds torch, transformers and a model took 1.8 s on
+the 2-core CPU and 2-6 s a stage on an H100 (module finalisation, freeing the weights and the CUDA caches one
+object at a time), for nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
-import logging
 import os
 import sys
 from enum import StrEnum
@@ -52,7 +53,7 @@ def _stage(module: str, *args: Any) -> None:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     if _OWN_PROCESS:
-        logging.shutdown()
+        atexit._run_exitfuncs()  # what was registered to run at exit still runs (logging's flush, tracers, ...)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

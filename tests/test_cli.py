@@ -139,16 +139,17 @@ def test_key_command_writes_only_the_fingerprint(workdir: Path) -> None:
 
 def test_a_stage_in_its_own_process_ends_at_once_losing_no_output(workdir: Path) -> None:
     """``python -m mmw`` (as DVC runs a stage) skips the interpreter's teardown after a stage succeeds: exit code
-    0, the stage's output in place, and what was printed before (block-buffered into a pipe) still delivered. A
-    failing stage keeps its message and exit code 2."""
+    0, the stage's output in place, the exit handlers run, and what was printed before (block-buffered into a pipe)
+    still delivered. A failing stage keeps its message and exit code 2."""
     from mmw.keys import key_fingerprint, resolve_key
 
-    script = ("import sys, mmw.cli; print('printed before the stage'); sys.argv = ['mmw', *sys.argv[1:]]; "
+    script = ("import atexit, sys, mmw.cli; print('printed before the stage'); "
+              "atexit.register(lambda: print('exit handler ran')); sys.argv = ['mmw', *sys.argv[1:]]; "
               "mmw.cli.main(); print('not reached')")
     done = subprocess.run([sys.executable, "-c", script, "key"], cwd=workdir, capture_output=True, text=True,
                           env={**os.environ, "MMW_KEY": "an-environment-key-wins-42"})
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "printed before the stage\n"
+    assert done.stdout == "printed before the stage\nexit handler ran\n"
     assert (workdir / "data/key.fingerprint").read_text().strip() == key_fingerprint(
         resolve_key("an-environment-key-wins-42"))
     failed = subprocess.run([sys.executable, "-m", "mmw", "perturb"], cwd=workdir, capture_output=True, text=True)
