@@ -50,6 +50,7 @@ from mmw.sweep.units import (
     reevaluation_name,
     reevaluation_overrides,
     sweep_units,
+    write_packed_unit,
     write_unit,
 )
 
@@ -104,6 +105,10 @@ def run_units(repo: Path, sweep: Sweep, label: str, jobs: list[Job], executor: E
     baseline = head_commit(repo)
 
     def write(job: Job, outcome: Outcome) -> None:
+        if outcome.evidence is not None:  # ran in a pack: no experiment, its results came in memory
+            write_packed_unit(repo, sweep, units[job.name], outcome.evidence, outcome.packed or {}, baseline,
+                              outcome.wall_s, outcome.finished, outcome.ran, outcome.restored)
+            return
         sha = finished_experiments(repo, baseline).get(job.name)
         if sha is None:  # the executor said done but left no ref: nothing to keep, the unit runs again
             echo(f"  warning: {job.name} finished without an experiment ref; no evidence written")
@@ -193,6 +198,10 @@ def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, config
     head_commit(repo)  # fails early outside a committed repository
     export(repo, sweep, echo)  # experiments finished without their evidence file (older runs, a kill)
     load_units(repo, sweep)  # evidence of another definition, generator or judge: refused before anything runs
+    if executor is None and sweep.pack != 1:
+        from mmw.sweep.pack import PackedExecutor
+
+        executor = PackedExecutor(repo, sweep.pack, echo)
     executor = executor or LocalDvcExecutor(repo)
     if not configs:
         pool = None
