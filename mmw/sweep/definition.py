@@ -263,11 +263,13 @@ class Sweep:
     #: each (:class:`mmw.sweep.runner.LocalDvcExecutor`); k > 1 = up to k that share a baseline in one process, 0 =
     #: all that share one (:class:`mmw.sweep.pack.PackedExecutor`).
     pack: int = 1
+    #: Tuning configurations per baseline (:func:`mmw.sweep.pack.pack_key`: the params but ``scheme``), in order
+    #: of first appearance: how packs form, and how the cost model counts packed units.
+    per_baseline: tuple[int, ...] = ()
 
     def baselines(self) -> list[int]:
-        """Configurations per baseline (per temperature: the grid varies the scheme only), as the cost model
-        packs them."""
-        return list(_count_by(c.overrides.get(TEMPERATURE) for c in self.configs).values())
+        """Configurations per baseline (every configuration its own when not known)."""
+        return list(self.per_baseline) or [1] * len(self.configs)
 
     @property
     def racing(self) -> bool:
@@ -421,10 +423,12 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
     split = definition.split(board)
     schedule = None
     tasks = definition.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or []
+    from mmw.sweep.pack import pack_key
+
+    per_baseline = list(_count_by(pack_key(board, c.overrides) for c in configs.values()).values())
     if definition.adaptive is not None:
         from mmw.sweep.adaptive import GPU_STAGED, schedule_from
 
-        per_baseline = list(_count_by(c.overrides.get(TEMPERATURE) for c in configs.values()).values())
         try:
             schedule = schedule_from(definition.adaptive, split.tuning if split else None,
                                      split.max_tries if split else None, per_baseline, len(tasks),
@@ -433,7 +437,7 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
             raise SpecError(f"{path}: {err.key}", err.problem, err.allowed) from None
     return Sweep(name=name, description=definition.description, configs=list(configs.values()),
                  reevaluate=definition.reevaluate, split=split, schedule=schedule, tasks=len(tasks),
-                 pack=definition.pack)
+                 pack=definition.pack, per_baseline=tuple(per_baseline))
 
 
 def _count_by(values: Any) -> dict[Any, int]:

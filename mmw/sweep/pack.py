@@ -126,11 +126,11 @@ def _run_stage(stage: Stage) -> None:
 # ------------------------------------------------------------------------------------------------ the packs
 
 
-def pack_key(board: Mapping[str, Any], job: Job) -> str:
-    """What the jobs of one pack share: the board with the job's overrides, less ``scheme`` and the key."""
+def pack_key(board: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
+    """What the jobs of one pack share: the board with a job's overrides, less ``scheme`` and the key."""
     from mmw.sweep.definition import apply_overrides
 
-    merged = apply_overrides(board, job.overrides)
+    merged = apply_overrides(board, overrides)
     return json.dumps({k: v for k, v in merged.items() if k not in (VARYING, "key")}, sort_keys=True, default=str)
 
 
@@ -139,7 +139,7 @@ def packs(board: Mapping[str, Any], jobs: Sequence[Job], size: int) -> list[list
     limit), in the order of each baseline's first job and, within a pack, the jobs' order."""
     by_key: dict[str, list[Job]] = {}
     for job in jobs:
-        by_key.setdefault(pack_key(board, job), []).append(job)
+        by_key.setdefault(pack_key(board, job.overrides), []).append(job)
     out: list[list[Job]] = []
     for group in by_key.values():
         step = size or len(group)
