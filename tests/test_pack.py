@@ -126,6 +126,51 @@ def test_the_budget_check_and_the_dry_run_price_units_with_the_pack_size() -> No
     assert f"uniform grid {(2 * 100 + 8 * 24) / 3600:,.2f} h" in lines[-1]
 
 
+def test_each_configurations_stages_see_its_key_and_workspace_and_failures_are_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from mmw.sweep import pack as pack_module
+
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    monkeypatch.delenv("MMW_KEY", raising=False)
+    seen: list[tuple[str, str | None, str]] = []
+    fail: dict[str, str] = {}
+
+    def fake_stage(stage: Any) -> None:  # the stages' side of the contract: cwd, params.yaml, the key's variable
+        assert Path("params.yaml").is_file()
+        seen.append((stage.name, os.environ.get("MMW_KEY"), Path.cwd().name))
+        if stage.name in fail and fail[stage.name] == os.environ.get("MMW_KEY"):
+            raise SpecError("scheme.delta", "bad", "good")
+
+    monkeypatch.setattr(pack_module, "_run_stage", fake_stage)
+    jobs = [Job("a", "a", {"scheme.delta": 2.5}, env={"MMW_KEY": KEYS["ds"]}),
+            Job("b", "b", {"scheme.delta": 5.0}, env={"MMW_KEY": KEYS["exp"]})]
+    cwd, outcomes = Path.cwd(), []
+    fail["perturb"] = KEYS["exp"]
+    pack_module.PackedExecutor(tmp_path, pack=0, echo=lambda _: None).run(jobs, outcomes.append)
+    assert Path.cwd() == cwd and "MMW_KEY" not in os.environ
+    shared = {s.name for s in pack_module.stage_plan(tmp_path / "dvc.yaml")[0] if s.shared}
+    assert all(key is None and where == "shared" for name, key, where in seen if name in shared)
+    for job, workspace in zip(jobs, ("unit-0", "unit-1"), strict=True):
+        mine = [(name, where) for name, key, where in seen if key == job.env["MMW_KEY"]]
+        assert mine and {where for _, where in mine} == {workspace} and not {n for n, _ in mine} & shared
+    # b failed at perturb (nothing after it ran); a's fake stages left no tables to read: both one line
+    assert [o.status for o in outcomes] == ["failed", "failed"]
+    assert outcomes[1].error == "exit 2: perturb: error: scheme.delta: bad; allowed: good", outcomes[1].error
+    assert outcomes[0].error.startswith("reading its tables: ") and "\n" not in outcomes[0].error
+    assert "perturb" not in outcomes[1].ran and "aggregate" not in [n for n, k, _ in seen if k == KEYS["exp"]]
+    assert outcomes[0].packed["size"] == 2 and outcomes[1].packed["index"] == 1
+    assert not (tmp_path / pack_module.PACKS_DIR).exists()
+    # A shared stage that fails fails every job of the pack with its line, and the lock is free again.
+    fail.clear()
+    fail["prompts"] = None
+    again: list[Outcome] = []
+    pack_module.PackedExecutor(tmp_path, pack=0, echo=lambda _: None).run(jobs, again.append)
+    assert [o.error for o in again] == ["exit 2: prompts: error: scheme.delta: bad; allowed: good"] * 2
+
+
 def test_an_outcomes_evidence_is_never_logged(tmp_path: Path) -> None:
     from mmw.sweep.runner import append_log, read_log
 

@@ -4,6 +4,7 @@ tables that live in git. See docs/SWEEP.md.
 * :mod:`~mmw.sweep.definition` — load, expand and validate a definition into configs (stable ``config_id``);
 * :mod:`~mmw.sweep.runner` — jobs, the pluggable executor (local ``dvc exp run --temp``), the run log,
   progress and ETA;
+* :mod:`~mmw.sweep.pack` — packed units: the configurations of one baseline in one process (``pack``);
 * :mod:`~mmw.sweep.units` — one committed evidence file per finished unit (``reports/sweeps/<name>/runs/``): what
   resuming and collecting read, on this machine or another one;
 * :mod:`~mmw.sweep.collect` — the results / attacks / paper tables under ``reports/sweeps/<name>/``;

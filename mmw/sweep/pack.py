@@ -165,11 +165,12 @@ def _inside(workspace: Path, env: Mapping[str, str]) -> Iterator[None]:
         os.chdir(cwd)
 
 
-def _error(stage: Stage, err: BaseException) -> str:
+def _error(where: str, err: BaseException) -> str:
+    """One line: where it failed and the exception's last line (a bad setting as the stage command prints it)."""
     if isinstance(err, SpecError):
-        return f"exit 2: {stage.name}: error: {err}"
+        return f"exit 2: {where}: error: {err}"
     last = traceback.format_exception_only(type(err), err)[-1].strip()
-    return f"{stage.name}: {last}"[-600:]
+    return f"{where}: {last}"[-600:]
 
 
 def _timed(workspace: Path, stage: str) -> float | None:
@@ -251,7 +252,7 @@ class PackedExecutor:
                     try:
                         _run_stage(stage)
                     except Exception as err:  # noqa: BLE001 - a stage's failure fails the pack's jobs, not the run
-                        shared_error = _error(stage, err)
+                        shared_error = _error(stage.name, err)
                         break
                     shared_timings[stage.name] = _timed(shared_dir, stage.name)
             shared_s = round(time.perf_counter() - started, 1)
@@ -296,13 +297,17 @@ class PackedExecutor:
                     try:
                         _run_stage(stage)
                     except Exception as err:  # noqa: BLE001 - recorded as this job's failure
-                        return self._outcome(job, "failed", _error(stage, err), time.perf_counter() - mark, ran,
+                        return self._outcome(job, "failed", _error(stage.name, err), time.perf_counter() - mark, ran,
                                              restored, info)
                     ran.append(stage.name)
                     wall = _timed(workspace, stage.name)
                     if wall is not None:
                         timings[stage.name] = wall
-            evidence = read_evidence(workspace, timings)
+            try:
+                evidence = read_evidence(workspace, timings)
+            except Exception as err:  # noqa: BLE001 - a stage left no readable table: this job failed
+                return self._outcome(job, "failed", _error("reading its tables", err), time.perf_counter() - mark,
+                                     ran, restored, info)
         finally:
             shutil.rmtree(workspace, ignore_errors=True)
         return self._outcome(job, "done", None, time.perf_counter() - mark, ran, restored, info, evidence)
