@@ -171,6 +171,24 @@ def test_each_configurations_stages_see_its_key_and_workspace_and_failures_are_o
     assert [o.error for o in again] == ["exit 2: prompts: error: scheme.delta: bad; allowed: good"] * 2
 
 
+def test_a_local_run_packs_only_when_the_sweep_says_so(tmp_path: Path) -> None:
+    import dataclasses
+
+    from mmw.sweep import local_executor
+    from mmw.sweep.definition import expand
+    from mmw.sweep.pack import PackedExecutor
+    from mmw.sweep.runner import LocalDvcExecutor
+
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump({"grids": TWO_CONFIG_GRIDS, "pack": 3}))
+    sweep = expand("t", BOARD, tmp_path)
+    assert sweep.pack == 3 and sweep.baselines() == [2]
+    packed = local_executor(REPO, sweep)
+    assert isinstance(packed, PackedExecutor) and packed.pack == 3
+    assert isinstance(local_executor(REPO, dataclasses.replace(sweep, pack=1)), LocalDvcExecutor)
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump({"grids": TWO_CONFIG_GRIDS}))
+    assert expand("d", BOARD, tmp_path).pack == 1  # the default: one DVC experiment a configuration
+
+
 def test_an_outcomes_evidence_is_never_logged(tmp_path: Path) -> None:
     from mmw.sweep.runner import append_log, read_log
 

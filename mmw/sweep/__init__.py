@@ -188,6 +188,16 @@ def run_race(repo: Path, sweep: Sweep, executor: Executor, echo: Callable[[str],
                     walls=[w for p in parts for w in p.walls])
 
 
+def local_executor(repo: Path, sweep: Sweep, echo: Callable[[str], None] = print) -> Executor:
+    """The executor of a local run: one ``dvc exp run --temp`` per configuration (``pack`` 1), else packs of the
+    configurations that share a baseline (:class:`mmw.sweep.pack.PackedExecutor`)."""
+    if sweep.pack == 1:
+        return LocalDvcExecutor(repo)
+    from mmw.sweep.pack import PackedExecutor
+
+    return PackedExecutor(repo, sweep.pack, echo)
+
+
 def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, configs: bool = True,
               reevaluate: bool = True, echo: Callable[[str], None] = print) -> tuple[Progress | None, Progress | None]:
     """Run ``sweep`` in ``repo``: its configs (``configs``), then (``reevaluate``) the re-evaluations of the picks
@@ -199,11 +209,7 @@ def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, config
     head_commit(repo)  # fails early outside a committed repository
     export(repo, sweep, echo)  # experiments finished without their evidence file (older runs, a kill)
     load_units(repo, sweep)  # evidence of another definition, generator or judge: refused before anything runs
-    if executor is None and sweep.pack != 1:
-        from mmw.sweep.pack import PackedExecutor
-
-        executor = PackedExecutor(repo, sweep.pack, echo)
-    executor = executor or LocalDvcExecutor(repo)
+    executor = executor or local_executor(repo, sweep, echo)
     if not configs:
         pool = None
     elif sweep.racing:
