@@ -32,6 +32,7 @@ import hashlib
 import itertools
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -425,7 +426,7 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
     tasks = definition.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or []
     from mmw.sweep.pack import pack_key
 
-    per_baseline = list(_count_by(pack_key(board, c.overrides) for c in configs.values()).values())
+    per_baseline = list(Counter(pack_key(board, c.overrides) for c in configs.values()).values())
     if definition.adaptive is not None:
         from mmw.sweep.adaptive import GPU_STAGED, schedule_from
 
@@ -439,9 +440,3 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
                  reevaluate=definition.reevaluate, split=split, schedule=schedule, tasks=len(tasks),
                  pack=definition.pack, per_baseline=tuple(per_baseline))
 
-
-def _count_by(values: Any) -> dict[Any, int]:
-    counts: dict[Any, int] = {}
-    for value in values:
-        counts[value] = counts.get(value, 0) + 1
-    return counts
