@@ -242,8 +242,8 @@ class Schedule:
         first = self.round_cost(0, n_configs, tasks, cost)
         if self.budget_s is not None and self.budget_s < first:
             raise SpecError("adaptive.budget_s", f"{self.budget_s:g} s is less than one round "
-                            f"({sum(_counts(n_configs))} configurations on {self.shards[0]} prompts per task: {first:,.0f} s)",
-                            f"at least {math.ceil(first)}")
+                            f"({sum(_counts(n_configs))} configurations on {self.shards[0]} prompts per task: "
+                            f"{first:,.0f} s)", f"at least {math.ceil(first)}")
 
 
 def _counts(configs: int | Sequence[int]) -> list[int]:

@@ -2,9 +2,10 @@
 
 A sweep unit run by :class:`mmw.sweep.runner.LocalDvcExecutor` is one ``dvc exp run --temp``: every stage is a
 process of its own that imports torch and loads the generator, the judge or the scorer again, a fixed cost paid per
-configuration (docs/SWEEP.md, "Cost"). :class:`PackedExecutor` implements the same :class:`~mmw.sweep.runner.Executor`
-protocol with *packs*: the jobs whose params differ only in ``scheme`` (and the key) have the same baseline (model,
-temperature, seed, prompts or shard, judge, attacks), and up to ``pack`` of them (0: all) run in one process that
+configuration (docs/SWEEP.md, "Cost"). :class:`PackedExecutor` implements the same
+:class:`~mmw.sweep.runner.Executor` protocol with *packs*: the jobs whose params differ only in ``scheme`` (and the
+key) have the same baseline (model, temperature, seed, prompts or shard, judge, attacks), and up to ``pack`` of them
+(0: all) run in one process that
 
 1. runs the baseline's stages once, in a scratch workspace under ``.dvc/tmp/sweeps/packs/`` (the stages of
    ``dvc.yaml`` that depend neither on ``scheme`` nor on the key, nor on such a stage's outputs: low-entropy inputs,
@@ -20,9 +21,9 @@ temperature, seed, prompts or shard, judge, attacks), and up to ``pack`` of them
    atomically) and removes the workspace.
 
 The stages are the pipeline's own (``mmw.stages.<module>.run``, called as ``dvc.yaml``'s commands call them), with
-the model loaders shared within the pack (:func:`mmw.engines.models.shared_loads`): the generator, judge and scorer
-load once per process. A unit's rows are those of its one-configuration DVC experiment, bit for bit
-(tests/test_pack.py).
+the model loaders shared while the executor runs (:func:`mmw.engines.models.shared_loads`): the generator, judge
+and scorer load once for all the packs of one call (a round of the race, the configurations of a grid). A unit's
+rows are those of its one-configuration DVC experiment, bit for bit (tests/test_pack.py).
 
 A kill loses only the configuration that was running: every finished one already has its evidence file, and a
 rerun runs only the jobs without one (:func:`mmw.sweep.runner.run_jobs`); the scratch workspaces of a killed pack
