@@ -285,6 +285,10 @@ def sweep_run(
     uniform: Annotated[bool, typer.Option("--uniform", help="an adaptive sweep as the plain grid (every config on "
                                           "every tuning prompt), collected into reports/sweeps/NAME/uniform/ for "
                                           "comparison")] = False,
+    pack: Annotated[int | None, typer.Option(
+        "--pack", metavar="N", help="configurations per unit (default: the definition's `pack`, else 1 = one DVC "
+        "experiment each): up to N configurations that share a baseline run in one process that loads the models "
+        "once; 0 = all that share one")] = None,
 ) -> None:
     """Run a sweep (configs, then confirmation runs), collect it and write the report.
 
@@ -301,6 +305,20 @@ def sweep_run(
     from mmw.sweep import run_sweep
 
     definition = _load_sweep(repo, name)
+    if pack is not None:
+        from mmw.sweep.pack import check_pack
+
+        try:
+            definition = dataclasses.replace(definition, pack=check_pack(pack, "--pack"))
+            if definition.schedule is not None:  # the budget must still pay for round 1, priced with this pack
+                from mmw.sweep.adaptive import GPU_STAGED
+
+                definition.schedule.check(definition.split.tuning, definition.baselines(), definition.tasks,
+                                          GPU_STAGED.with_fixed(GPU_STAGED.unit_s, definition.pack),
+                                          max_tries=definition.split.max_tries)
+        except SpecError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
     if uniform and definition.schedule is None:
         typer.echo(f"error: --uniform: sweep {name} has no adaptive section (it runs as the grid already); "
                    "allowed: --uniform only with an adaptive definition", err=True)
@@ -308,11 +326,17 @@ def sweep_run(
     if uniform:
         definition = dataclasses.replace(definition, uniform=True)
     elif definition.schedule is not None:
-        from mmw.sweep.adaptive import dry_run_lines
+        from mmw.sweep.adaptive import GPU_STAGED, dry_run_lines
 
-        for line in dry_run_lines(definition.schedule, len(definition.configs), definition.split.tuning,
-                                  definition.tasks):
+        for line in dry_run_lines(definition.schedule, definition.baselines(), definition.split.tuning,
+                                  definition.tasks, GPU_STAGED.with_fixed(GPU_STAGED.unit_s, definition.pack)):
             typer.echo(line)
+    if definition.pack != 1:
+        from mmw.sweep.adaptive import packed_units
+
+        typer.echo(f"  packed: {definition.pack or 'every configuration that shares a baseline'} to a unit (the "
+                   f"baseline run once, the models loaded once): {len(definition.configs)} configurations in "
+                   f"{packed_units(definition.baselines(), definition.pack)} units")
     if dry_run:
         return
     try:
@@ -323,7 +347,7 @@ def sweep_run(
             from mmw.sweep.ray_executor import RayExecutor
 
             executor = RayExecutor(repo, address=ray, echo=typer.echo, task_timeout_s=task_timeout,
-                                   timeout_retries=timeout_retries)
+                                   timeout_retries=timeout_retries, pack=definition.pack)
         pool, reruns = run_sweep(repo, definition, executor=executor, configs=configs, reevaluate=reevaluate,
                                  echo=typer.echo)
     except SpecError as err:

@@ -19,10 +19,12 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mmw.errors import SpecError
 from mmw.io import atomic_path, write_text
@@ -264,11 +266,47 @@ def _light_tokenizer(source: str) -> tuple[PreTrainedTokenizerBase, SimpleNamesp
     return PreTrainedTokenizerFast.from_pretrained(source), SimpleNamespace(vocab_size=vocab_size)
 
 
+#: While :func:`shared_loads` is active: what :func:`load_model` and :func:`load_tokenizer` loaded, by their
+#: arguments (None: every call loads afresh, as a stage run as its own process does).
+_LOADED: dict[tuple[object, ...], Any] | None = None
+
+
+@contextmanager
+def shared_loads() -> Iterator[None]:
+    """Within the block, each distinct :func:`load_model` / :func:`load_tokenizer` call loads once and later calls
+    with the same arguments get the same objects: several stages run in one process (a packed sweep unit,
+    :mod:`mmw.sweep.pack`) load the generator, the judge and the scorer once. Stages never change a loaded model
+    or tokenizer (eval mode, no training; the padding side is set here, at load), so a shared one behaves as a
+    fresh one. Outside the block nothing is kept."""
+    global _LOADED
+    outer = _LOADED
+    _LOADED = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _LOADED = outer
+
+
+def _shared(kind: str, args: tuple[object, ...], load: Callable[[], Any]) -> Any:
+    if _LOADED is None:
+        return load()
+    key = (kind, *args)
+    if key not in _LOADED:
+        _LOADED[key] = load()
+    return _LOADED[key]
+
+
 def load_tokenizer(
     spec: str = DEFAULT_MODEL, cache_dir: Path | None = None
 ) -> tuple[PreTrainedTokenizerBase, PretrainedConfig | SimpleNamespace]:
     """``(tokenizer, config)`` of a model without its weights (for stages that only tokenize): the same tokenizer
     as :func:`load_model`'s, and the model's config (at least ``vocab_size``)."""
+    return _shared("tokenizer", (spec, cache_dir), lambda: _load_tokenizer(spec, cache_dir))
+
+
+def _load_tokenizer(
+    spec: str, cache_dir: Path | None
+) -> tuple[PreTrainedTokenizerBase, PretrainedConfig | SimpleNamespace]:
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
     source = resolve_source(spec, cache_dir)
     try:
@@ -291,8 +329,14 @@ def load_model(
     """Load ``(tokenizer, model)`` for generation or judging.
 
     The tokenizer pads on the left (batched decoding appends on the right) and always has a pad token.
-    The model is in eval mode on ``device``.
+    The model is in eval mode on ``device``. Within :func:`shared_loads`, loaded once per distinct arguments.
     """
+    return _shared("model", (spec, device, str(dtype), cache_dir), lambda: _load_model(spec, device, dtype, cache_dir))
+
+
+def _load_model(
+    spec: str, device: str, dtype: str | torch.dtype, cache_dir: Path | None
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)

@@ -120,10 +120,10 @@ def read_revision(repo: Path, rev: str) -> tuple[dict[str, Any], dict[str, Any],
     """``(params, metrics, attacks, errors)`` of one commit, as :func:`read_experiments` reads each row: params
     flat (lists kept whole) without the key, the ``all.*`` metrics, ``attack name -> {metric: value}``."""
     params, metrics, errors = _params_metrics(repo, rev)
-    return (*_flat(params, metrics), errors)
+    return (*run_values(params, metrics), errors)
 
 
-def _flat(params: dict[str, Any] | None, metrics: dict[str, Any] | None
+def run_values(params: dict[str, Any] | None, metrics: dict[str, Any] | None
           ) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
     """Params flat (lists kept whole) without the key; the ``all.*`` metrics; the per-attack metrics."""
     flat = {k: v for k, v in flatten(params or {}, lists=False).items() if k not in HIDDEN_PARAMS}
@@ -197,7 +197,7 @@ def read_experiments(repo: Path, pool_filter: Any = None) -> Experiments:
             errors.append(f"no '{METRIC_GROUP}' group in {METRICS_FILE}")
         record: dict[str, Any] = {"name": name, "rev": rev, "kind": kind, "status": status,
                                   "error": "; ".join(errors) if errors else None}
-        flat, values, by_attack = _flat(params, metrics)
+        flat, values, by_attack = run_values(params, metrics)
         record.update(flat)
         record.update(values)
         if isinstance((metrics or {}).get("attacks"), dict):

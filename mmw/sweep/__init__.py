@@ -4,6 +4,7 @@ tables that live in git. See docs/SWEEP.md.
 * :mod:`~mmw.sweep.definition` — load, expand and validate a definition into configs (stable ``config_id``);
 * :mod:`~mmw.sweep.runner` — jobs, the pluggable executor (local ``dvc exp run --temp``), the run log,
   progress and ETA;
+* :mod:`~mmw.sweep.pack` — packed units: the configurations of one baseline in one process (``pack``);
 * :mod:`~mmw.sweep.units` — one committed evidence file per finished unit (``reports/sweeps/<name>/runs/``): what
   resuming and collecting read, on this machine or another one;
 * :mod:`~mmw.sweep.collect` — the results / attacks / paper tables under ``reports/sweeps/<name>/``;
@@ -50,6 +51,7 @@ from mmw.sweep.units import (
     reevaluation_name,
     reevaluation_overrides,
     sweep_units,
+    write_packed_unit,
     write_unit,
 )
 
@@ -104,6 +106,10 @@ def run_units(repo: Path, sweep: Sweep, label: str, jobs: list[Job], executor: E
     baseline = head_commit(repo)
 
     def write(job: Job, outcome: Outcome) -> None:
+        if outcome.evidence is not None:  # ran in a pack: no experiment, its results came in memory
+            write_packed_unit(repo, sweep, units[job.name], outcome.evidence, outcome.packed or {}, baseline,
+                              outcome.wall_s, outcome.finished, outcome.ran, outcome.restored)
+            return
         sha = finished_experiments(repo, baseline).get(job.name)
         if sha is None:  # the executor said done but left no ref: nothing to keep, the unit runs again
             echo(f"  warning: {job.name} finished without an experiment ref; no evidence written")
@@ -182,6 +188,16 @@ def run_race(repo: Path, sweep: Sweep, executor: Executor, echo: Callable[[str],
                     walls=[w for p in parts for w in p.walls])
 
 
+def local_executor(repo: Path, sweep: Sweep, echo: Callable[[str], None] = print) -> Executor:
+    """The executor of a local run: one ``dvc exp run --temp`` per configuration (``pack`` 1), else packs of the
+    configurations that share a baseline (:class:`mmw.sweep.pack.PackedExecutor`)."""
+    if sweep.pack == 1:
+        return LocalDvcExecutor(repo)
+    from mmw.sweep.pack import PackedExecutor
+
+    return PackedExecutor(repo, sweep.pack, echo)
+
+
 def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, configs: bool = True,
               reevaluate: bool = True, echo: Callable[[str], None] = print) -> tuple[Progress | None, Progress | None]:
     """Run ``sweep`` in ``repo``: its configs (``configs``), then (``reevaluate``) the re-evaluations of the picks
@@ -193,7 +209,7 @@ def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, config
     head_commit(repo)  # fails early outside a committed repository
     export(repo, sweep, echo)  # experiments finished without their evidence file (older runs, a kill)
     load_units(repo, sweep)  # evidence of another definition, generator or judge: refused before anything runs
-    executor = executor or LocalDvcExecutor(repo)
+    executor = executor or local_executor(repo, sweep, echo)
     if not configs:
         pool = None
     elif sweep.racing:

@@ -46,8 +46,8 @@ are asymptotic (normal), the others exact.
 **Units and cost.** A unit is one configuration on one prompt shard (key ``config_id x shard``); a round's units
 are independent jobs. Cost is time: a fixed cost per unit (process start-ups, model loads, DVC) plus a cost per
 prompt (:class:`CostModel`); a shard's baseline is paid once per temperature and shared by the configurations.
-The cost model can also price units that hold several configurations of one group and shard (one process, one
-model load: ``configs_per_unit``), which the runner does not do yet.
+The cost model also prices units that hold several configurations of one baseline and shard (one process, one
+model load: ``configs_per_unit``), which a sweep's ``pack`` setting runs (:mod:`mmw.sweep.pack`).
 
 Array shapes: leading batch dimensions ``...`` (simulated sweeps), ``C`` configurations of a group, ``X`` cells
 (constraints), ``n`` prompts, ``m`` attacks counted in R, ``n_a`` attacked prompts. Missing values are NaN.
@@ -94,8 +94,8 @@ class CostModel:
     accelerator's batch.
 
     ``configs_per_unit``: how many configurations of one group and shard a unit holds (one process, one model
-    load, the fixed cost paid once; 0: all of them, one unit per group and round). 1 is what the runner does today:
-    one configuration per unit."""
+    load, the fixed cost paid once; 0: all of them, one unit per group and round): a sweep's ``pack`` setting
+    (:mod:`mmw.sweep.pack`; 1, the default, is one ``dvc exp run`` per configuration)."""
 
     unit_s: float
     prompt_s: float
@@ -214,11 +214,13 @@ class Schedule:
             return self.level
         return self.level / (self.rounds * max(n_configs, 1) * bounds_per_config(attacks))
 
-    def round_cost(self, r: int, running: int, tasks: int, cost: CostModel) -> float:
-        """Seconds of round ``r`` for ``running`` configurations (baselines not included)."""
-        return running * float(cost.unit(self.shard(r)[1] * tasks))
+    def round_cost(self, r: int, running: int | Sequence[int], tasks: int, cost: CostModel) -> float:
+        """Seconds of round ``r`` for ``running`` configurations (one count, or the count of each baseline: packs
+        never span baselines), packed ``cost.configs_per_unit`` to a unit (baselines not included)."""
+        prompts = self.shard(r)[1] * tasks
+        return float(sum(cost.units(c, prompts) for c in _counts(running)))
 
-    def check(self, tuning: int | None, n_configs: int, tasks: int, cost: CostModel,
+    def check(self, tuning: int | None, n_configs: int | Sequence[int], tasks: int, cost: CostModel,
               confirm: bool = True, max_tries: int | None = None) -> None:
         """Refuse a schedule that cannot run (SpecError naming the setting): its shards overrun the tuning prompts
         (they would reach the confirmation prompts), there is no confirmation stage, ``keep`` differs from the
@@ -239,9 +241,19 @@ class Schedule:
                             f"{max_tries} (confirm.max_tries)")
         first = self.round_cost(0, n_configs, tasks, cost)
         if self.budget_s is not None and self.budget_s < first:
-            raise SpecError("adaptive.budget_s", f"{self.budget_s:g} s is less than one round ({n_configs} "
-                            f"configurations on {self.shards[0]} prompts per task: {first:,.0f} s)",
-                            f"at least {math.ceil(first)}")
+            raise SpecError("adaptive.budget_s", f"{self.budget_s:g} s is less than one round "
+                            f"({sum(_counts(n_configs))} configurations on {self.shards[0]} prompts per task: "
+                            f"{first:,.0f} s)", f"at least {math.ceil(first)}")
+
+
+def _counts(configs: int | Sequence[int]) -> list[int]:
+    """Configurations per baseline: one count is one baseline."""
+    return [configs] if isinstance(configs, int) else list(configs)
+
+
+def packed_units(configs: int | Sequence[int], per_unit: int) -> int:
+    """Units that ``configs`` configurations (per baseline) take, ``per_unit`` to a unit (0: one per baseline)."""
+    return sum((1 if c else 0) if per_unit == 0 else math.ceil(c / per_unit) for c in _counts(configs))
 
 
 class AdaptiveSection(Section):
@@ -255,8 +267,8 @@ class AdaptiveSection(Section):
     rule: str = allowed(" or ".join(RULES) + " (the elimination rule)", default="screen")
 
 
-def schedule_from(raw: Any, tuning: int | None, confirm_tries: int | None, n_configs: int, tasks: int,
-                  cost: CostModel = GPU_STAGED) -> Schedule:
+def schedule_from(raw: Any, tuning: int | None, confirm_tries: int | None, n_configs: int | Sequence[int],
+                  tasks: int, cost: CostModel = GPU_STAGED) -> Schedule:
     """The ``adaptive:`` section of a sweep definition (:class:`AdaptiveSection`), checked against the sweep
     (:meth:`Schedule.check`) before anything runs. One round is the uniform grid (``--uniform``), not a race."""
     section = validate(AdaptiveSection, raw, "adaptive")
@@ -985,26 +997,30 @@ def measured_costs(units: pl.DataFrame, n_configs: int, tuning: int, tasks: int)
     return out
 
 
-def dry_run_lines(schedule: Schedule, n_configs: int, tuning: int, tasks: int, cost: CostModel = GPU_STAGED
-                  ) -> list[str]:
+def dry_run_lines(schedule: Schedule, n_configs: int | Sequence[int], tuning: int, tasks: int,
+                  cost: CostModel = GPU_STAGED) -> list[str]:
     """What ``mmw sweep run NAME --dry-run`` prints for a race: each round's prompts and at most how many units,
-    the race's worst case (nothing dropped, capped by the budget) against the uniform grid, under ``cost``."""
+    the race's worst case (nothing dropped, capped by the budget) against the uniform grid, under ``cost`` (its
+    ``configs_per_unit``: the sweep's pack size; ``n_configs``: one count, or the count per baseline)."""
+    per = cost.configs_per_unit
+    packing = "" if per == 1 else f", {'every configuration of a baseline' if per == 0 else per} to a unit"
     lines = [f"  race: {schedule.rounds} rounds, level {schedule.level:g} "
              f"{'per cell and round (screen)' if schedule.rule == 'screen' else 'per group (union)'}, "
              f"keep {schedule.keep} per cell, "
              f"budget {'none' if schedule.budget_s is None else f'{schedule.budget_s:,.0f} s'}; cost model "
-             f"{cost.unit_s:g} s a unit + {cost.prompt_s:.3g} s a prompt"]
+             f"{cost.unit_s:g} s a unit + {cost.prompt_s:.3g} s a prompt{packing}"]
     worst = 0.0
+    units = packed_units(n_configs, per)
     for r in range(schedule.rounds):
         start, size = schedule.shard(r)
         seconds = schedule.round_cost(r, n_configs, tasks, cost)
         worst += seconds
-        lines.append(f"    round {r + 1}: prompts [{start}, {start + size}) per task ({size * tasks} a unit), "
-                     f"<= {n_configs} units, <= {seconds / 3600:,.2f} h")
+        lines.append(f"    round {r + 1}: prompts [{start}, {start + size}) per task ({size * tasks} a "
+                     f"{'unit' if per == 1 else 'configuration'}), <= {units} units, <= {seconds / 3600:,.2f} h")
     if schedule.budget_s is not None:
         worst = min(worst, schedule.budget_s)
-    uniform = n_configs * float(cost.unit(tuning * tasks))
-    lines.append(f"  tuning cost: race worst case {worst / 3600:,.2f} h ({schedule.rounds * n_configs} units at "
-                 f"most) vs uniform grid {uniform / 3600:,.2f} h ({n_configs} units of {tuning * tasks} prompts); "
-                 "confirmation runs extra in both")
+    uniform = float(sum(cost.units(c, tuning * tasks) for c in _counts(n_configs)))
+    lines.append(f"  tuning cost: race worst case {worst / 3600:,.2f} h ({schedule.rounds * units} units at "
+                 f"most) vs uniform grid {uniform / 3600:,.2f} h ({units} units of {tuning * tasks} prompts"
+                 f"{'' if per == 1 else ' a configuration'}); confirmation runs extra in both")
     return lines

@@ -32,6 +32,7 @@ import hashlib
 import itertools
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +181,10 @@ class SweepFile(Section):
     #: which knows the configs and tasks it is checked against.
     adaptive: Any = allowed("{shards: [int, ...], level: a number in (0, 1), budget_s: seconds, keep: an integer}",
                             default=None)
+    #: Configurations per unit (:mod:`mmw.sweep.pack`): 1 = one ``dvc exp run`` each; k > 1 = up to k that share a
+    #: baseline in one process; 0 = all that share one.
+    pack: Integer = allowed("an integer >= 0 (configurations per unit: 1 = one DVC experiment each, 0 = every "
+                            "configuration that shares a baseline in one process)", ge=0, default=1)
 
     @model_validator(mode="after")
     def _against_board(self, info: ValidationInfo) -> Self:
@@ -255,6 +260,17 @@ class Sweep:
     uniform: bool = False
     #: Tasks per run (``prompts.tasks``): a race unit's prompts are its shard's per-task prompts times this.
     tasks: int = 0
+    #: Configurations per unit (the definition's ``pack``, or ``mmw sweep run --pack``): 1 = one DVC experiment
+    #: each (:class:`mmw.sweep.runner.LocalDvcExecutor`); k > 1 = up to k that share a baseline in one process, 0 =
+    #: all that share one (:class:`mmw.sweep.pack.PackedExecutor`).
+    pack: int = 1
+    #: Tuning configurations per baseline (:func:`mmw.sweep.pack.pack_key`: the params but ``scheme``), in order
+    #: of first appearance: how packs form, and how the cost model counts packed units.
+    per_baseline: tuple[int, ...] = ()
+
+    def baselines(self) -> list[int]:
+        """Configurations per baseline (every configuration its own when not known)."""
+        return list(self.per_baseline) or [1] * len(self.configs)
 
     @property
     def racing(self) -> bool:
@@ -408,13 +424,19 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
     split = definition.split(board)
     schedule = None
     tasks = definition.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or []
+    from mmw.sweep.pack import pack_key
+
+    per_baseline = list(Counter(pack_key(board, c.overrides) for c in configs.values()).values())
     if definition.adaptive is not None:
-        from mmw.sweep.adaptive import schedule_from
+        from mmw.sweep.adaptive import GPU_STAGED, schedule_from
 
         try:
             schedule = schedule_from(definition.adaptive, split.tuning if split else None,
-                                     split.max_tries if split else None, len(configs), len(tasks))
+                                     split.max_tries if split else None, per_baseline, len(tasks),
+                                     GPU_STAGED.with_fixed(GPU_STAGED.unit_s, definition.pack))
         except SpecError as err:
             raise SpecError(f"{path}: {err.key}", err.problem, err.allowed) from None
     return Sweep(name=name, description=definition.description, configs=list(configs.values()),
-                 reevaluate=definition.reevaluate, split=split, schedule=schedule, tasks=len(tasks))
+                 reevaluate=definition.reevaluate, split=split, schedule=schedule, tasks=len(tasks),
+                 pack=definition.pack, per_baseline=tuple(per_baseline))
+

@@ -16,7 +16,7 @@ against the same prompts' baseline, over runs and over prompt shards).
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -57,18 +57,21 @@ def join_rows(detections: pl.DataFrame, ratings: pl.DataFrame, perturbed: pl.Dat
     return rows.select([c for c in COLUMNS if c in rows.columns]).sort(KEYS)
 
 
+def run_rows(read: Callable[[Path], pl.DataFrame]) -> pl.DataFrame:
+    """The per-prompt rows (:func:`join_rows`) of one run whose tables ``read(path)`` returns (``path``: the
+    pipeline's relative path of a table)."""
+    detections = pl.concat([read(DETECTIONS[s]) for s in ("baseline", "watermarked")], how="diagonal_relaxed")
+    ratings = pl.concat([read(RATINGS[s]) for s in ("baseline", "watermarked")], how="diagonal_relaxed")
+    return join_rows(detections, ratings, read(PERTURBED))
+
+
 def prompt_rows(repo: Path, rev: str | None) -> pl.DataFrame | None:
     """The per-prompt rows of the run at ``rev`` (:func:`join_rows`), or None when its tables are not in this
     repository's DVC cache (a sweep collected on another machine)."""
     try:
-        detections = pl.concat([_read(repo, DETECTIONS[s], rev) for s in ("baseline", "watermarked")],
-                               how="diagonal_relaxed")
-        ratings = pl.concat([_read(repo, RATINGS[s], rev) for s in ("baseline", "watermarked")],
-                            how="diagonal_relaxed")
-        perturbed = _read(repo, PERTURBED, rev)
+        return run_rows(lambda path: _read(repo, path, rev))
     except Exception:  # noqa: BLE001 - dvc raises many kinds (missing cache, missing rev): all mean "not here"
         return None
-    return join_rows(detections, ratings, perturbed)
 
 
 def _grid(rows: pl.DataFrame, runs: list[str], prompts: list[str], value: pl.Expr, **extra: list[str]) -> np.ndarray:

@@ -35,6 +35,13 @@ a node without ``MMW_KEY`` while the driver has one, or with another key, stops 
 node (exit code 2). Each job repeats the check on its worker before it runs anything (a node that joined later),
 against the fingerprint of the key the job must use (the driver's, or the job's own), and fails if it differs.
 
+Packs (``pack`` != 1, ``mmw sweep run --ray ADDRESS --pack N``): the jobs that share a baseline go as one task
+per pack (:func:`_run_pack`): the worker clones the commit and runs the pack in its own process
+(:class:`mmw.sweep.pack.PackedExecutor`: the baseline's stages once, the models loaded once), and returns each
+configuration's outcome with its evidence (per-prompt rows, params, metrics: no texts, never the key); the driver
+writes the evidence files. No experiment refs and no DVC cache are involved; the key check is the same, per job.
+A pack is retried whole when its worker dies, and its outcomes arrive together when it ends.
+
 Timeouts: ``task_timeout_s`` bounds a job's wall time on its worker (clone, ``dvc exp run``); a job past it is
 killed with its stage processes, recorded as failed ("timed out"), and resubmitted up to ``timeout_retries``
 times (each attempt recorded).
@@ -66,6 +73,8 @@ from mmw.sweep.runner import Job, Outcome, dvc_executable, error_text, head_comm
 
 #: The Ray task's name (the dashboard's task list, and the state-API filter of the progress view).
 TASK_NAME = "mmw-sweep-config"
+#: The Ray task's name of a pack of configurations (``--pack``, :mod:`mmw.sweep.pack`).
+PACK_TASK_NAME = "mmw-sweep-pack"
 #: Devices for which a config asks Ray for a GPU (``auto`` only when the cluster has one).
 GPU_DEVICES = ("cuda", "auto")
 #: Seconds a timed-out ``dvc exp run`` gets after SIGTERM before SIGKILL.
@@ -132,6 +141,14 @@ def _remaining(deadline: float | None) -> float | None:
     return left
 
 
+def _clone(scratch: Path, source: str, baseline: str, deadline: float | None) -> Path:
+    """``source`` cloned into ``scratch/repo`` and ``baseline`` checked out (within ``deadline``)."""
+    clone = scratch / "repo"
+    _git(scratch, "clone", "--quiet", "--no-checkout", source, str(clone), timeout=_remaining(deadline))
+    _git(clone, "checkout", "--quiet", "--detach", baseline, timeout=_remaining(deadline))
+    return clone
+
+
 def _run_job(source: str, baseline: str, cache_dir: str, name: str, config_id: str,
              overrides: dict[str, Any], secret_env: list[Any], expected_key: str, driver_has_env: bool,
              timeout_s: float | None) -> dict[str, Any]:
@@ -153,9 +170,7 @@ def _run_job(source: str, baseline: str, cache_dir: str, name: str, config_id: s
     output, code, timed_out = "", 1, False
     node = ray.get_runtime_context().get_node_id()
     try:
-        clone = scratch / "repo"
-        _git(scratch, "clone", "--quiet", "--no-checkout", source, str(clone), timeout=_remaining(deadline))
-        _git(clone, "checkout", "--quiet", "--detach", baseline, timeout=_remaining(deadline))
+        clone = _clone(scratch, source, baseline, deadline)
         env = {**os.environ, **extra}
         board = yaml.safe_load((clone / "params.yaml").read_text()) if (clone / "params.yaml").is_file() else {}
         problem = key_problem(expected_key, driver_has_env, env, (board or {}).get("key"),
@@ -203,6 +218,49 @@ def _run_job(source: str, baseline: str, cache_dir: str, name: str, config_id: s
             "bundle": bundle, "timed_out": timed_out, "node": node, "host": socket.gethostname()}
 
 
+def _run_pack(source: str, baseline: str, specs: list[dict[str, Any]], secret_env: list[Any], expected: list[str],
+              driver_has_env: list[bool]) -> dict[str, Any]:
+    """The Ray task body of a pack (runs on a worker): a fresh clone of ``baseline``, then the pack's jobs in this
+    worker's process (:class:`mmw.sweep.pack.PackedExecutor`: the baseline's stages once, the models loaded once).
+
+    ``specs``: each job's ``name``, ``config_id`` and ``overrides``; ``secret_env``: ``[ObjectRef]`` of the jobs'
+    environments (a list, one per job), as :func:`_run_job` gets its one; a job whose key here does not have the
+    fingerprint ``expected[i]`` fails without running. Returns ``outcomes`` (:class:`Outcome`, each finished one with
+    its evidence in memory: the driver writes the evidence file), ``node`` and ``host``."""
+    import ray
+
+    from mmw.sweep.pack import PackedExecutor
+
+    envs: list[dict[str, str]] = ray.get(secret_env[0]) if secret_env else [{} for _ in specs]
+    node = ray.get_runtime_context().get_node_id()
+    scratch = Path(tempfile.mkdtemp(prefix="mmw-ray-pack-"))
+    jobs = [Job(name=s["name"], config_id=s["config_id"], overrides=s["overrides"], env=env)
+            for s, env in zip(specs, envs, strict=True)]
+    outcomes: list[Outcome] = []
+    started = time.perf_counter()
+    try:
+        clone = _clone(scratch, source, baseline, None)
+        board = yaml.safe_load((clone / "params.yaml").read_text()) if (clone / "params.yaml").is_file() else {}
+        runnable = []
+        for job, fingerprint, has_env in zip(jobs, expected, driver_has_env, strict=True):
+            problem = key_problem(fingerprint, has_env, {**os.environ, **job.env}, (board or {}).get("key"),
+                                  f"node {socket.gethostname()} {node[:8]}")
+            if problem is None:
+                runnable.append(job)
+            else:
+                outcomes.append(RayExecutor._failed(job, f"error: {problem}"))
+        if runnable:
+            PackedExecutor(clone, pack=0, echo=lambda _line: None).run(runnable, outcomes.append)
+    except Exception as err:  # noqa: BLE001 - the clone failed: every job without an outcome fails with it
+        seen = {o.name for o in outcomes}
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        outcomes += [RayExecutor._failed(j, f"pack: {first}"[:600], time.perf_counter() - started)
+                     for j in jobs if j.name not in seen]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {"outcomes": outcomes, "node": node, "host": socket.gethostname()}
+
+
 @dataclass
 class NodeCounts:
     """Per worker node: jobs done and failed (from the returned outcomes)."""
@@ -224,9 +282,15 @@ class RayExecutor:
 
     def __init__(self, repo: Path, address: str = "auto", source: str | None = None, cache_dir: str | None = None,
                  max_retries: int = 3, echo: Callable[[str], None] = print, task_timeout_s: float | None = None,
-                 timeout_retries: int = 1) -> None:
+                 timeout_retries: int = 1, pack: int = 1) -> None:
+        from mmw.sweep.pack import check_pack
+
         if task_timeout_s is not None and not task_timeout_s > 0:
             raise SpecError("--task-timeout", f"{task_timeout_s!r} seconds", "a number of seconds > 0")
+        self.pack = check_pack(pack, "--pack")
+        if task_timeout_s is not None and self.pack != 1:
+            raise SpecError("--task-timeout", "bounds one-configuration tasks; a pack runs in its worker's own "
+                            "process, which a timeout cannot stop cleanly", "leave it out with --pack N (N != 1)")
         if timeout_retries < 0:
             raise SpecError("--timeout-retries", f"{timeout_retries!r}", "an integer >= 0")
         self.repo = repo.resolve()
@@ -312,6 +376,9 @@ class RayExecutor:
                           "RAY_AUTH_MODE=token)")
             checked = self.check_node_keys(ray, driver_key, driver_has_env)
             self.echo(f"[ray] key checked on {checked} nodes: the same as the driver's")
+            if self.pack != 1:
+                self._run_packs(ray, jobs, record, baseline, driver_key, driver_has_env, gpus)
+                return
             task = ray.remote(_run_job)
             pending: dict[Any, Job] = {}
             attempts: dict[str, int] = {}
@@ -328,10 +395,10 @@ class RayExecutor:
 
             gpu_of: dict[str, bool] = {}
             for job in jobs:
-                device = self._device(job)
-                wants_gpu = device.startswith("cuda") or (device == "auto" and gpus > 0)
+                wants_gpu = self._wants_gpu(job, gpus)
                 if wants_gpu and gpus == 0:
-                    record(self._failed(job, f"model.device={device} needs a GPU; the Ray cluster has none"))
+                    record(self._failed(job, f"model.device={self._device(job)} needs a GPU; the Ray cluster has "
+                                             "none"))
                     continue
                 gpu_of[job.name] = wants_gpu
                 submit(job, wants_gpu)
@@ -350,6 +417,57 @@ class RayExecutor:
                     ray.cancel(ref, force=True)
         finally:
             ray.shutdown()
+
+    def _wants_gpu(self, job: Job, gpus: float) -> bool:
+        device = self._device(job)
+        return device.startswith("cuda") or (device == "auto" and gpus > 0)
+
+    def _run_packs(self, ray: Any, jobs: Sequence[Job], record: Callable[[Outcome], None], baseline: str,
+                   driver_key: str, driver_has_env: bool, gpus: float) -> None:
+        """One Ray task per pack (:func:`mmw.sweep.pack.packs` of the committed params, ``self.pack`` a pack):
+        its outcomes are recorded when the whole pack returns (a pack whose worker died is retried whole by Ray;
+        a driver killed meanwhile loses the pack's finished configurations, which a rerun runs again)."""
+        from mmw.sweep.pack import packs
+
+        board = yaml.safe_load(_git(self.repo, "show", "HEAD:params.yaml")) or {}
+        task = ray.remote(_run_pack)
+        pending: dict[Any, list[Job]] = {}
+        for group in packs(board, jobs, self.pack):
+            wants_gpu = self._wants_gpu(group[0], gpus)  # one baseline: one model.device
+            if wants_gpu and gpus == 0:
+                for job in group:
+                    record(self._failed(job, f"model.device={self._device(job)} needs a GPU; the Ray cluster has "
+                                             "none"))
+                continue
+            envs = [dict(job.env) for job in group]
+            secret = [ray.put(envs)] if any(envs) else []
+            expected = [key_fingerprint(resolve_key(None, j.env)) if KEY_ENV in j.env else driver_key for j in group]
+            ref = task.options(name=PACK_TASK_NAME, num_cpus=1, num_gpus=1 if wants_gpu else 0,
+                               max_retries=self.max_retries, retry_exceptions=False).remote(
+                self.source, baseline, [{"name": j.name, "config_id": j.config_id, "overrides": dict(j.overrides)}
+                                        for j in group], secret, expected,
+                [driver_has_env or KEY_ENV in j.env for j in group])
+            pending[ref] = group
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                group = pending.pop(ready[0])
+                try:
+                    result = ray.get(ready[0])
+                except (ray.exceptions.RayError, OSError) as err:  # retries exhausted
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                    for job in group:
+                        record(self._failed(job, f"ray: {type(err).__name__}: {first}"[:600]))
+                    continue
+                counts = self.nodes.setdefault(f"{result['host']} {result['node'][:8]}", NodeCounts())
+                for outcome in result["outcomes"]:
+                    counts.done += outcome.status == "done"
+                    counts.failed += outcome.status == "failed"
+                    record(outcome)
+                self.echo(self.progress_line(ray, len(pending)))
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
 
     def _collect(self, ray: Any, ref: Any, job: Job, baseline: str) -> tuple[Outcome, bool]:
         """The job's outcome and whether it timed out; a done job's experiment fetched into the repository's
@@ -378,8 +496,8 @@ class RayExecutor:
         return outcome, timed_out
 
     @staticmethod
-    def _failed(job: Job, error: str) -> Outcome:
-        return Outcome(name=job.name, config_id=job.config_id, status="failed", error=error, wall_s=0.0,
+    def _failed(job: Job, error: str, wall_s: float = 0.0) -> Outcome:
+        return Outcome(name=job.name, config_id=job.config_id, status="failed", error=error, wall_s=round(wall_s, 1),
                        finished=datetime.now(UTC).isoformat(timespec="seconds"))
 
     def progress_line(self, ray: Any, pending: int) -> str:

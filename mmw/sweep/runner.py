@@ -1,7 +1,8 @@
 """Running a sweep: jobs (named DVC experiments) handed to an executor, outcomes logged, progress and ETA.
 
 The executor is pluggable (:class:`Executor`): :class:`LocalDvcExecutor` runs ``dvc exp run --temp`` one job
-at a time on this machine; a cluster executor (e.g. Ray) only has to implement ``run(jobs, record)``.
+at a time on this machine; :class:`mmw.sweep.pack.PackedExecutor` runs the jobs that share a baseline several to a
+process; a cluster executor (e.g. Ray) only has to implement ``run(jobs, record)``.
 
 Why one ``dvc exp run --temp`` per job and not ``dvc exp run --queue`` + ``dvc queue start -j N``:
 
@@ -83,6 +84,12 @@ class Outcome:
     finished: str
     ran: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
+    #: A job run in a pack (:mod:`mmw.sweep.pack`): the pack's id, size, the job's place in it and the pack's
+    #: shared wall time; None for a DVC experiment.
+    packed: dict[str, Any] | None = None
+    #: A packed job's results (:class:`mmw.sweep.units.RunEvidence`), handed over in memory: a pack leaves no
+    #: experiment ref to read them from. Never logged.
+    evidence: Any = field(default=None, repr=False, compare=False)
 
 
 class Executor(Protocol):
@@ -302,8 +309,9 @@ def append_log(repo: Path, sweep: str, outcome: Outcome) -> None:
     """Append one outcome (a single ``write`` of one line: a kill leaves whole lines only)."""
     path = log_path(repo, sweep)
     path.parent.mkdir(parents=True, exist_ok=True)
+    logged = {k: v for k, v in asdict(outcome).items() if k != "evidence" and (k != "packed" or v is not None)}
     with path.open("a") as handle:
-        handle.write(json.dumps(asdict(outcome)) + "\n")
+        handle.write(json.dumps(logged) + "\n")
 
 
 @dataclass

@@ -10,7 +10,9 @@ machine needs its finished work as files in git. Every unit that finishes is wri
 * the Parquet metadata ``mmw.unit`` (JSON): the sweep, the unit (``unit_id``, ``experiment``, ``config_id``,
   ``role``, ``seed``, the overrides it ran with), the run's params (the key is dropped as soon as they are read),
   its ``all.*`` and per-attack metrics, its wall time, the stages DVC ran / restored and their wall times, and the
-  commit it ran on.
+  commit it ran on. A unit run in a pack (several configurations of one baseline in one process,
+  :mod:`mmw.sweep.pack`) has the same rows and fields, no experiment commit (``rev`` null) and ``packed``: the
+  pack's id, size, the unit's place in it and the pack's shared wall time.
 
 ``unit_id`` is a pure function of the unit's params: :func:`mmw.sweep.definition.config_id` of the overrides the
 unit runs with (its config's, plus for a confirmation or re-evaluation run the held-out prompts and its seed; a
@@ -47,7 +49,8 @@ REPORTS = Path("reports/sweeps")
 RUNS = "runs"
 META = "mmw.unit"
 #: 2: the metadata holds ``shard`` (the race round of a race unit, else null). Format 1 files (no ``shard``) read
-#: as units without a shard.
+#: as units without a shard. A unit run in a pack (:func:`write_packed_unit`) also holds ``packed``; one without
+#: it ran as a DVC experiment.
 FORMAT = 2
 #: Stages whose wall times make the cost model (``reports/timings/<stage>.json``, a DVC output of each stage).
 TIMED_STAGES = ("generate_baseline", "generate_watermarked", "perturb", "detect_baseline", "detect_watermarked",
@@ -166,15 +169,39 @@ def write_unit(repo: Path, sweep: Sweep, unit: Unit, sha: str, baseline: str, wa
     """Read the finished experiment ``sha`` of ``unit`` and write its evidence file atomically. ``ran_as``: the
     experiment's name when it differs from the unit's (a definition whose config ids have changed since)."""
     params, metrics, attacks, rows = read_experiment(repo, sha)
+    return _store(repo, sweep, unit, RunEvidence(params, metrics, attacks, rows, stage_timings(repo, sha, ran)),
+                  {"rev": sha, "baseline": baseline, "ran_as": ran_as or unit.experiment, "wall_s": wall_s,
+                   "finished": finished, "stages_ran": ran, "stages_restored": restored})
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    """What an evidence file holds of one finished run: its flat params (no key), ``all.*`` metrics, per-attack
+    metrics, per-prompt rows (None: not available) and the wall times of the stages it ran."""
+
+    params: dict[str, Any]
+    metrics: dict[str, Any]
+    attacks: dict[str, Any]
+    rows: pl.DataFrame | None
+    timings: dict[str, float]
+
+
+def write_packed_unit(repo: Path, sweep: Sweep, unit: Unit, evidence: RunEvidence, packed: dict[str, Any],
+                      baseline: str, wall_s: float, finished: str, ran: list[str], restored: list[str]) -> Path:
+    """Write the evidence file of ``unit`` run in a pack (:mod:`mmw.sweep.pack`): the same file as
+    :func:`write_unit` writes for its DVC experiment, with no experiment commit (``rev`` null) and ``packed``: the
+    pack's id, size and shared wall time."""
+    return _store(repo, sweep, unit, evidence,
+                  {"rev": None, "baseline": baseline, "ran_as": unit.experiment, "wall_s": wall_s,
+                   "finished": finished, "stages_ran": ran, "stages_restored": restored, "packed": packed})
+
+
+def _store(repo: Path, sweep: Sweep, unit: Unit, evidence: RunEvidence, run: dict[str, Any]) -> Path:
     meta = {"format": FORMAT, "sweep": sweep.name, "unit_id": unit.unit_id, "experiment": unit.experiment,
-            "ran_as": ran_as or unit.experiment,
             "config_id": unit.config_id, "role": unit.role, "seed": unit.seed, "shard": unit.shard,
-            "overrides": unit.overrides,
-            "rev": sha, "baseline": baseline, "params": params, "metrics": metrics, "attacks": attacks,
-            "wall_s": wall_s, "finished": finished, "stages_ran": ran, "stages_restored": restored,
-            "timings": stage_timings(repo, sha, ran), "has_rows": rows is not None}
-    if rows is None:
-        rows = pl.DataFrame(schema={k: pl.String for k in KEYS})
+            "overrides": unit.overrides, "params": evidence.params, "metrics": evidence.metrics,
+            "attacks": evidence.attacks, "timings": evidence.timings, "has_rows": evidence.rows is not None, **run}
+    rows = evidence.rows if evidence.rows is not None else pl.DataFrame(schema={k: pl.String for k in KEYS})
     path = unit_path(repo, sweep.name, unit)
     text = json.dumps(meta, sort_keys=True, default=str)
     write_with(path, lambda tmp: rows.write_parquet(tmp, metadata={META: text}))
