@@ -397,8 +397,7 @@ class RayExecutor:
             for job in jobs:
                 wants_gpu = self._wants_gpu(job, gpus)
                 if wants_gpu and gpus == 0:
-                    record(self._failed(job, f"model.device={self._device(job)} needs a GPU; the Ray cluster has "
-                                             "none"))
+                    record(self._no_gpu(job))
                     continue
                 gpu_of[job.name] = wants_gpu
                 submit(job, wants_gpu)
@@ -422,6 +421,9 @@ class RayExecutor:
         device = self._device(job)
         return device.startswith("cuda") or (device == "auto" and gpus > 0)
 
+    def _no_gpu(self, job: Job) -> Outcome:
+        return self._failed(job, f"model.device={self._device(job)} needs a GPU; the Ray cluster has none")
+
     def _run_packs(self, ray: Any, jobs: Sequence[Job], record: Callable[[Outcome], None], baseline: str,
                    driver_key: str, driver_has_env: bool, gpus: float) -> None:
         """One Ray task per pack (:func:`mmw.sweep.pack.packs` of the committed params, ``self.pack`` a pack):
@@ -436,8 +438,7 @@ class RayExecutor:
             wants_gpu = self._wants_gpu(group[0], gpus)  # one baseline: one model.device
             if wants_gpu and gpus == 0:
                 for job in group:
-                    record(self._failed(job, f"model.device={self._device(job)} needs a GPU; the Ray cluster has "
-                                             "none"))
+                    record(self._no_gpu(job))
                 continue
             envs = [dict(job.env) for job in group]
             secret = [ray.put(envs)] if any(envs) else []
