@@ -320,15 +320,12 @@ def _run_baseline() -> tuple[pl.DataFrame, dict, dict]:
 
 @pytest.mark.heavy
 @needs_server
-def test_server_ratings_match_the_in_process_judge(llm_server, tmp_path, record_property):
+def test_server_ratings_match_the_in_process_judge(llm_server, tmp_path, record_property, one_thread):
     """Same GGUF in process (dequantized, float32) and in llama.cpp (quantized kernels): the expected ratings
     agree within a few points, and greedy replies parse to the same grade."""
-    import torch
-
     from mmw.engines.models import load_model
     from mmw.judge import Judge
 
-    torch.set_num_threads(1)
     tokenizer, model = load_model(SMOLLM2, "cpu", "float32")
     local = Judge(tokenizer, model, batch_size=3, max_new_tokens=8).rate(PROMPTS, TEXTS)
     server = ServerBackend(llm_server.base_url, SMOLLM2, "MMW_TEST_NO_KEY", 60, 1, 2, 8)

@@ -235,6 +235,7 @@ class Reference:
     sweep: Any
     jobs: list[Job]
     units: dict[str, Any]
+    threads: int  # torch's threads in the reference's stage processes
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +261,20 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reference]:
         done = run_units(repo, sweep, "dvc", jobs, LocalDvcExecutor(repo), lines.append)
     assert done.done == 2, lines
     units = {p.stem: read_unit(p) for p in runs_dir(repo, "t").glob("*.parquet")}
-    yield Reference(repo, sweep, jobs, units)
+    threads = int(run(repo, str(BIN / "python"), "-c", "import torch; print(torch.get_num_threads())").stdout)
+    yield Reference(repo, sweep, jobs, units, threads)
+
+
+@pytest.fixture
+def stage_threads(reference: Reference) -> Iterator[int]:
+    """This process computes with as many threads as the reference's stage processes did: a pack runs its stages
+    here, and a float reduction split over another number of threads sums in another order (last bits differ)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(reference.threads)
+    yield reference.threads
+    torch.set_num_threads(before)
 
 
 def _fresh(ref: Reference, monkeypatch: pytest.MonkeyPatch, label: str) -> None:
@@ -284,7 +298,8 @@ def _same_as_reference(ref: Reference) -> dict[str, Any]:
         expected = ref.units[unit_id]
         differs = [c for c in expected.rows.columns if c not in unit.rows.columns
                    or not unit.rows[c].equals(expected.rows[c], check_names=True)]
-        assert unit.rows.height > 0 and unit.rows.equals(expected.rows), (unit_id, differs)
+        assert unit.rows.height > 0 and unit.rows.equals(expected.rows), (
+            unit_id, differs, unit.rows.select(differs).to_dicts(), expected.rows.select(differs).to_dicts())
         assert unit.rows.schema == expected.rows.schema
         for field in ("params", "metrics", "attacks", "unit_id", "experiment", "config_id", "role", "overrides"):
             assert unit.meta[field] == expected.meta[field], field
@@ -306,7 +321,7 @@ def _no_key_in(repo: Path, lines: list[str]) -> None:
 
 @pytest.mark.heavy
 def test_a_pack_writes_the_evidence_of_its_dvc_experiments_and_resumes_after_a_kill(
-        reference: Reference, monkeypatch: pytest.MonkeyPatch) -> None:
+        reference: Reference, monkeypatch: pytest.MonkeyPatch, stage_threads: int) -> None:
     from mmw.sweep import run_units
     from mmw.sweep.pack import PACKS_DIR, PackedExecutor
     from mmw.sweep.runner import read_log
@@ -347,10 +362,8 @@ def test_a_ray_pack_is_one_task_with_the_same_evidence(reference: Reference, mon
     repo, lines = reference.repo, []
     _fresh(reference, monkeypatch, "ray")
     monkeypatch.delenv("MMW_KEY", raising=False)
-    import torch
-
     # The workers use as many threads as the reference's stages did (Ray would set 1): the same float reductions.
-    threads = str(torch.get_num_threads())
+    threads = str(reference.threads)
     env = plain_shell_env({"RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                            "MMW_JUDGE_CACHE": os.environ["MMW_JUDGE_CACHE"]})  # the workers' judgements: fresh
     port = _free_port()
