@@ -200,6 +200,14 @@ def test_size_kind_and_ranking() -> None:
     assert size_kind(_cell(**{SIZE_ANYTIME: [40.0, None, 25.0]})) == SIZE_VALID
     assert size_kind(_cell(**{SIZE_ANYTIME: [40.0, 14.0, 25.0], "scheme.score": ["sum", "align", "sum"]})) == SIZE_VALID
     assert size_kind(_cell().drop(SIZE_VALID)) == SIZE_E
+    # An undetected median is null in a run's metrics: beside other values it is no reason to fall back to E
+    # (which would rank "a" first), and an unknown size fails the selection rule, as any null metric does.
+    undetected = _cell(**{SIZE_VALID: [None, 12.0, 20.0], SIZE_ANYTIME: [None, 14.0, 25.0]})
+    assert size_kind(undetected) == SIZE_VALID
+    assert ranked_candidates(undetected, Constraints(0.1, 0.2)) == (SIZE_VALID, ["b"])
+    assert size_kind(_cell(**{SIZE_VALID: [None, None, None]})) == SIZE_E  # no valid size anywhere: older runs
+    # ... unless the sweep's other runs measured it: then every setting of the cell went undetected.
+    assert size_kind(_cell(**{SIZE_VALID: [None, None, None]}), valid_measured=True) == SIZE_VALID
     kind, ranked = ranked_candidates(_cell(), Constraints(0.1, 0.2))
     assert (kind, ranked) == (SIZE_VALID, ["b", "a"])  # E would rank a first; c fails quality
     assert ranked_candidates(_cell(), Constraints(0.1, 0.2), SIZE_E) == (SIZE_E, ["a", "b"])

@@ -19,6 +19,7 @@ from mmw.selection import Constraints, median_mad
 from mmw.sweep.confirm import (
     PENDING,
     SIZE_E,
+    SIZE_VALID,
     UNRESOLVED,
     CellOutcome,
     Check,
@@ -98,9 +99,10 @@ def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts:
     done = results.filter(pl.col("status") == "done")
     rows: list[dict[str, Any]] = []
     tries: list[dict[str, Any]] = []
+    valid_measured = SIZE_VALID in done.columns and done[SIZE_VALID].null_count() < done.height
     for key, cell in done.group_by(list(by), maintain_order=True):
         labels = _labels(by, key)
-        kind = size_kind(cell)
+        kind = size_kind(cell, valid_measured)
         for loss, r_min in constraint_list:
             constraints = Constraints(max_quality_loss=loss, min_tamper_resistance=r_min)
             _, candidates = ranked_candidates(cell, constraints, kind)

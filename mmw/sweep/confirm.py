@@ -359,16 +359,21 @@ def confirm_cell(candidates: Sequence[str], evidence: Mapping[str, Evidence], co
 
 # -- tuning: one size kind per cell, ranked candidates ----------------------------------------------------------
 
-def size_kind(cell: pl.DataFrame) -> str:
+def size_kind(cell: pl.DataFrame, valid_measured: bool | None = None) -> str:
     """The size a cell is ranked by: ``all.size_anytime`` when the column exists and every setting of the cell
-    has a sum score and a value for it; else ``all.size_valid`` when every setting has it; else the paper's E
-    (``all.size``, not a valid size: kept so that old runs still rank)."""
+    has a sum score and a value for it; else ``all.size_valid`` when the runs measured it — ``valid_measured``
+    (whether any run of the sweep has a value; default: any setting of this cell has one) — since a run's metrics
+    write an undetected median as null, a null there means "undetected" (an unknown size fails the selection rule);
+    else the paper's E (``all.size``, not a valid size: kept so that runs that predate the valid sizes still
+    rank)."""
     def complete(column: str) -> bool:
         return column in cell.columns and cell.height > 0 and cell[column].null_count() == 0
     sums = "scheme.score" in cell.columns and cell["scheme.score"].eq("sum").all()
     if sums and complete(SIZE_ANYTIME):
         return SIZE_ANYTIME
-    if complete(SIZE_VALID):
+    if valid_measured is None:
+        valid_measured = SIZE_VALID in cell.columns and cell[SIZE_VALID].null_count() < cell.height
+    if valid_measured and SIZE_VALID in cell.columns:
         return SIZE_VALID
     return SIZE_E
 
