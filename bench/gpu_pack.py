@@ -65,23 +65,20 @@ def repo_dir(path: Path, board: dict) -> Path:
 def staged(board: dict, workdir: Path, keys: list[str], env: dict[str, str], save) -> dict:
     """Configuration 0 runs every stage, each later one only its own stages on a copy of 0's baseline outputs.
     ``save(partial)`` after every stage (a run stopped at its time limit keeps what it measured)."""
-    from mmw.sweep.pack import stage_plan
     from mmw.sweep.definition import apply_overrides
+    from mmw.sweep.pack import _copy, _timed, stage_plan
 
     plan, _ = stage_plan(ROOT / "dvc.yaml")
+    commands = {name: str(stage["cmd"]).split()[1:]  # less the scripts/mmw launcher: run as python -m mmw
+                for name, stage in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items()}
     configs = []
     first: Path | None = None
     for index, key in enumerate(keys):
         ws = repo_dir(workdir / f"staged-{index}", apply_overrides(board, {"scheme.delta": DELTAS[index]}))
         if first is not None:
-            for stage in (s for s in plan if s.shared):
+            for stage in (s for s in plan if s.shared):  # as the pack's workspaces get them
                 for out in stage.outs:
-                    full_path = first / out
-                    if full_path.is_dir():
-                        shutil.copytree(full_path, ws / out, dirs_exist_ok=True)
-                    elif full_path.is_file():
-                        (ws / out).parent.mkdir(parents=True, exist_ok=True)
-                        shutil.copy2(full_path, ws / out)
+                    _copy(first / out, ws / out)
         stages = []
         for stage in plan:
             if first is not None and stage.shared:
@@ -89,10 +86,10 @@ def staged(board: dict, workdir: Path, keys: list[str], env: dict[str, str], sav
             t0 = time.perf_counter()
             log = workdir / f"staged-{index}-{stage.name}.log"
             with log.open("w") as f:
-                rc = subprocess.run([sys.executable, "-m", "mmw", *stage_cmd(stage)], cwd=ws,
+                rc = subprocess.run([sys.executable, "-m", "mmw", *commands[stage.name]], cwd=ws,
                                     env={**env, "MMW_KEY": key}, stdout=f, stderr=subprocess.STDOUT).returncode
             wall = round(time.perf_counter() - t0, 1)
-            timer = full_timer(ws, stage.name)
+            timer = _timed(ws, stage.name)
             stages.append({"stage": stage.name, "wall_s": wall, "timer_s": timer, "rc": rc})
             print(f"staged config {index} {stage.name:22s} {wall:7.1f} s (timer {timer}) rc={rc}", flush=True)
             if rc != 0:
@@ -101,16 +98,6 @@ def staged(board: dict, workdir: Path, keys: list[str], env: dict[str, str], sav
         configs.append({"index": index, "stages": stages, "wall_s": round(sum(s["wall_s"] for s in stages), 1)})
         first = first or ws
     return {"configs": configs}
-
-
-def stage_cmd(stage) -> list[str]:
-    """The stage's command as dvc.yaml writes it, less the ``scripts/mmw`` launcher (run as ``python -m mmw``)."""
-    return str(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage.name]["cmd"]).split()[1:]
-
-
-def full_timer(ws: Path, name: str) -> float | None:
-    path = ws / "reports" / "timings" / f"{name}.json"
-    return json.loads(path.read_text()).get("wall_s") if path.is_file() else None
 
 
 def packed(board: dict, workdir: Path, keys: list[str], save) -> dict:

@@ -19,7 +19,6 @@ from mmw.selection import Constraints, median_mad
 from mmw.sweep.confirm import (
     PENDING,
     SIZE_E,
-    SIZE_VALID,
     UNRESOLVED,
     CellOutcome,
     Check,
@@ -28,6 +27,7 @@ from mmw.sweep.confirm import (
     confirm_cell,
     ranked_candidates,
     size_kind,
+    valid_size_measured,
 )
 from mmw.sweep.definition import Split
 from mmw.sweep.evidence import evidence
@@ -99,7 +99,7 @@ def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts:
     done = results.filter(pl.col("status") == "done")
     rows: list[dict[str, Any]] = []
     tries: list[dict[str, Any]] = []
-    valid_measured = SIZE_VALID in done.columns and done[SIZE_VALID].null_count() < done.height
+    valid_measured = valid_size_measured(done)
     for key, cell in done.group_by(list(by), maintain_order=True):
         labels = _labels(by, key)
         kind = size_kind(cell, valid_measured)

@@ -359,6 +359,12 @@ def confirm_cell(candidates: Sequence[str], evidence: Mapping[str, Evidence], co
 
 # -- tuning: one size kind per cell, ranked candidates ----------------------------------------------------------
 
+def valid_size_measured(runs: pl.DataFrame) -> bool:
+    """Whether any of ``runs`` has a valid size: then a null one is an undetected median, not a run that predates
+    the valid sizes."""
+    return SIZE_VALID in runs.columns and runs[SIZE_VALID].null_count() < runs.height
+
+
 def size_kind(cell: pl.DataFrame, valid_measured: bool | None = None) -> str:
     """The size a cell is ranked by: ``all.size_anytime`` when the column exists and every setting of the cell
     has a sum score and a value for it; else ``all.size_valid`` when the runs measured it — ``valid_measured``
@@ -372,7 +378,7 @@ def size_kind(cell: pl.DataFrame, valid_measured: bool | None = None) -> str:
     if sums and complete(SIZE_ANYTIME):
         return SIZE_ANYTIME
     if valid_measured is None:
-        valid_measured = SIZE_VALID in cell.columns and cell[SIZE_VALID].null_count() < cell.height
+        valid_measured = valid_size_measured(cell)
     if valid_measured and SIZE_VALID in cell.columns:
         return SIZE_VALID
     return SIZE_E
