@@ -60,6 +60,10 @@ VARYING = "scheme"
 #: ``dvc.yaml`` commands whose stage module is not named like the command.
 MODULES = {"low-entropy-inputs": "low_entropy"}
 PARAMS = Path("params.yaml")
+#: The per-configuration stage a pack can run for all its configurations at once (:meth:`PackedExecutor.decode`).
+DECODED_STAGE = "generate_watermarked"
+#: Its output (``mmw.io.GENERATIONS["watermarked"]``; a constant here so the pack's import stays light).
+GENERATIONS_OUT = Path("data/generations/watermarked.parquet")
 
 
 def check_pack(value: Any, setting: str = "pack") -> int:
@@ -214,10 +218,13 @@ class PackedExecutor:
     ``repo/params.yaml``)."""
 
     def __init__(self, repo: Path, pack: int = 0, echo: Callable[[str], None] = print,
-                 board: Mapping[str, Any] | None = None) -> None:
+                 board: Mapping[str, Any] | None = None, decode_together: bool = True,
+                 decode_rows: int | None = None) -> None:
         self.repo = repo.resolve()
         self.pack = check_pack(pack, "--pack")
         self.echo = echo
+        self.decode_together = decode_together
+        self.decode_rows = decode_rows
         self.board = dict(board) if board is not None else yaml.safe_load((self.repo / PARAMS).read_text())
         self.plan, self.sources = stage_plan(self.repo / "dvc.yaml")
 
@@ -258,17 +265,83 @@ class PackedExecutor:
                     shared_timings[stage.name] = _timed(shared_dir, stage.name)
             shared_s = round(time.perf_counter() - started, 1)
             shared_names = [s.name for s in self.plan if s.shared]
+            decoded: dict[int, Path] = {}
+            decode_s = 0.0
+            if shared_error is None and self.decode_together and len(jobs) > 1:
+                t0 = time.perf_counter()
+                try:
+                    decoded = self.decode(jobs, root, shared_dir)
+                except Exception as err:  # noqa: BLE001 - each job then runs its own generation stage
+                    self.echo(f"    the pack's one decode failed ({_error('decode', err)}); each configuration "
+                              "generates on its own")
+                    decoded = {}
+                decode_s = round(time.perf_counter() - t0, 1)
             for index, job in enumerate(jobs):
                 info = {"pack": pack_id, "size": len(jobs), "index": index, "shared_s": shared_s,
-                        "shared_stages": shared_names}
+                        "shared_stages": shared_names, "decoded_together": len(decoded), "decode_s": decode_s}
                 if shared_error is not None:
                     outcome = self._outcome(job, "failed", shared_error, 0.0, [], [], info)
                 else:
-                    outcome = self._run_job(job, root, shared_dir, index == 0, shared_timings, info, mark)
+                    outcome = self._run_job(job, root, shared_dir, index == 0, shared_timings, info, mark,
+                                            decoded.get(index))
                 mark = time.perf_counter()
                 record(outcome)
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+    def decode(self, jobs: Sequence[Job], root: Path, shared_dir: Path) -> dict[int, Path]:
+        """The watermarked generations of the pack's jobs in one decode (:mod:`mmw.sweep.decode`), read
+        from the shared workspace's prompts: ``{job index: its generations table}``, written under ``root``.
+
+        A job whose params or key do not validate, and every job when the generator's engine is not transformers
+        (vLLM batches requests itself), is left out: its own stage runs and fails or runs as it would alone. A
+        decode holds at most ``decode_rows`` rows (default ``model.batch_size``: the memory of one configuration's
+        own generation), and never fewer than one configuration's batch."""
+        from mmw.engines.models import load_model
+        from mmw.sweep.decode import generate_together
+        from mmw.io import PROMPTS, read_table, write_table
+        from mmw.keys import resolve_key
+        from mmw.params import load_params
+        from mmw.processor import WatermarkProcessor
+        from mmw.scheme import SchemeSpec
+        from mmw.stages.common import generator_vocab_size
+        from mmw.sweep.definition import apply_overrides
+
+        ready: list[tuple[int, Any, int]] = []
+        for index, job in enumerate(jobs):
+            path = root / f"decode-{index}.yaml"
+            path.write_text(yaml.safe_dump(dict(apply_overrides(self.board, job.overrides)), sort_keys=False))
+            try:
+                params = load_params(path, ("seed", "model", "scheme", "key"), models={"scheme": SchemeSpec})
+                key = resolve_key(params.key, {**os.environ, **job.env})
+            except SpecError:
+                continue
+            finally:
+                path.unlink()
+            if params.model.engine == "transformers":
+                ready.append((index, params, key))
+        if len(ready) < 2:
+            return {}
+        model_params, seed = ready[0][1].model, ready[0][1].seed
+        prompts = read_table(shared_dir / PROMPTS)
+        tokenizer, model = load_model(model_params.name, model_params.device, model_params.dtype)
+        vocab_size = generator_vocab_size(tokenizer, model)
+
+        def factory(spec: SchemeSpec, key: int):
+            return lambda row_seeds: WatermarkProcessor(spec, key, vocab_size, row_seeds, model_params.temperature)
+
+        self.echo(f"    one decode for {len(ready)} configurations ({prompts.height} prompts each)")
+        tables = generate_together(model, tokenizer, prompts["chat"].to_list(),
+                                   [factory(params.scheme, key) for _, params, key in ready],
+                                   model_params.max_new_tokens, model_params.batch_size,
+                                   self.decode_rows or model_params.batch_size,
+                                   prompt_ids=prompts["prompt_id"].to_list(), seed=seed)
+        out: dict[int, Path] = {}
+        for (index, _, _), table in zip(ready, tables, strict=True):
+            out[index] = root / f"decode-{index}.parquet"
+            write_table(prompts.select("prompt_id", "task", "prompt").join(
+                table, on="prompt_id", how="left", maintain_order="left"), out[index])
+        return out
 
     def _prepare(self, workspace: Path, params: Mapping[str, Any]) -> None:
         """A workspace: its params.yaml and links to the source data the stages read."""
@@ -281,7 +354,7 @@ class PackedExecutor:
                 link.symlink_to(self.repo / source)
 
     def _run_job(self, job: Job, root: Path, shared_dir: Path, first: bool, shared_timings: Mapping[str, Any],
-                 info: dict[str, Any], mark: float) -> Outcome:
+                 info: dict[str, Any], mark: float, decoded: Path | None = None) -> Outcome:
         from mmw.sweep.definition import apply_overrides
 
         workspace = root / f"unit-{info['index']}"
@@ -292,9 +365,14 @@ class PackedExecutor:
         ran = [s.name for s in self.plan if s.shared] if first else []
         restored = [] if first else [s.name for s in self.plan if s.shared]
         timings = {k: v for k, v in shared_timings.items() if v is not None} if first else {}
+        if decoded is not None:  # its generations came from the pack's one decode: the stage is done
+            _copy(decoded, workspace / GENERATIONS_OUT)
+            ran.append(DECODED_STAGE)
+            timings[DECODED_STAGE] = round(info["decode_s"] / max(info["decoded_together"], 1), 3)
         try:
             with _inside(workspace, job.env):
-                for stage in (s for s in self.plan if not s.shared):
+                for stage in (s for s in self.plan if not s.shared and not (decoded is not None
+                                                                            and s.name == DECODED_STAGE)):
                     try:
                         _run_stage(stage)
                     except Exception as err:  # noqa: BLE001 - recorded as this job's failure
