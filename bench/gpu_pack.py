@@ -10,8 +10,10 @@ workspace, hashing, the commit) is not in the staged side, so the fixed cost a p
 
 Both modes use the same workdir's models (a random-init folder is built once) and their own judgement cache (no
 mode reads the other's judgements). The configurations differ in ``scheme.delta`` and their keys only.
-Prints and writes ``gpu_pack_<mode>.json``: per configuration its stages' wall times (staged) or its wall time in
-the pack (packed), and the totals.
+Prints and writes ``gpu_pack_<label>.json``: per configuration its stages' wall times (staged) or its wall time in
+the pack (packed), and the totals. ``--decode separate`` makes the pack decode each configuration on its own (the
+pack's default is one decode for all, :mod:`mmw.sweep.decode`); the packed side also writes every configuration's
+evidence rows (``gpu_pack_rows_<label>.parquet``) so the two decodes' rows can be compared.
 """
 
 from __future__ import annotations
@@ -100,15 +102,22 @@ def staged(board: dict, workdir: Path, keys: list[str], env: dict[str, str], sav
     return {"configs": configs}
 
 
-def packed(board: dict, workdir: Path, keys: list[str], save) -> dict:
+def packed(board: dict, workdir: Path, keys: list[str], save, together: bool, rows_out: Path | None) -> dict:
+    """One pack of the configurations; ``together``: their watermarked generations in one decode (the pack's
+    default), else one decode each. ``rows_out``: every configuration's evidence rows, to compare the two."""
+    import polars as pl
+
     from mmw.sweep.pack import PackedExecutor
     from mmw.sweep.runner import Job
 
     repo = repo_dir(workdir / "packed", board)
     jobs = [Job(f"c{i}", f"c{i}", {"scheme.delta": DELTAS[i]}, env={"MMW_KEY": key}) for i, key in enumerate(keys)]
-    outcomes = []
+    outcomes, rows = [], []
 
     def record(outcome) -> None:
+        if outcome.evidence is not None and rows_out is not None:
+            rows.append(outcome.evidence.rows.with_columns(pl.lit(len(outcomes)).alias("config")))
+            pl.concat(rows, how="diagonal_relaxed").write_parquet(rows_out)
         print(f"packed config {len(outcomes)} {outcome.status} {outcome.wall_s:7.1f} s "
               f"(shared {outcome.packed['shared_s']} s) {outcome.error or ''}", flush=True)
         outcomes.append({"index": len(outcomes), "status": outcome.status, "error": outcome.error,
@@ -117,16 +126,20 @@ def packed(board: dict, workdir: Path, keys: list[str], save) -> dict:
         save({"configs": outcomes})
 
     t0 = time.perf_counter()
-    PackedExecutor(repo, pack=0, echo=print, board=board).run(jobs, record)
-    return {"configs": outcomes, "pack_wall_s": round(time.perf_counter() - t0, 1)}
+    PackedExecutor(repo, pack=0, echo=print, board=board, decode_together=together).run(jobs, record)
+    return {"configs": outcomes, "pack_wall_s": round(time.perf_counter() - t0, 1), "decode_together": together}
 
 
 def main(mode: str = typer.Option(..., help="staged | packed"), configs: int = 3,
          params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw-pack"), random_weights: str = "",
          tokenizer: Path = Path(".gpu/tokenizer"), out: str = "",
-         overrides: list[str] = typer.Option([], "--set", help="section.key=value, as dvc exp run -S")) -> None:
+         overrides: list[str] = typer.Option([], "--set", help="section.key=value, as dvc exp run -S"),
+         decode: str = typer.Option("together", help="packed: together (one decode for the pack) | separate")) -> None:
     if mode not in ("staged", "packed"):
         raise typer.BadParameter(f"{mode!r}; allowed: staged, packed", param_hint="--mode")
+    if decode not in ("together", "separate"):
+        raise typer.BadParameter(f"{decode!r}; allowed: together, separate", param_hint="--decode")
+    label = mode if mode == "staged" else f"packed-{decode}-{configs}"
     workdir.mkdir(parents=True, exist_ok=True)
     site = full.mmw_site(workdir)
     sys.path.insert(0, str(site))
@@ -154,9 +167,11 @@ def main(mode: str = typer.Option(..., help="staged | packed"), configs: int = 3
     def save(part: dict) -> None:
         result.update(part, total_s=round(time.perf_counter() - t0, 1))
         if out:
-            Path(out, f"gpu_pack_{mode}.json").write_text(json.dumps(result, indent=1))
+            Path(out, f"gpu_pack_{label}.json").write_text(json.dumps(result, indent=1))
 
-    save(staged(board, workdir, keys, env, save) if mode == "staged" else packed(board, workdir, keys, save))
+    rows_out = Path(out, f"gpu_pack_rows_{label}.parquet") if out else None
+    save(staged(board, workdir, keys, env, save) if mode == "staged"
+         else packed(board, workdir, keys, save, decode == "together", rows_out))
     print(f"{mode}: {configs} configurations in {result['total_s']:.1f} s (model build {build_s} s, warm imports "
           f"{warm_s} s)", flush=True)
 

@@ -65,7 +65,7 @@ class WatermarkStep:
     so the compiled kernels are shared by every batch."""
 
     def __init__(self, spec: SchemeSpec | None, key: int | None, vocab_size: int, temperature: float,
-                 compiled: bool, mode: str | None = None):
+                 compiled: bool, mode: str | None = None, dynamic: bool | None = None):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.spec, self.vocab_size, self.temperature = spec, vocab_size, float(temperature)
@@ -83,7 +83,11 @@ class WatermarkStep:
         self.compile_error: str | None = None
         self.mode: str | None = None
         # dynamic=None: the first batch shape compiles static kernels, a second shape recompiles them with a
-        # symbolic batch size once (vLLM's batch changes every step).
+        # symbolic batch size once (vLLM's batch changes every step). dynamic=False (transformers: one batch shape
+        # per generate call): never symbolic. Under dynamic=None a second key seen by the same code (the
+        # configurations of a pack's one decode, called in turn every step) makes the key a symbolic int, and
+        # Inductor's Triton code for the key's 64-bit mixing failed to compile on an H100 (torch 2.11), sending
+        # those steps to eager.
         self._run = self._step
         if compiled:
             # Dynamo keys its cache on the code object, which every WatermarkStep shares: each configuration
@@ -95,7 +99,7 @@ class WatermarkStep:
             # reduce-overhead = CUDA graphs: one replay instead of ~15 kernel launches and Inductor's wrapper, the
             # host time that dominates a step at small batches (bench/RESULTS.md, "processor overhead").
             self.mode = mode or os.environ.get("MMW_COMPILE_MODE", "reduce-overhead")
-            self._run = torch.compile(self._step, dynamic=None, mode=self.mode)
+            self._run = torch.compile(self._step, dynamic=dynamic, mode=self.mode)
 
     def _prepare(self, device: torch.device) -> None:
         """Device constants built outside the traced function (the compiled graph only reads them)."""
@@ -154,11 +158,11 @@ def compile_default(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" and os.environ.get("MMW_COMPILE", "1") != "0"
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=64)  # a pack decodes up to model.batch_size // prompts configurations at once
 def watermark_step(spec: SchemeSpec | None, key: int | None, vocab_size: int, temperature: float,
-                   compiled: bool, mode: str | None = None) -> WatermarkStep:
+                   compiled: bool, mode: str | None = None, dynamic: bool | None = None) -> WatermarkStep:
     """The shared ``WatermarkStep`` of a configuration (one compilation per configuration and process)."""
-    return WatermarkStep(spec, key, vocab_size, temperature, compiled, mode)
+    return WatermarkStep(spec, key, vocab_size, temperature, compiled, mode, dynamic)
 
 
 def choice_logits(scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -195,7 +199,8 @@ class WatermarkProcessor(LogitsProcessor):
         device = scores.device
         if self._step is None:
             compiled = compile_default(device) if self.compiled is None else self.compiled
-            self._step = watermark_step(self.spec, self.key, self.vocab_size, self.temperature, compiled)
+            self._step = watermark_step(self.spec, self.key, self.vocab_size, self.temperature, compiled,
+                                        dynamic=False)
             self._state = {name: t.to(device) for name, t in self._state.items()}
             self._steps = torch.zeros(b, dtype=torch.int64, device=device)
         n = self._step.context_len

@@ -45,7 +45,8 @@ class StackedProcessor:
         that part returns them: -inf except the chosen token)."""
         if scores.shape[0] != self.offsets[-1]:
             raise ValueError(f"batch has {scores.shape[0]} rows but the parts own {self.offsets[-1]}")
-        return torch.cat([part(input_ids[lo:hi], scores[lo:hi])
+        # Each part gets tensors of its own (not views into the stacked batch), as a decode of its own gives it.
+        return torch.cat([part(input_ids[lo:hi].clone(), scores[lo:hi].clone())
                           for part, lo, hi in zip(self.parts, self.offsets, self.offsets[1:], strict=False)])
 
     def _split(self, lengths: Sequence[int], method: str) -> np.ndarray:
