@@ -10,7 +10,8 @@ Per simulated sweep: 1,152 configs (sweeps/paper.yaml) in 16 groups (temperature
 cost model (``GPU_STAGED``: one H100, 302.5 s a config and 191 s a baseline at 296 prompts, of which 95 s / 60 s
 fixed per unit), baselines per temperature and shard included. The decisions do not depend on the cost model
 (without ``--budget``), so one simulation prices them under every fixed cost per unit and packing of the frontier
-(``FRONTIER``), and the fixed cost per unit at which the race would cost ``TARGET`` of the grid.
+(``FRONTIER``), and the fixed cost per unit at which the race would cost ``TARGET`` of the grid; and under
+``GPU_PACKED`` (packs that decode their configurations together, measured on an H100) as ``decode_together``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import polars as pl
 import yaml
 
-from mmw.sweep.adaptive import GPU_STAGED, CostModel, Schedule
+from mmw.sweep.adaptive import GPU_PACKED, GPU_STAGED, CostModel, Schedule
 from mmw.sweep.confirm import ConfirmSettings
 from mmw.sweep.definition import expand
 from mmw.sweep.simulate import adaptive_summary, paper_groups, priced, simulate_adaptive
@@ -133,6 +134,18 @@ def main() -> None:
                              "adaptive_h100_h": hours(priced_summary, "adaptive", schedule, model, args.tuning,
                                                       args.confirm, args.k)})
         summary["break_even_unit_s"] = {str(p): break_even(result, p, args.confirm, args.k) for p in (1, 8, 0)}
+        # The same decisions priced with packs that decode their configurations together (GPU_PACKED: a decode
+        # of up to 296 rows costs the same whatever its rows), the runner's `pack: 0` / `pack: 8`.
+        summary["decode_together"] = []
+        for per_unit in (0, 8):
+            model = GPU_PACKED.with_fixed(GPU_PACKED.unit_s, per_unit)
+            priced_summary = adaptive_summary(result, model, args.confirm, args.k)
+            summary["decode_together"].append({
+                "configs_per_unit": per_unit, "tuning_ratio": priced_summary["tuning_ratio"],
+                "total_ratio": priced_summary["total_ratio"],
+                "uniform_h100_h": hours(priced_summary, "uniform", schedule, model, args.tuning, args.confirm, args.k),
+                "adaptive_h100_h": hours(priced_summary, "adaptive", schedule, model, args.tuning, args.confirm,
+                                         args.k)})
     summary["frontier"] = frontier
     print(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **summary}, indent=1))
     if args.out:

@@ -311,10 +311,10 @@ def sweep_run(
         try:
             definition = dataclasses.replace(definition, pack=check_pack(pack, "--pack"))
             if definition.schedule is not None:  # the budget must still pay for round 1, priced with this pack
-                from mmw.sweep.adaptive import GPU_STAGED
+                from mmw.sweep.adaptive import cost_for_pack
 
                 definition.schedule.check(definition.split.tuning, definition.baselines(), definition.tasks,
-                                          GPU_STAGED.with_fixed(GPU_STAGED.unit_s, definition.pack),
+                                          cost_for_pack(definition.pack),
                                           max_tries=definition.split.max_tries)
         except SpecError as err:
             typer.echo(f"error: {err}", err=True)
@@ -326,10 +326,10 @@ def sweep_run(
     if uniform:
         definition = dataclasses.replace(definition, uniform=True)
     elif definition.schedule is not None:
-        from mmw.sweep.adaptive import GPU_STAGED, dry_run_lines
+        from mmw.sweep.adaptive import cost_for_pack, dry_run_lines
 
         for line in dry_run_lines(definition.schedule, definition.baselines(), definition.split.tuning,
-                                  definition.tasks, GPU_STAGED.with_fixed(GPU_STAGED.unit_s, definition.pack)):
+                                  definition.tasks, cost_for_pack(definition.pack)):
             typer.echo(line)
     if definition.pack != 1:
         from mmw.sweep.adaptive import packed_units

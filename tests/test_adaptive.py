@@ -156,6 +156,36 @@ def test_cost_model_packs_configurations_into_units() -> None:
         assert err.value.key == key and "\n" not in str(err.value)
 
 
+def test_a_decode_aware_cost_stacks_a_units_configurations_up_to_its_rows() -> None:
+    """With ``decode_rows``, a unit's configurations share decodes: 100 // 12 = 8 of them a decode at 12 prompts,
+    one a decode at 60, and 250 prompts take 3 decodes each; a decode costs the same whatever its rows."""
+    whole = CostModel(10.0, 1.0, configs_per_unit=0, decode_s=50.0, decode_rows=100)
+    assert whole.decodes(24, 12) == 3 and whole.decodes(25, 12) == 4
+    assert whole.units(24, 12) == 10 + 24 * 12 + 3 * 50
+    assert whole.decodes(5, 60) == 5 and whole.decodes(2, 250) == 6 and whole.units(0, 12) == 0
+    assert CostModel(10.0, 1.0, configs_per_unit=4, decode_s=50.0, decode_rows=100).decodes(10, 12) == 3  # 4, 4, 2
+    assert CostModel(10.0, 1.0, decode_s=50.0, decode_rows=100).decodes(10, 12) == 10  # one configuration a unit
+    assert whole.unit(12) == 10 + 12 + 50 and whole.baseline(250) == 3 * 50
+    assert whole.units(np.array([24, 0, 5]), np.array([12, 12, 60])).tolist() == [448.0, 0.0, 560.0]
+    assert whole.with_fixed(0.0, 8).decode_s == 50.0  # a repriced fixed cost keeps the decodes
+    plain = CostModel(10.0, 1.0)  # no decode term: generation priced per prompt, as before
+    assert plain.decodes(24, 12) == 0 and plain.units(24, 12) == 24 * 10 + 24 * 12
+    for kwargs in ({"decode_rows": -1}, {"decode_rows": 2.5}, {"decode_s": -1.0}):
+        with pytest.raises(SpecError) as err:
+            CostModel(10.0, 1.0, **kwargs)
+        assert err.value.key == f"cost.{next(iter(kwargs))}"
+
+
+def test_the_pack_setting_picks_the_cost_model() -> None:
+    from mmw.sweep.adaptive import GPU_PACKED, GPU_STAGED, cost_for_pack
+
+    assert cost_for_pack(1) is GPU_STAGED
+    assert cost_for_pack(0) == GPU_PACKED and cost_for_pack(8).configs_per_unit == 8
+    # The decode floor: on a race's first shard (12 prompts) a packed configuration costs a fraction of a decode,
+    # on the grid's 192 prompts a whole one.
+    assert GPU_PACKED.units(288, 12) / 288 < GPU_PACKED.decode_s / 4 < GPU_PACKED.units(288, 192) / 288
+
+
 def test_race_drops_only_with_the_corrected_level_and_the_grid_drops_nothing() -> None:
     truth = Truth.trade_off(n=8)
     rng = np.random.default_rng(3)

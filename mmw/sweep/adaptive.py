@@ -55,6 +55,7 @@ Array shapes: leading batch dimensions ``...`` (simulated sweeps), ``C`` configu
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -95,16 +96,25 @@ class CostModel:
 
     ``configs_per_unit``: how many configurations of one group and shard a unit holds (one process, one model
     load, the fixed cost paid once; 0: all of them, one unit per group and round): a sweep's ``pack`` setting
-    (:mod:`mmw.sweep.pack`; 1, the default, is one ``dvc exp run`` per configuration)."""
+    (:mod:`mmw.sweep.pack`; 1, the default, is one ``dvc exp run`` per configuration).
+
+    ``decode_rows`` > 0 prices generation apart (``prompt_s`` is then the rest of a configuration's stages): a
+    decode of up to ``decode_rows`` rows costs ``decode_s`` whatever its rows (the decode floor: a step costs about
+    the same for 12 rows as for 296 on a GPU), and a unit's configurations are decoded together,
+    ``decode_rows // prompts`` to a decode (:mod:`mmw.sweep.decode`); a configuration with more prompts than
+    ``decode_rows`` takes ``ceil(prompts / decode_rows)`` decodes of its own. ``decode_rows`` 0: generation is in
+    ``prompt_s``, linear in prompts (valid while a unit's prompts fill the accelerator's batch)."""
 
     unit_s: float
     prompt_s: float
     baseline_unit_s: float = 0.0
     baseline_prompt_s: float = 0.0
     configs_per_unit: int = 1
+    decode_s: float = 0.0
+    decode_rows: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("unit_s", "prompt_s", "baseline_unit_s", "baseline_prompt_s"):
+        for name in ("unit_s", "prompt_s", "baseline_unit_s", "baseline_prompt_s", "decode_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise SpecError(f"cost.{name}", f"{value!r} is not a number of seconds >= 0", "a number >= 0")
@@ -112,18 +122,40 @@ class CostModel:
         if isinstance(per, bool) or not isinstance(per, int) or per < 0:
             raise SpecError("cost.configs_per_unit", f"{per!r} is not an integer >= 0",
                             "an integer >= 1, or 0 (every configuration of a group and shard in one unit)")
+        rows = self.decode_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise SpecError("cost.decode_rows", f"{rows!r} is not an integer >= 0",
+                            "an integer >= 1 (rows a decode holds), or 0 (generation priced per prompt)")
 
     def unit(self, prompts: float | np.ndarray) -> float | np.ndarray:
         """Seconds of one configuration on ``prompts`` prompts in a unit of its own."""
-        return self.unit_s + self.prompt_s * prompts
+        return self.unit_s + self.prompt_s * prompts + self.decodes(1, prompts) * self.decode_s
+
+    def decodes(self, configs: float | np.ndarray, prompts: float | np.ndarray) -> float | np.ndarray:
+        """Decodes that ``configs`` configurations on ``prompts`` prompts each take, packed ``configs_per_unit``
+        to a unit and stacked within a unit (0 when ``decode_rows`` is 0)."""
+        configs, prompts = np.asarray(configs, dtype=float), np.asarray(prompts, dtype=float)
+        if not self.decode_rows:
+            return np.zeros(np.broadcast(configs, prompts).shape) if np.ndim(configs) or np.ndim(prompts) else 0.0
+        per_decode = np.maximum(1.0, np.floor(self.decode_rows / np.maximum(prompts, 1.0)))
+        batches = np.ceil(prompts / self.decode_rows)  # decodes a configuration needs on its own
+        if self.configs_per_unit == 0:
+            stacked = np.ceil(configs / per_decode)
+        else:
+            full, rest = np.floor(configs / self.configs_per_unit), np.mod(configs, self.configs_per_unit)
+            stacked = full * np.ceil(self.configs_per_unit / per_decode) + np.ceil(rest / per_decode)
+        out = stacked * batches
+        return float(out) if np.ndim(out) == 0 else out
 
     def units(self, configs: float | np.ndarray, prompts: float | np.ndarray) -> float | np.ndarray:
         """Seconds of ``configs`` configurations of one group on one shard of ``prompts`` prompts, packed
-        ``configs_per_unit`` to a unit: ``ceil(configs / configs_per_unit)`` fixed costs + every prompt."""
+        ``configs_per_unit`` to a unit: ``ceil(configs / configs_per_unit)`` fixed costs + every prompt (+ the
+        unit's decodes, :meth:`decodes`)."""
         configs = np.asarray(configs, dtype=float)
         packed = np.where(configs > 0, 1.0, 0.0) if self.configs_per_unit == 0 else np.ceil(
             configs / self.configs_per_unit)
-        out = packed * self.unit_s + configs * self.prompt_s * prompts
+        out = packed * self.unit_s + configs * self.prompt_s * prompts + np.asarray(
+            self.decodes(configs, prompts)) * self.decode_s
         return float(out) if out.ndim == 0 else out
 
     def share(self, configs: float, prompts: float) -> float:
@@ -131,12 +163,13 @@ class CostModel:
         return float(self.units(configs, prompts)) / configs if configs else 0.0
 
     def baseline(self, prompts: float | np.ndarray) -> float | np.ndarray:
-        return self.baseline_unit_s + self.baseline_prompt_s * prompts
+        return self.baseline_unit_s + self.baseline_prompt_s * prompts + (
+            np.ceil(np.asarray(prompts, dtype=float) / self.decode_rows) * self.decode_s if self.decode_rows else 0.0)
 
     def with_fixed(self, unit_s: float, configs_per_unit: int | None = None) -> CostModel:
         """The same model with another fixed cost per unit (and packing)."""
-        return CostModel(unit_s, self.prompt_s, self.baseline_unit_s, self.baseline_prompt_s,
-                         self.configs_per_unit if configs_per_unit is None else configs_per_unit)
+        return dataclasses.replace(self, unit_s=unit_s, configs_per_unit=self.configs_per_unit
+                                   if configs_per_unit is None else configs_per_unit)
 
 
 #: One H100, 8B-shaped models, 296 prompts x 1,024 tokens (bench/RESULTS.md, "Cost model for the paper's grid"):
@@ -144,6 +177,19 @@ class CostModel:
 #: loads (midpoint 95 s) and, for the baseline's four stages, 60 s.
 GPU_STAGED = CostModel(unit_s=95.0, prompt_s=(302.5 - 95.0) / 296, baseline_unit_s=60.0,
                        baseline_prompt_s=(191.0 - 60.0) / 296)
+#: One H100, packed units that decode their configurations together (bench/RESULTS.md, "One decode for a pack";
+#: 8B-shaped models, 1,024 tokens): a decode of up to 296 rows 58.3 s (measured on 8 configurations x 12 prompts;
+#: one configuration's 12 rows took 30-58 s, the full 296-row batch 50.3 s); the rest of a configuration's stages
+#: 0.61 s a prompt (7.3 s at 12 prompts; at 296 this is above the staged model's 302.5 - 95 - 50.3 = 157 s); 20 s
+#: a unit (the first configuration's first-time work and the imports); a baseline 12 s + 0.27 s a prompt + its decode.
+GPU_PACKED = CostModel(unit_s=20.0, prompt_s=0.61, baseline_unit_s=12.0, baseline_prompt_s=(191.0 - 60.0 - 50.3) / 296,
+                       configs_per_unit=0, decode_s=58.3, decode_rows=296)
+
+
+def cost_for_pack(pack: int) -> CostModel:
+    """The cost model of a sweep run with ``pack`` configurations a unit: one ``dvc exp run`` each (``GPU_STAGED``)
+    for 1, packs that decode together (``GPU_PACKED``) otherwise."""
+    return GPU_STAGED if pack == 1 else GPU_PACKED.with_fixed(GPU_PACKED.unit_s, pack)
 
 
 def bounds_per_config(m: int) -> int:
@@ -1008,7 +1054,9 @@ def dry_run_lines(schedule: Schedule, n_configs: int | Sequence[int], tuning: in
              f"{'per cell and round (screen)' if schedule.rule == 'screen' else 'per group (union)'}, "
              f"keep {schedule.keep} per cell, "
              f"budget {'none' if schedule.budget_s is None else f'{schedule.budget_s:,.0f} s'}; cost model "
-             f"{cost.unit_s:g} s a unit + {cost.prompt_s:.3g} s a prompt{packing}"]
+             f"{cost.unit_s:g} s a unit + {cost.prompt_s:.3g} s a prompt"
+             f"{f' + {cost.decode_s:g} s a decode of up to {cost.decode_rows} rows' if cost.decode_rows else ''}"
+             f"{packing}"]
     worst = 0.0
     units = packed_units(n_configs, per)
     for r in range(schedule.rounds):

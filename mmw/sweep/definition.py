@@ -428,12 +428,12 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
 
     per_baseline = list(Counter(pack_key(board, c.overrides) for c in configs.values()).values())
     if definition.adaptive is not None:
-        from mmw.sweep.adaptive import GPU_STAGED, schedule_from
+        from mmw.sweep.adaptive import cost_for_pack, schedule_from
 
         try:
             schedule = schedule_from(definition.adaptive, split.tuning if split else None,
                                      split.max_tries if split else None, per_baseline, len(tasks),
-                                     GPU_STAGED.with_fixed(GPU_STAGED.unit_s, definition.pack))
+                                     cost_for_pack(definition.pack))
         except SpecError as err:
             raise SpecError(f"{path}: {err.key}", err.problem, err.allowed) from None
     return Sweep(name=name, description=definition.description, configs=list(configs.values()),
