@@ -13,7 +13,7 @@ batches are planned exactly as :func:`mmw.engines.generate.generate` plans them 
 padding, since the stacked copies are the same prompts); a row's logits can still differ in the last bits where
 the model's kernels are not batch-invariant (a GEMM picks its blocking by the number of rows), and a sampled
 token then flips only where two candidates were within that rounding. tests/test_shared_decode.py measures
-identity on the CPU; bench/gpu_pack.py reports the share of identical tokens on a GPU.
+identity on the CPU; bench/gpu_pack.py writes each configuration's evidence rows for a GPU comparison.
 """
 
 from __future__ import annotations

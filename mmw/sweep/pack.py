@@ -296,15 +296,15 @@ class PackedExecutor:
         A job whose params or key do not validate, and every job when the generator's engine is not transformers
         (vLLM batches requests itself), is left out: its own stage runs and fails or runs as it would alone. A
         decode holds at most ``decode_rows`` rows (default ``model.batch_size``: the memory of one configuration's
-        own generation), and never fewer than one configuration's batch."""
+        own generation); when a configuration's batch already fills it, nothing is decoded here."""
         from mmw.engines.models import load_model
-        from mmw.sweep.decode import generate_together
         from mmw.io import PROMPTS, read_table, write_table
         from mmw.keys import resolve_key
         from mmw.params import load_params
         from mmw.processor import WatermarkProcessor
         from mmw.scheme import SchemeSpec
         from mmw.stages.common import generator_vocab_size
+        from mmw.sweep.decode import generate_together
         from mmw.sweep.definition import apply_overrides
 
         ready: list[tuple[int, Any, int]] = []
@@ -324,6 +324,9 @@ class PackedExecutor:
             return {}
         model_params, seed = ready[0][1].model, ready[0][1].seed
         prompts = read_table(shared_dir / PROMPTS)
+        decode_rows = self.decode_rows or model_params.batch_size
+        if decode_rows // max(min(prompts.height, model_params.batch_size), 1) < 2:
+            return {}  # a batch already fills a decode: each configuration's own (resumable) stage does the same
         tokenizer, model = load_model(model_params.name, model_params.device, model_params.dtype)
         vocab_size = generator_vocab_size(tokenizer, model)
 
@@ -334,8 +337,7 @@ class PackedExecutor:
         tables = generate_together(model, tokenizer, prompts["chat"].to_list(),
                                    [factory(params.scheme, key) for _, params, key in ready],
                                    model_params.max_new_tokens, model_params.batch_size,
-                                   self.decode_rows or model_params.batch_size,
-                                   prompt_ids=prompts["prompt_id"].to_list(), seed=seed)
+                                   decode_rows, prompt_ids=prompts["prompt_id"].to_list(), seed=seed)
         out: dict[int, Path] = {}
         for (index, _, _), table in zip(ready, tables, strict=True):
             out[index] = root / f"decode-{index}.parquet"
