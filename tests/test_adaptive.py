@@ -186,6 +186,46 @@ def test_the_pack_setting_picks_the_cost_model() -> None:
     assert GPU_PACKED.units(288, 12) / 288 < GPU_PACKED.decode_s / 4 < GPU_PACKED.units(288, 192) / 288
 
 
+def test_the_oracle_race_pays_round_one_and_then_only_what_the_grid_tries() -> None:
+    """The oracle floor: every configuration on round 1, then only the distinct configurations the grid's
+    confirmation tried in some cell of the group, on the remaining prompts, in one round; confirmation as the
+    grid's. Group A tried 1 and 2 (2 twice), group B nothing (no feasible setting anywhere)."""
+    from mmw.sweep.simulate import oracle_priced
+
+    rows = pl.DataFrame({
+        "sweep": [0, 0, 0, 0], "group": ["A", "A", "B", "B"], "cell": [0, 1, 0, 1],
+        "uniform_round_units": [[10], [10], [6], [6]],
+        "uniform_tried": [[1, 2], [2, -1], [-1, -1], [-1, -1]],
+        "uniform_confirm_configs": [2, 2, 0, 0]})
+    cost = CostModel(10.0, 1.0, configs_per_unit=0)  # one unit per group and round: 10 s + 1 s a prompt
+    tuning, confirm = oracle_priced(rows, 4, 64, cost, n_confirm=32, k=3, tasks=3)
+    round_one = (10 + 10 * 12) + (10 + 6 * 12)
+    assert tuning == round_one + (10 + 2 * 180)  # B tried nothing: no second round
+    assert confirm == 3 * (10 + 2 * 96)
+    # With every configuration tried, the oracle is the grid run in two rounds (one more fixed cost per group).
+    every = rows.with_columns(uniform_tried=pl.Series([list(range(10)), [0, 1], list(range(6)), [0, 1]]))
+    assert oracle_priced(every, 4, 64, cost, 32, 3)[0] == 2 * 10 + 16 * 192 + 2 * 10
+
+
+def test_the_informed_race_stops_the_cells_the_grid_leaves_unresolved_after_round_one() -> None:
+    """Cell 0 (the grid resolves it) kept config 0 to the end and let 1, 2, 3 go after rounds 0, 1, 2; cell 1 (the
+    grid leaves it unresolved) held 1, 2, 3 throughout. Told which cell is unresolved, the race runs round 1 in
+    full, then only what cell 0 still holds — 3, 2, 1 configurations — and confirms only cell 0's tries."""
+    from mmw.sweep.simulate import informed_priced
+
+    rows = pl.DataFrame({
+        "sweep": [0, 0], "group": ["A", "A"], "cell": [0, 1], "uniform_status": ["confirmed", "unresolved"],
+        "adaptive_round_units": [[4, 4, 4, 4]] * 2, "adaptive_round_prompts": [[12, 24, 60, 96]] * 2,
+        "adaptive_left_at": [[-1, 0, 1, 2], [0, -1, -1, -1]], "adaptive_tried": [[0, -1], [1, 2]]})
+    cost = CostModel(10.0, 1.0, configs_per_unit=0)
+    tuning, confirm = informed_priced(rows, cost, n_confirm=32, k=3, tasks=3)
+    assert tuning == (10 + 4 * 12) + (10 + 3 * 24) + (10 + 2 * 60) + (10 + 1 * 96)
+    assert confirm == 3 * (10 + 1 * 96)
+    # Both cells resolved: every configuration held in every round, as the race ran.
+    both = rows.with_columns(uniform_status=pl.lit("confirmed"))
+    assert informed_priced(both, cost, 32, 3)[0] == sum(10 + 4 * p for p in (12, 24, 60, 96))
+
+
 def test_race_drops_only_with_the_corrected_level_and_the_grid_drops_nothing() -> None:
     truth = Truth.trade_off(n=8)
     rng = np.random.default_rng(3)

@@ -444,6 +444,8 @@ def simulate_adaptive(groups: dict[str, tuple[list[str], Truth]], schedule: Sche
                     columns[f"{name}_units"] = result.units.sum(-1)
                     columns[f"{name}_round_units"] = result.round_units.tolist()
                     columns[f"{name}_round_prompts"] = [[plan.shard(r)[1] * tasks for r in range(plan.rounds)]] * size
+                    columns[f"{name}_tried"] = tried.tolist()  # the configurations confirmation tried (-1 pads)
+                    columns[f"{name}_left_at"] = result.left_at[:, x, :].tolist()  # round each left the cell
                 rows.append(pl.DataFrame({"sweep": np.arange(start, start + size), **row, **columns}))
             confirmed_configs = {f"{name}_confirm_configs": [len(t) for t in tried_by[name]] for name in results}
             frames += [r.with_columns(pl.Series(k, v) for k, v in confirmed_configs.items()) for r in rows]
@@ -486,3 +488,44 @@ def adaptive_summary(result: pl.DataFrame, cost: CostModel, n_confirm: int, k: i
                                     [f"{name}_lost"].mean())
     out["total_ratio"] = out["adaptive_total_s"] / out["uniform_total_s"]
     return out
+
+
+def oracle_priced(result: pl.DataFrame, first: int, tuning: int, cost: CostModel, n_confirm: int, k: int,
+                  tasks: int = 3) -> tuple[float, float]:
+    """``(tuning, confirmation)`` seconds of the **oracle race**: round 1 runs every configuration on the first
+    ``first`` prompts per task (as every race does), then only the configurations the uniform grid's
+    confirmation went on to try in some cell of the group run the remaining ``tuning - first`` prompts, in one
+    round. It knows after round 1 what the grid will try, so it agrees with the grid in every cell: a floor on
+    what any race with that round 1 pays for full agreement (confirmation as the grid's)."""
+    per_group = result.group_by("sweep", "group", maintain_order=True).agg(
+        configs=pl.col("uniform_round_units").first().list.first(),
+        tried=pl.col("uniform_tried").list.explode().filter(pl.col("uniform_tried").list.explode() >= 0).n_unique(),
+        confirm=pl.col("uniform_confirm_configs").first())
+    configs, tried = (per_group[c].to_numpy().astype(float) for c in ("configs", "tried"))
+    spent = np.sum(cost.units(configs, first * tasks)) + np.sum(cost.units(tried, (tuning - first) * tasks))
+    confirm = k * np.sum(cost.units(per_group["confirm"].to_numpy().astype(float), n_confirm * tasks))
+    return float(spent), float(confirm)
+
+
+def informed_priced(result: pl.DataFrame, cost: CostModel, n_confirm: int, k: int, tasks: int = 3
+                    ) -> tuple[float, float]:
+    """``(tuning, confirmation)`` seconds of the race **told after round 1 which cells the grid leaves
+    unresolved**: those cells hold no configuration from round 2 on and confirm nothing; every other cell keeps
+    exactly the race's decisions (a cell's screen does not depend on the other cells), so its answers, and the
+    agreement on the cells the grid resolves, are the race's. A configuration runs round ``r`` when a cell the grid
+    resolves still holds it (it left that cell at round ``r`` or later, or never)."""
+    total_tuning = total_confirm = 0.0
+    for _, part in result.group_by("sweep", "group"):
+        resolved = part.filter(pl.col("uniform_status") != UNRESOLVED)
+        units = part["adaptive_round_units"][0].to_list()
+        prompts = part["adaptive_round_prompts"][0].to_list()
+        total_tuning += float(cost.units(units[0], prompts[0]))
+        if resolved.height:
+            left = np.array(resolved["adaptive_left_at"].to_list())  # (cells, C)
+            for r in range(1, len(units)):
+                if units[r]:
+                    held = ((left < 0) | (left >= r)).any(0).sum()
+                    total_tuning += float(cost.units(min(int(held), units[r]), prompts[r]))
+            tried = np.array(resolved["adaptive_tried"].to_list())
+            total_confirm += k * float(cost.units(np.unique(tried[tried >= 0]).size, n_confirm * tasks))
+    return total_tuning, total_confirm
