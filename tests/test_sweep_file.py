@@ -95,12 +95,39 @@ def test_every_field_says_what_it_accepts_and_the_losses_are_the_papers() -> Non
 
 
 def test_the_committed_sweeps_read_and_split_as_declared() -> None:
-    for name in ("paper", "small", "smoke", "small-race"):
+    for name in ("paper", "paper-race", "small", "smoke", "small-race"):
         _, definition = read_definition(name, BOARD, REPO / "sweeps")
         assert definition.grids and definition.reevaluate.k >= 1
     _, confirmed = read_definition("small-confirmed", BOARD, REPO / "sweeps")
     split = confirmed.split(BOARD)
     assert split is not None and split.quality_losses and split.offset >= split.tuning_offset + split.tuning
+
+
+def test_a_definition_extends_another_without_copying_its_grid(tmp_path: Path) -> None:
+    """paper-race is the paper grid (same 1,152 scheme settings, the paper's base merged under its own) with a
+    tuning split, confirmation and a race; an unknown parent and a cycle are refused naming `extends`."""
+    paper = expand("paper", BOARD, REPO / "sweeps", validate=False)
+    raced = expand("paper-race", BOARD, REPO / "sweeps", validate=False)
+    assert len(raced.configs) == len(paper.configs) == 1152
+
+    def settings(sweep: Any) -> list[dict]:
+        return [{k: v for k, v in c.overrides.items() if k.startswith(("scheme.", "model."))} for c in sweep.configs]
+    assert settings(raced) == settings(paper)
+    _, definition = read_definition("paper-race", BOARD, REPO / "sweeps")
+    assert definition.base["model.max_new_tokens"] == 1024 and definition.base["prompts.per_task"] == 64
+    assert definition.adaptive["shards"] == [4, 16, 64] and definition.pack == 0
+    split = definition.split(BOARD)
+    assert split is not None and (split.tuning, split.offset, split.prompts) == (64, 64, 32)
+
+    (tmp_path / "a.yaml").write_text("extends: b\ngrids: [{scheme.sampler: binary}]\n")
+    (tmp_path / "b.yaml").write_text("extends: a\ngrids: [{scheme.sampler: binary}]\n")
+    (tmp_path / "c.yaml").write_text("extends: nonesuch\ngrids: [{scheme.sampler: binary}]\n")
+    with pytest.raises(SpecError) as err:
+        read_definition("a", None, tmp_path)
+    assert err.value.key.endswith("extends") and "a -> b -> a" in err.value.problem
+    with pytest.raises(SpecError) as err:
+        read_definition("c", None, tmp_path)
+    assert err.value.key == f"{tmp_path / 'c.yaml'}: extends" and "nonesuch" in err.value.problem
 
 
 @pytest.mark.parametrize(("kwargs", "option"), [

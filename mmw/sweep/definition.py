@@ -12,6 +12,8 @@ A definition file holds::
     reevaluate: {k: 5, first_seed: 1000}    # each pick is re-run with seeds first_seed .. first_seed+k-1
     confirm: {prompts: 20, level: 0.05, max_tries: 2}   # held-out prompts per task for the re-runs (optional)
     adaptive: {shards: [4, 16, 64], level: 0.05, budget_s: null}   # race the tuning prompts (optional; needs confirm)
+    extends: paper                          # optional: start from sweeps/paper.yaml; this file's keys win (base
+                                            # merged key by key)
 
 Every config sets the whole ``scheme`` section (keys a grid does not name are set to null, so one config never
 inherits another's parameters) except the key, which is never a param of a sweep. A config's identity,
@@ -364,17 +366,40 @@ def _axis(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else [value]
 
 
+def _raw_definition(name: str, sweeps_dir: Path, chain: tuple[str, ...]) -> Any:
+    """The YAML mapping of ``sweeps_dir/<name>.yaml`` with its ``extends`` resolved: the named definition's keys,
+    overridden by this file's (``base`` merged key by key, this file's entries winning), so a definition that
+    races or rescales another grid does not copy it. ``chain``: the definitions already being read (a cycle is
+    refused)."""
+    path = sweeps_dir / f"{name}.yaml"
+    if not path.is_file():
+        where = f"{sweeps_dir / (chain[-1] + '.yaml')}: extends" if chain else "sweep"
+        raise SpecError(where, f"unknown sweep {name!r} (no {path})", ", ".join(available(sweeps_dir)) or "none found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError(str(path), f"not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(raw, dict) or "extends" not in raw:
+        return raw
+    parent = raw.pop("extends")
+    if not isinstance(parent, str) or parent in chain + (name,):
+        problem = (f"{parent!r} extends itself through {' -> '.join(chain + (name, parent))}"
+                   if isinstance(parent, str) else f"{parent!r} is not a sweep name")
+        raise SpecError(f"{path}: extends", problem, "the name of another definition in " + str(sweeps_dir))
+    merged = dict(_raw_definition(parent, sweeps_dir, chain + (name,)))
+    base = {**(merged.get("base") or {}), **(raw.pop("base", None) or {})}
+    merged.update(raw)
+    if base:
+        merged["base"] = base
+    return merged
+
+
 def read_definition(name: str, board: Mapping[str, Any] | None = None,
                     sweeps_dir: Path = SWEEPS_DIR) -> tuple[Path, SweepFile]:
     """Read and validate ``sweeps_dir/<name>.yaml`` (against the params mapping ``board`` when given); an unknown
     name is a SpecError listing the available ones, any other error names the file and the key in it."""
     path = sweeps_dir / f"{name}.yaml"
-    if not path.is_file():
-        raise SpecError("sweep", f"unknown sweep {name!r} (no {path})", available(sweeps_dir) or "none found")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SpecError(str(path), f"not valid YAML ({str(err).splitlines()[0]})") from None
+    raw = _raw_definition(name, sweeps_dir, ())
     try:
         return path, validate(SweepFile, raw, "", context={"board": board})
     except SpecError as err:
