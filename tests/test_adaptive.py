@@ -190,7 +190,7 @@ def test_the_oracle_race_pays_round_one_and_then_only_what_the_grid_tries() -> N
     """The oracle floor: every configuration on round 1, then only the distinct configurations the grid's
     confirmation tried in some cell of the group, on the remaining prompts, in one round; confirmation as the
     grid's. Group A tried 1 and 2 (2 twice), group B nothing (no feasible setting anywhere)."""
-    from mmw.sweep.simulate import oracle_priced
+    from mmw.sweep.simulate import oracle_priced, tried_per_group
 
     rows = pl.DataFrame({
         "sweep": [0, 0, 0, 0], "group": ["A", "A", "B", "B"], "cell": [0, 1, 0, 1],
@@ -202,6 +202,7 @@ def test_the_oracle_race_pays_round_one_and_then_only_what_the_grid_tries() -> N
     round_one = (10 + 10 * 12) + (10 + 6 * 12)
     assert tuning == round_one + (10 + 2 * 180)  # B tried nothing: no second round
     assert confirm == 3 * (10 + 2 * 96)
+    assert tried_per_group(rows) == (2 + 0) / 2
     # With every configuration tried, the oracle is the grid run in two rounds (one more fixed cost per group).
     every = rows.with_columns(uniform_tried=pl.Series([list(range(10)), [0, 1], list(range(6)), [0, 1]]))
     assert oracle_priced(every, 4, 64, cost, 32, 3)[0] == 2 * 10 + 16 * 192 + 2 * 10

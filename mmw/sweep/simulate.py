@@ -490,6 +490,17 @@ def adaptive_summary(result: pl.DataFrame, cost: CostModel, n_confirm: int, k: i
     return out
 
 
+def _distinct_tried(name: str) -> pl.Expr:
+    """Per aggregation group: how many distinct configurations ``name``'s confirmation tried (-1 pads)."""
+    tried = pl.col(f"{name}_tried").list.explode()
+    return tried.filter(tried >= 0).n_unique()
+
+
+def tried_per_group(result: pl.DataFrame, name: str = "uniform") -> float:
+    """Mean over (sweep, group) of the distinct configurations ``name``'s confirmation tried in the group's cells."""
+    return float(result.group_by("sweep", "group").agg(tried=_distinct_tried(name))["tried"].mean())
+
+
 def oracle_priced(result: pl.DataFrame, first: int, tuning: int, cost: CostModel, n_confirm: int, k: int,
                   tasks: int = 3) -> tuple[float, float]:
     """``(tuning, confirmation)`` seconds of the **oracle race**: round 1 runs every configuration on the first
@@ -498,8 +509,7 @@ def oracle_priced(result: pl.DataFrame, first: int, tuning: int, cost: CostModel
     round. It knows after round 1 what the grid will try, so it agrees with the grid in every cell: a floor on
     what any race with that round 1 pays for full agreement (confirmation as the grid's)."""
     per_group = result.group_by("sweep", "group", maintain_order=True).agg(
-        configs=pl.col("uniform_round_units").first().list.first(),
-        tried=pl.col("uniform_tried").list.explode().filter(pl.col("uniform_tried").list.explode() >= 0).n_unique(),
+        configs=pl.col("uniform_round_units").first().list.first(), tried=_distinct_tried("uniform"),
         confirm=pl.col("uniform_confirm_configs").first())
     configs, tried = (per_group[c].to_numpy().astype(float) for c in ("configs", "tried"))
     spent = np.sum(cost.units(configs, first * tasks)) + np.sum(cost.units(tried, (tuning - first) * tasks))
@@ -524,8 +534,8 @@ def informed_priced(result: pl.DataFrame, cost: CostModel, n_confirm: int, k: in
             left = np.array(resolved["adaptive_left_at"].to_list())  # (cells, C)
             for r in range(1, len(units)):
                 if units[r]:
-                    held = ((left < 0) | (left >= r)).any(0).sum()
-                    total_tuning += float(cost.units(min(int(held), units[r]), prompts[r]))
+                    held = int(((left < 0) | (left >= r)).any(0).sum())
+                    total_tuning += float(cost.units(held, prompts[r]))
             tried = np.array(resolved["adaptive_tried"].to_list())
             total_confirm += k * float(cost.units(np.unique(tried[tried >= 0]).size, n_confirm * tasks))
     return total_tuning, total_confirm
