@@ -105,6 +105,11 @@ class SchemeSpec(Section):
 
 #: The scheme's keys, in declaration order (what an unknown key's error lists).
 KNOWN_KEYS = tuple(SchemeSpec.model_fields)
+#: The keys that shape only generation: no detector reads them (a detection is the same for any value).
+GENERATION_ONLY = ("delta",)
+#: The keys detection reads: dvc.yaml's detection stages depend on exactly these, so a change of a generation-only
+#: key reruns no detection of the unwatermarked baseline.
+DETECTION_KEYS = tuple(key for key in KNOWN_KEYS if key not in GENERATION_ONLY)
 #: Each part kind's keys: every key one of its parts names (a key belongs to one kind).
 _OWNED: dict[str, tuple[str, ...]] = {
     kind: tuple(k for k in KNOWN_KEYS if any(rule.name == k for part in parts.values() for rule in part.scheme_keys))

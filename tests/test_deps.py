@@ -221,6 +221,60 @@ def test_static_closure_follows_imports_inside_functions_and_registries() -> Non
     assert "mmw/processor.py" not in prompts and "mmw/detector.py" not in prompts
 
 
+DETECTION_STAGES = ("detect_baseline", "detect_watermarked")
+
+
+@pytest.mark.parametrize("name", DETECTION_STAGES)
+def test_detection_stages_depend_on_the_detection_keys_only(name: str) -> None:
+    """``-S scheme.delta=2.5`` must not rerun the baseline's detection: its stage lists the detection keys, not the
+    whole scheme section."""
+    from mmw.scheme import DETECTION_KEYS
+
+    params = [p for p in pipeline_stages()[name].get("params", []) if isinstance(p, str)]
+    assert "scheme" not in params
+    assert sorted(p.removeprefix("scheme.") for p in params if p.startswith("scheme.")) == sorted(DETECTION_KEYS)
+
+
+@pytest.mark.parametrize("board", ["params.yaml", "params-full.yaml"])
+def test_boards_hold_every_scheme_key(board: str) -> None:
+    """DVC refuses to run a stage whose listed param is absent from params.yaml (null is fine): every scheme key is
+    written out, null where unset."""
+    from mmw.scheme import KNOWN_KEYS
+
+    scheme = yaml.safe_load((REPO / board).read_text())["scheme"]
+    assert not set(KNOWN_KEYS) - set(scheme), f"{board} lacks scheme keys {sorted(set(KNOWN_KEYS) - set(scheme))}"
+
+
+def test_a_generation_only_key_changes_no_detection() -> None:
+    """What lets the detection stages leave GENERATION_ONLY out of their params: the same texts, detected under
+    specs that differ only there, get the same verdicts, p-values and sizes (watermarked texts, so the verdicts are
+    not trivially null)."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from mmw.calibration import generate_synthetic
+    from mmw.detector import Detector
+    from mmw.prf import key_from_string
+    from mmw.scheme import GENERATION_ONLY, SchemeSpec
+
+    key, vocab = key_from_string("deps-test-key"), 500
+    base = {"sampler": "distribution_shift", "randomness": "window", "window": 1, "delta": 4.0, "gamma": 0.5,
+            "score": "sum"}
+    texts = generate_synthetic(SchemeSpec.from_params(base), key, lambda step: torch.zeros(4, vocab), rows=4,
+                               length=48, vocab_size=vocab)
+    reference = Detector(SchemeSpec.from_params(base), key, vocab, device="reference").detect(list(texts))
+    assert all(r.detected for r in reference)
+    for name in GENERATION_ONLY:
+        other = SchemeSpec.from_params({**base, name: 1.0})
+        results = Detector(other, key, vocab, device="reference").detect(list(texts))
+        for result, expected in zip(results, reference, strict=True):
+            for field, value in dataclasses.asdict(expected).items():
+                np.testing.assert_array_equal(getattr(result, field), value, err_msg=f"scheme.{name} changes the "
+                                              f"detection's {field}: list it in the detection stages' params")
+
+
 # --- runtime: what each stage of a real (tiny) dvc repro imported, read and loaded -------------------------------
 
 #: Upstream outputs a stage reads only for some params, so the tiny board's run may not read them.

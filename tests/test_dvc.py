@@ -112,8 +112,9 @@ def test_wall_times_are_a_log_not_an_input(pipeline: Path) -> None:
 def test_scheme_change_reruns_watermark_side_only(pipeline: Path) -> None:
     baseline_outputs = _lock_hashes(pipeline, "generate_baseline")
     output = _run(pipeline, "dvc", "exp", "run", "-S", "scheme.delta=2.5")
-    assert stages_run(output) == WATERMARK_SIDE, output
-    assert stages_skipped(output) == BASELINE_SIDE, output
+    # delta only shapes generation: the baseline's detection (its params: the detection keys) is not rerun
+    assert stages_run(output) == WATERMARK_SIDE - {"detect_baseline"}, output
+    assert stages_skipped(output) == BASELINE_SIDE | {"detect_baseline"}, output
     assert _lock_hashes(pipeline, "generate_baseline") == baseline_outputs
     params_diff = json.loads(_run(pipeline, "dvc", "params", "diff", "--json"))
     assert params_diff == {"params.yaml": {"scheme.delta": {"old": 5.0, "new": 2.5, "diff": -2.5}}}
@@ -125,6 +126,27 @@ def test_scheme_change_reruns_watermark_side_only(pipeline: Path) -> None:
             assert change[side] is None or (isinstance(change[side], int | float) and math.isfinite(change[side])), \
                 (name, change)
     assert not [name for name in diff if name.startswith("judge.")], "the baseline's judge check changed"
+
+
+#: Code no stage runs: the sweep (a module and its command line), the other commands, report code aggregate does
+#: not use. Editing it must leave every cached stage valid.
+NOT_STAGE_CODE = ("mmw/sweep/confirm.py", "mmw/sweep/cli.py", "mmw/commands.py", "mmw/reporting/page.py")
+
+
+def test_editing_sweep_and_report_code_changes_no_stage(pipeline: Path) -> None:
+    _restore_committed_run(pipeline)
+    try:
+        for path in NOT_STAGE_CODE:
+            with (pipeline / path).open("a") as file:
+                file.write("\n# an edit no stage may notice\n")
+        status = json.loads(_run(pipeline, "dvc", "status", "--json").splitlines()[-1] or "{}")
+        assert status == {"key": ["always changed"]}, status
+        with (pipeline / "mmw/cli.py").open("a") as file:  # the stage commands: every stage notices
+            file.write("\n# an edit every stage notices\n")
+        status = json.loads(_run(pipeline, "dvc", "status", "--json").splitlines()[-1] or "{}")
+        assert set(status) == _all_stages(), status
+    finally:
+        _run(pipeline, "git", "checkout", "--", *NOT_STAGE_CODE, "mmw/cli.py")
 
 
 def test_attack_change_reruns_perturb_and_downstream_only(pipeline: Path) -> None:
