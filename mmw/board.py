@@ -1,5 +1,5 @@
 """The whole params board, checked at once: every section (``mmw.params``) plus the checks that need a consumer's
-code (task names, attack specs, installed embedded models).
+code (task names, attack specs, quality measures, installed embedded models).
 
 The ``key`` stage runs this first on every ``dvc repro``, so a typo anywhere on the board fails in seconds; the
 other stages validate only the sections they read (their DVC ``params:``) and run their own consumer checks.
@@ -16,6 +16,7 @@ from mmw.engines import models
 from mmw.errors import SpecError
 from mmw.params import DEFAULT_PARAMS, Params, check_task_names, parse_params, read_params
 from mmw.quality.params import LowEntropyParams, QualityParams
+from mmw.quality.registry import check_metric_names
 from mmw.scheme import SchemeSpec
 from mmw.tasks import ALL_TASKS
 
@@ -35,6 +36,7 @@ def check_board(raw: Any) -> Params:
                                        "quality": QualityParams})
     check_task_names(params.prompts.tasks, ALL_TASKS)
     build_attacks(params.attacks.specs)
+    check_metric_names(params.quality.metrics)
     _model_installed(params.model.name, "model.name")
     if params.rate.backend != "openai":  # a served model's name is the server's business
         _model_installed(params.rate.judge, "rate.judge")

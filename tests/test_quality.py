@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -193,7 +194,7 @@ def test_quality_report_groups_by_task_with_hand_computed_values():
         ("story-000", "story", "watermarked", "judge", None, None, float("nan"), 0.4, None, None, None),
     ]
     table = pl.DataFrame(rows, schema=SCORE_SCHEMA, orient="row")
-    report = quality_report(table, None, {"scorer": "s", "metrics": ["task"]})
+    report = quality_report(table, {}, {"scorer": "s", "metrics": ["task"]})
     code, story, everything = report["groups"]["humaneval"], report["groups"]["story"], report["groups"]["all"]
     assert code["measure"] == "pass@1" and code["task_score_baseline"] == 0.5 and code["task_score_watermarked"] == 0
     assert code["task_score_delta"] == -0.5
@@ -207,7 +208,7 @@ def test_quality_report_groups_by_task_with_hand_computed_values():
 
 
 @pytest.mark.parametrize(("section", "message"), [
-    ({"metrics": ["mauve", "bleu"]}, "quality.metrics: unknown metric 'bleu'"),
+    ({"metrics": ["mauve", "mauve"]}, "quality.metrics: duplicate metric"),
     ({"mauve_buckets": 1}, "quality.mauve_buckets: expected auto or an integer >= 2"),
     ({"sandbox_timeout_s": 0}, "quality.sandbox_timeout_s: 0 is out of range"),
     ({"scorer": "./no/such/model"}, "quality.scorer: path './no/such/model' does not exist"),
@@ -220,6 +221,43 @@ def test_bad_quality_params_name_the_key(section, message):
     with pytest.raises(SpecError) as info:
         parse_params({"seed": 0, "quality": section}, ("quality",), models={"quality": QualityParams})
     assert str(info.value).startswith(message)
+
+
+def test_an_unknown_measure_fails_the_board_and_the_stage_before_any_work(tmp_path, monkeypatch):
+    """Measure names are the registry's: the key stage's board check and the quality stage both refuse one it
+    lacks, in one line naming the key and the allowed names, before reading a text."""
+    import yaml
+
+    from mmw.board import check_board
+    from mmw.quality.registry import QUALITY_METRICS
+    from mmw.stages import quality
+
+    board = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    board["quality"]["metrics"] = ["mauve", "bleu"]
+    with pytest.raises(SpecError) as info:
+        check_board(board)
+    assert str(info.value) == f"quality.metrics: unknown metric 'bleu'; allowed: {', '.join(QUALITY_METRICS)}"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"seed": 0, "quality": {"metrics": ["bleu"]}}))
+    monkeypatch.chdir(tmp_path)  # no generations here: the refusal must come first
+    with pytest.raises(SpecError, match="quality.metrics: unknown metric 'bleu'"):
+        quality.run(tmp_path / "params.yaml")
+
+
+def test_every_registered_measure_is_one_class_with_columns_and_summary():
+    """The registry's contract: each name loads exactly its class, whose columns are in the scores schema and whose
+    summary columns name numbers its groups produce."""
+    from mmw.quality.registry import QUALITY_METRICS, metric_class
+    from mmw.reporting.quality import SCORE_SCHEMA, group_quality
+
+    rows = pl.DataFrame({"prompt_id": ["a", "a"], "task": ["story", "story"], "source": ["baseline", "watermarked"],
+                         "measure": ["judge", "judge"]}).with_columns(
+        *(pl.lit(None, dtype=dtype).alias(name) for name, dtype in list(SCORE_SCHEMA.items())[4:]))
+    numbers = group_quality(rows, "judge")
+    for name in QUALITY_METRICS:
+        metric = metric_class(name)
+        assert metric.name == name and set(metric.columns) <= set(SCORE_SCHEMA)
+        for column in metric.summary_columns:
+            assert {f"{column.key}_baseline", f"{column.key}_watermarked"} <= set(numbers), (name, column)
 
 
 def test_quality_and_low_entropy_sections_default_when_absent():

@@ -1,4 +1,4 @@
-"""MAUVE (Pillutla et al., 2021) between baseline and watermarked texts, on precomputed features.
+"""MAUVE (Pillutla et al., 2021; quality measure ``mauve``) between baseline and watermarked texts, on precomputed features.
 
 ``mauve-text`` computes features with gpt2-large from the hub unless given features; here the features are the
 scoring model's hidden states (:mod:`mmw.quality.scoring`), so nothing is downloaded. MAUVE is noisy on small
@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from mmw.params import derive_seed
+from mmw.quality.base import QualityMetric, Texts, number
 
 
 @dataclass(frozen=True)
@@ -36,3 +40,23 @@ def mauve_score(baseline: np.ndarray, watermarked: np.ndarray, num_buckets: int 
     result = compute_mauve(p_features=p, q_features=q, num_buckets=num_buckets, device_id=-1, seed=seed,
                            verbose=False)
     return MauveResult(float(result.mauve), len(p), len(q), num_buckets, time.perf_counter() - started)
+
+
+class Mauve(QualityMetric):
+    """Pooled over all tasks (per task it would rest on a handful of texts); its run time goes to the timings log
+    (`mmw timings`), not to quality.json (a DVC output that aggregate reads)."""
+
+    name = "mauve"
+    needs_scorer = True
+    pooled = True
+    summary_pooled = ("MAUVE baseline vs watermarked (all tasks): **{value}** (n = {n_baseline} + {n_watermarked}; "
+                      "noisy below thousands of texts)")
+
+    def pool(self, texts: Texts) -> dict[str, Any]:
+        assert texts.scores is not None, "the stage scores the texts for a measure that needs_scorer"
+        is_base = (texts.table["source"] == "baseline").to_numpy()
+        features = texts.scores.features
+        result = mauve_score(features[is_base], features[~is_base], self.settings.mauve_buckets,
+                             seed=derive_seed(texts.seed, "mauve") % (2**31))
+        return {"value": number(result.value), "n_baseline": result.n_baseline,
+                "n_watermarked": result.n_watermarked, "num_buckets": result.num_buckets}

@@ -1,4 +1,4 @@
-"""Repetition: the share of repeated n-grams in a text (n = 1..4), to make watermark-induced loops visible.
+"""Repetition (quality measure ``repetition``): the share of repeated n-grams in a text (n = 1..4), to make watermark-induced loops visible.
 
 For one text and one n: ``1 - distinct n-grams / n-grams``, i.e. the share of the text's n-gram occurrences that
 repeat an n-gram seen earlier in the same text. 0 = no n-gram occurs twice; a text stuck in a loop tends to 1.
@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+
+import polars as pl
+
+from mmw.quality.base import QualityMetric, SummaryColumn, Texts, number
 
 ORDERS = (1, 2, 3, 4)
 _WORD = re.compile(r"\w+|[^\w\s]")
@@ -31,3 +35,21 @@ def repetition(text: str, orders: Sequence[int] = ORDERS) -> dict[int, float | N
     """``{n: repeated share}`` of one text for each n in ``orders``."""
     tokens = words(text)
     return {n: repeated_share(tokens, n) for n in orders}
+
+
+class Repetition(QualityMetric):
+    """Per text, the repeated share of its n-grams for n = 1..4; per group, the mean."""
+
+    name = "repetition"
+    columns = {f"repetition_{n}": pl.Float64 for n in ORDERS}
+    summary_columns = (SummaryColumn("repeated 1-grams base → wm", "repetition_1", percent=True),
+                       SummaryColumn("repeated 4-grams base → wm", "repetition_4", percent=True))
+    summary_note = "Repeated n-grams: mean share of a text's n-grams that occur earlier in it."
+
+    def per_text(self, texts: Texts) -> dict[str, list]:
+        shares = [repetition(text) for text in texts.table["text"].to_list()]
+        return {f"repetition_{n}": [share[n] for share in shares] for n in ORDERS}
+
+    @classmethod
+    def group(cls, rows: pl.DataFrame, measure: str | None, source: str) -> dict[str, float | None]:
+        return {f"repetition_{n}_{source}": number(rows[f"repetition_{n}"].drop_nans().mean()) for n in ORDERS}

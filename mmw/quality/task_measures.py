@@ -1,5 +1,5 @@
-"""Task measures of the validation tasks: pass@1 of generated code (HumanEval, run in :mod:`mmw.sandbox`) and
-accuracy of multiple-choice answers. Light (no torch): the ``quality`` stage and tests import it directly.
+"""Task measures of the validation tasks (quality measure ``task``): pass@1 of generated code (HumanEval, run in
+:mod:`mmw.sandbox`) and accuracy of multiple-choice answers. Light (no torch).
 
 pass@1 with one sample per problem is the plain pass rate (the unbiased pass@k estimator with n = k = 1).
 """
@@ -11,8 +11,12 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mmw.sandbox import SandboxLimits, run_python
-from mmw.tasks import CHOICES, HumanEvalProblem
+import polars as pl
+
+from mmw.quality.base import QualityMetric, SummaryColumn, Texts, number
+from mmw.quality.params import QualityParams
+from mmw.sandbox import SandboxLimits, isolation, run_python
+from mmw.tasks import CHOICES, JUDGE, HumanEvalProblem, task_references
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
@@ -82,3 +86,54 @@ def score_choice(answer: str, response: str, choices: Sequence[str] = ()) -> Ver
     if chosen is None:
         return Verdict(0.0, "unparsed")
     return Verdict(float(chosen == answer), "correct" if chosen == answer else "wrong")
+
+
+def task_verdicts(texts: pl.DataFrame, limits: SandboxLimits) -> list[Verdict | None]:
+    """One verdict per row of ``texts`` (prompt_id, text); None for tasks measured by the judge only."""
+    references = task_references(texts["prompt_id"].unique().to_list())
+    verdicts: list[Verdict | None] = []
+    for prompt_id, text in texts.select("prompt_id", "text").iter_rows():
+        reference = references.get(prompt_id)
+        if reference is None:
+            verdicts.append(None)
+        elif reference.problem is not None:
+            verdicts.append(run_humaneval(reference.problem, text, limits))
+        else:
+            verdicts.append(score_choice(reference.answer, text, reference.choices))
+    return verdicts
+
+
+class TaskMeasure(QualityMetric):
+    """pass@1 or accuracy where a task has one (null for judge-rated tasks, whose quality is the judge's Q). Needs
+    the sandbox: refuses at construction where ``quality.sandbox`` cannot isolate code."""
+
+    name = "task"
+    columns = {"task_score": pl.Float64, "task_status": pl.String}
+    header_defaults = {"sandbox": None}
+    summary_columns = (SummaryColumn("task score base → wm", "task_score", percent=True, whole_or_none=True),)
+    summary_note = "Task score: pass@1 (code run in the sandbox) or accuracy; judge-rated tasks show their Q above."
+
+    def __init__(self, settings: QualityParams) -> None:
+        super().__init__(settings)
+        self.sandbox = isolation(settings.sandbox)  # refuses before any work
+
+    def per_text(self, texts: Texts) -> dict[str, list]:
+        settings = self.settings
+        verdicts = task_verdicts(texts.table, SandboxLimits(settings.sandbox_timeout_s, settings.sandbox_memory_mb,
+                                                            mode=settings.sandbox))
+        return {"task_score": [v.score if v else None for v in verdicts],
+                "task_status": [v.status if v else None for v in verdicts]}
+
+    def header(self) -> dict[str, str]:
+        return {"sandbox": self.sandbox.describe()}
+
+    @classmethod
+    def group(cls, rows: pl.DataFrame, measure: str | None, source: str) -> dict[str, float | None]:
+        scores = rows["task_score"].drop_nulls()
+        return {f"task_score_{source}": number(scores.mean()) if measure not in (None, JUDGE) and scores.len()
+                else None}
+
+    @classmethod
+    def group_change(cls, numbers: dict) -> dict[str, float | None]:
+        base, wm = numbers["task_score_baseline"], numbers["task_score_watermarked"]
+        return {"task_score_delta": None if base is None or wm is None else wm - base}

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from mmw.metrics import tamper_resistance_of
+from mmw.quality.base import SummaryColumn
+from mmw.quality.registry import metric_classes
 from mmw.reporting.formats import fmt_count, fmt_fixed, fmt_number, fmt_percent, fmt_size
 from mmw.reporting.run import hull_frontier
 
@@ -129,25 +131,26 @@ def tamper_figure(attacks: pl.DataFrame) -> Figure:
 
 
 def quality_markdown(report: dict[str, Any]) -> str:
-    """The "Secondary quality" section of summary.md."""
+    """The "Secondary quality" section of summary.md: each measure's pooled line, columns and note."""
+    metrics = metric_classes()
     lines = ["## Secondary quality (reports/quality.json)", "",
              f"- scorer: {report.get('scorer')}; metrics: {', '.join(report.get('metrics', []))}"]
-    mauve = report.get("mauve")
-    if mauve:
-        lines.append(f"- MAUVE baseline vs watermarked (all tasks): **{fmt_number(mauve['value'])}** "
-                     f"(n = {mauve['n_baseline']} + {mauve['n_watermarked']}; noisy below "
-                     "thousands of texts)")
-    lines += ["", "| group | measure | task score base → wm | perplexity base → wm | repeated 1-grams base → wm "
-              "| repeated 4-grams base → wm |", "|---|---|---|---|---|---|"]
+    for metric in metrics:
+        pooled = report.get(metric.name) if metric.pooled else None
+        if pooled:
+            lines.append("- " + metric.summary_pooled.format(
+                **{k: fmt_number(v) if isinstance(v, float) else v for k, v in pooled.items()}))
+    columns = [column for metric in metrics for column in metric.summary_columns]
+    lines += ["", "| group | measure | " + " | ".join(c.header for c in columns) + " |",
+              "|---|---|" + "---|" * len(columns)]
     for group, m in report["groups"].items():
-        measure = m["measure"] or "–"
-        task = f"{fmt_percent(m['task_score_baseline'])} → {fmt_percent(m['task_score_watermarked'])}" \
-            if m["task_score_baseline"] is not None else "–"
-        lines.append(f"| {group} | {measure} | {task} | {fmt_number(m['perplexity_baseline'])} → "
-                     f"{fmt_number(m['perplexity_watermarked'])} | {fmt_percent(m['repetition_1_baseline'])} → "
-                     f"{fmt_percent(m['repetition_1_watermarked'])} | {fmt_percent(m['repetition_4_baseline'])} → "
-                     f"{fmt_percent(m['repetition_4_watermarked'])} |")
-    lines += ["", "Task score: pass@1 (code run in the sandbox) or accuracy; judge-rated tasks show their Q above. "
-              "Perplexity: median, under the scorer, of each reply given its prompt. Repeated n-grams: mean share "
-              "of a text's n-grams that occur earlier in it."]
+        lines.append(f"| {group} | {m['measure'] or '–'} | " + " | ".join(_quality_cell(c, m) for c in columns) + " |")
+    lines += ["", " ".join(metric.summary_note for metric in metrics if metric.summary_note)]
     return "\n".join(lines) + "\n"
+
+
+def _quality_cell(column: SummaryColumn, numbers: dict[str, Any]) -> str:
+    """``baseline → watermarked`` of one column in one group."""
+    fmt = fmt_percent if column.percent else fmt_number
+    base, wm = numbers[f"{column.key}_baseline"], numbers[f"{column.key}_watermarked"]
+    return "–" if column.whole_or_none and base is None else f"{fmt(base)} → {fmt(wm)}"
