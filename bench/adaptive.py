@@ -5,7 +5,7 @@ cost in H100-hours from the simulation's unit counts x the measured per-unit cos
         [--level 0.05] [--budget 0.25] [--out FILE]
 
 Per simulated sweep: 1,152 configs (sweeps/paper.yaml) in 16 groups (temperature x sampler) x 4 constraints =
-64 cells; synthetic truth (mmw.sweep.simulate.config_truth), per-prompt noise of mmw.sweep.simulate; tuning
+64 cells; synthetic truth (sweep_simulation.config_truth), per-prompt noise of sweep_simulation; tuning
 ``--tuning`` prompts per task (3 tasks), confirmation ``--confirm`` per task x K runs. Cost: mmw.sweep.adaptive's
 cost model (``GPU_STAGED``: one H100, 302.5 s a config and 191 s a baseline at 296 prompts, of which 95 s / 60 s
 fixed per unit), baselines per temperature and shard included. The decisions do not depend on the cost model
@@ -25,10 +25,11 @@ import numpy as np
 import polars as pl
 import yaml
 
-from mmw.sweep.adaptive import GPU_PACKED, GPU_STAGED, CostModel, Schedule
+from mmw.sweep.cost import GPU_PACKED, GPU_STAGED, CostModel
+from mmw.sweep.schedule import Schedule
 from mmw.sweep.confirm import ConfirmSettings
 from mmw.sweep.definition import expand
-from mmw.sweep.simulate import adaptive_summary, paper_groups, priced, simulate_adaptive
+from sweep_simulation import adaptive_summary, paper_groups, priced, simulate_adaptive
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPERATURES = 4

@@ -5,10 +5,10 @@
 Each setting (rule, cumulative shards per task, level) is one simulation of ``--sweeps`` sweeps of the paper grid
 (bench/adaptive.py's set-up: 1,152 configurations, 64 cells, tuning 64 prompts per task, confirmation 32 x K = 3),
 priced with packs that decode their configurations together (``GPU_PACKED``, ``pack: 0``), the cost model of a
-real packed race. Beside each: the **oracle floor** for its round 1 (:func:`mmw.sweep.simulate.oracle_priced`):
+real packed race. Beside each: the **oracle floor** for its round 1 (:func:`sweep_simulation.oracle_priced`):
 a race that, after round 1, runs only what the grid's confirmation will try agrees with the grid in every cell,
 so no race with that round 1 that reaches full agreement can pay less. And the race **told after round 1 which
-cells the grid leaves unresolved** (:func:`mmw.sweep.simulate.informed_priced`): the same decisions in every other
+cells the grid leaves unresolved** (:func:`sweep_simulation.informed_priced`): the same decisions in every other
 cell, hence the same agreement, with the grid-unresolved cells stopped — what a perfect futility stop would save.
 """
 
@@ -23,10 +23,11 @@ from pathlib import Path
 import yaml
 from adaptive import TARGET, hours
 
-from mmw.sweep.adaptive import GPU_PACKED, Schedule
+from mmw.sweep.cost import GPU_PACKED
+from mmw.sweep.schedule import Schedule
 from mmw.sweep.confirm import ConfirmSettings
 from mmw.sweep.definition import expand
-from mmw.sweep.simulate import (adaptive_summary, informed_priced, oracle_priced, paper_groups, priced,
+from sweep_simulation import (adaptive_summary, informed_priced, oracle_priced, paper_groups, priced,
                                 simulate_adaptive, tried_per_group)
 
 ROOT = Path(__file__).resolve().parent.parent

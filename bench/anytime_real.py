@@ -30,7 +30,7 @@ from mmw.prf import key_from_string
 from mmw.processor import WatermarkProcessor
 from mmw.scheme import SchemeSpec
 from mmw.stages.common import generator_vocab_size
-from mmw.sweep.adaptive import median_bounds
+from mmw.sweep.race_bounds import median_bounds
 from mmw.tasks import build_prompts, render_chat
 
 from fpr import SCHEMES as FPR_SCHEMES  # noqa: E402  (bench/ is the script's directory)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+# Research code that is no part of the library (the sweep's simulation study, bench/sweep_simulation.py) lives in
+# bench/; its tests import it from there.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 
 @pytest.fixture(autouse=True)

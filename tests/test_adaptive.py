@@ -14,27 +14,12 @@ import pytest
 
 from mmw.errors import SpecError
 from mmw.selection import Constraints
-from mmw.sweep.adaptive import (
-    IN,
-    QUALITY,
-    RESISTANCE,
-    SIZE,
-    Bounds,
-    CostModel,
-    Race,
-    Schedule,
-    Unit,
-    _proportion_bounds,
-    _ratio_bounds,
-    eliminate,
-    median_bounds,
-    plan_round,
-    race_bounds,
-    run_adaptive,
-    schedule_from,
-    screen,
-)
-from mmw.sweep.simulate import Truth, draw_tuning
+from mmw.sweep.adaptive import Unit, run_adaptive
+from mmw.sweep.cost import CostModel
+from mmw.sweep.race import IN, QUALITY, RESISTANCE, SIZE, Race, eliminate, plan_round, screen
+from mmw.sweep.race_bounds import Bounds, _proportion_bounds, median_bounds, race_bounds, ratio_bounds
+from mmw.sweep.schedule import Schedule, schedule_from
+from sweep_simulation import Truth, draw_tuning
 
 CONSTRAINTS = [Constraints(0.1, 0.2), Constraints(0.1, 0.0)]
 COST = CostModel(unit_s=10.0, prompt_s=1.0)
@@ -62,7 +47,7 @@ def test_ratio_and_proportion_bounds_cover_at_their_level() -> None:
     rng = np.random.default_rng(1)
     baseline = rng.normal(6.0, 1.5, size=(20000, 60)).clip(1)
     watermarked = 0.9 * baseline * (1 + rng.normal(0, 0.2, size=baseline.shape))
-    _, low, high = _ratio_bounds(watermarked, baseline, 0.05)
+    _, low, high = ratio_bounds(watermarked, baseline, 0.05)
     assert (low > 0.9).mean() <= 0.06 and (high < 0.9).mean() <= 0.06 and (low > 0.9).mean() > 0.03
     hits = (rng.random((20000, 30)) < 0.3).astype(float)
     _, low, high = _proportion_bounds(hits, 0.05)
@@ -177,7 +162,7 @@ def test_a_decode_aware_cost_stacks_a_units_configurations_up_to_its_rows() -> N
 
 
 def test_the_pack_setting_picks_the_cost_model() -> None:
-    from mmw.sweep.adaptive import GPU_PACKED, GPU_STAGED, cost_for_pack
+    from mmw.sweep.cost import GPU_PACKED, GPU_STAGED, cost_for_pack
 
     assert cost_for_pack(1) is GPU_STAGED
     assert cost_for_pack(0) == GPU_PACKED and cost_for_pack(8).configs_per_unit == 8
@@ -190,7 +175,7 @@ def test_the_oracle_race_pays_round_one_and_then_only_what_the_grid_tries() -> N
     """The oracle floor: every configuration on round 1, then only the distinct configurations the grid's
     confirmation tried in some cell of the group, on the remaining prompts, in one round; confirmation as the
     grid's. Group A tried 1 and 2 (2 twice), group B nothing (no feasible setting anywhere)."""
-    from mmw.sweep.simulate import oracle_priced, tried_per_group
+    from sweep_simulation import oracle_priced, tried_per_group
 
     rows = pl.DataFrame({
         "sweep": [0, 0, 0, 0], "group": ["A", "A", "B", "B"], "cell": [0, 1, 0, 1],
@@ -212,7 +197,7 @@ def test_the_informed_race_stops_the_cells_the_grid_leaves_unresolved_after_roun
     """Cell 0 (the grid resolves it) kept config 0 to the end and let 1, 2, 3 go after rounds 0, 1, 2; cell 1 (the
     grid leaves it unresolved) held 1, 2, 3 throughout. Told which cell is unresolved, the race runs round 1 in
     full, then only what cell 0 still holds — 3, 2, 1 configurations — and confirms only cell 0's tries."""
-    from mmw.sweep.simulate import informed_priced
+    from sweep_simulation import informed_priced
 
     rows = pl.DataFrame({
         "sweep": [0, 0], "group": ["A", "A"], "cell": [0, 1], "uniform_status": ["confirmed", "unresolved"],
@@ -430,7 +415,7 @@ def _paper_slice() -> dict:
     import yaml
 
     from mmw.sweep.definition import expand
-    from mmw.sweep.simulate import paper_groups
+    from sweep_simulation import paper_groups
 
     root = Path(__file__).resolve().parent.parent
     configs = expand("paper", yaml.safe_load((root / "params.yaml").read_text()), root / "sweeps",
@@ -447,9 +432,9 @@ def test_simulated_race_against_the_grid() -> None:
     its level — the negative control. Cost ratios are printed, not asserted (see docs/SWEEP.md)."""
     from scipy.stats import binomtest
 
-    from mmw.sweep.adaptive import GPU_STAGED
+    from mmw.sweep.cost import GPU_STAGED
     from mmw.sweep.confirm import ConfirmSettings
-    from mmw.sweep.simulate import adaptive_summary, simulate_adaptive
+    from sweep_simulation import adaptive_summary, simulate_adaptive
 
     groups = _paper_slice()
     assert sum(len(ids) for ids, _ in groups.values()) == 288
@@ -485,9 +470,9 @@ def test_simulated_screen_against_the_grid() -> None:
     included (the costs of docs/SWEEP.md are bench/adaptive.py's, over the whole grid)."""
     from scipy.stats import binomtest
 
-    from mmw.sweep.adaptive import GPU_STAGED
+    from mmw.sweep.cost import GPU_STAGED
     from mmw.sweep.confirm import ConfirmSettings
-    from mmw.sweep.simulate import adaptive_summary, simulate_adaptive
+    from sweep_simulation import adaptive_summary, simulate_adaptive
 
     groups = _paper_slice()
     settings = ConfirmSettings(level=0.05, max_tries=2, resamples=200)
@@ -833,7 +818,7 @@ def test_dry_run_prints_the_rounds_and_costs_and_uniform_needs_an_adaptive_defin
     assert "race: 3 rounds, level 0.05" in out
     assert "round 1: prompts [0, 6) per task (6 a unit), <= 6 units" in out
     assert "round 3: prompts [12, 24) per task (12 a unit), <= 6 units" in out
-    from mmw.sweep.adaptive import GPU_STAGED
+    from mmw.sweep.cost import GPU_STAGED
 
     worst = sum(6 * float(GPU_STAGED.unit(n)) for n in (6, 6, 12)) / 3600
     uniform = 6 * float(GPU_STAGED.unit(24)) / 3600

@@ -1,4 +1,4 @@
-"""Confirmed picks (mmw.sweep.confirm) and the simulation study that proves them (mmw.sweep.simulate).
+"""Confirmed picks (mmw.sweep.confirm) and the simulation study that proves them (bench/sweep_simulation.py).
 
 The simulation test is the procedure's guarantee, measured: over >= 1,000 simulated sweeps whose settings have
 known true quality, R and size, the share of cells reported confirmed with a setting that truly violates its
@@ -37,7 +37,7 @@ from mmw.sweep.confirm import (
     resample_counts,
     size_kind,
 )
-from mmw.sweep.simulate import Scenario, Truth, false_confirmation_rates, simulate
+from sweep_simulation import Scenario, Truth, false_confirmation_rates, simulate
 
 LEVEL = 0.05
 SWEEPS = 1000
@@ -405,7 +405,7 @@ def test_the_simulator_judges_exactly_as_a_real_cell_is_judged() -> None:
     """The vectorised path of the simulation (bounds for a batch of sweeps + verdict) gives the same status and
     reason as :func:`check` on each sweep's runs as real evidence."""
     from mmw.sweep.confirm import check, resistance_bounds, verdict
-    from mmw.sweep.simulate import draw_runs
+    from sweep_simulation import draw_runs
 
     scenario = Scenario(_four([1.0, 0.93, 0.899, 0.895], [0.5, 0.3, 0.12, 0.11]), Constraints(0.1, 0.2), n_confirm=30)
     settings = ConfirmSettings(resamples=300)

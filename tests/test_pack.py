@@ -106,7 +106,8 @@ def test_the_cli_refuses_a_bad_pack_in_one_line_and_the_dry_run_counts_packed_un
 
 
 def test_the_budget_check_and_the_dry_run_price_units_with_the_pack_size() -> None:
-    from mmw.sweep.adaptive import CostModel, Schedule, dry_run_lines, packed_units
+    from mmw.sweep.cost import CostModel, packed_units
+    from mmw.sweep.schedule import Schedule, dry_run_lines
 
     cost = CostModel(unit_s=100.0, prompt_s=1.0)
     schedule = Schedule(shards=(4, 8), budget_s=500.0)

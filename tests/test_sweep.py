@@ -512,7 +512,7 @@ def serve(monkeypatch: pytest.MonkeyPatch, world: Any) -> None:
 
     refs = lambda _repo, _baseline=None: dict(world.finished)  # noqa: E731
     monkeypatch.setattr(mmw.sweep.runner, "finished_experiments", refs)
-    monkeypatch.setattr(mmw.sweep, "finished_experiments", refs)
+    monkeypatch.setattr(mmw.sweep.units, "finished_experiments", refs)
     monkeypatch.setattr(mmw.sweep.units, "experiment_refs",
                         lambda _repo: {n: (sha, "0" * 40) for n, sha in world.finished.items()})
     monkeypatch.setattr(mmw.sweep.units, "read_experiment", world.read_experiment)

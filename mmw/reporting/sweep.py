@@ -178,7 +178,7 @@ def claims_markdown(claims: pl.DataFrame) -> str:
 def race_markdown(summary: pl.DataFrame, costs: Mapping[str, Any]) -> str:
     """The race's decisions for table.md: per round, the units that ran, kept and dropped (by reason: quality or R
     confidently infeasible, size confidently above the cell's leaders), the cells that stopped (futile / budget);
-    then the tuning time spent against the uniform grid's (``costs``: :func:`mmw.sweep.adaptive.measured_costs`)."""
+    then the tuning time spent against the uniform grid's (``costs``: :func:`mmw.sweep.cost.measured_costs`)."""
     lines = ["", "The race: configurations dropped round by round (quality / R: confidently infeasible; size: "
              "confidently larger than the cell's leaders), at the cumulative prompts per task shown.", ""]
     if summary.height == 0:

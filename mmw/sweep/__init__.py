@@ -10,7 +10,6 @@ tables that live in git. See docs/SWEEP.md.
 * :mod:`~mmw.sweep.collect` — the results / attacks / paper tables under ``reports/sweeps/<name>/``;
 * :mod:`~mmw.sweep.confirm`, :mod:`~mmw.sweep.cells`, :mod:`~mmw.sweep.evidence` — picks confirmed on held-out
   prompts (one-sided bounds, fallbacks, statuses) from the runs' per-prompt rows;
-* :mod:`~mmw.sweep.simulate` — synthetic sweeps with known truth (the procedure's error rate, measured);
 * :mod:`~mmw.sweep.plan` — prompts and time needed to resolve the unresolved cells.
 
 ``run_sweep`` is what ``mmw sweep run NAME`` does: run the configs that are not done (neither an evidence file nor
@@ -32,27 +31,21 @@ import yaml
 from mmw.errors import SpecError
 from mmw.sweep.collect import picked_config_ids
 from mmw.sweep.definition import Sweep, expand
-from mmw.sweep.runner import (
-    Executor,
-    Job,
-    LocalDvcExecutor,
-    Outcome,
-    Progress,
-    finished_experiments,
-    head_commit,
-    run_jobs,
-)
+from mmw.sweep.adaptive import DvcUnitRunner, run_adaptive
+from mmw.sweep.cells import pending_config_ids
+from mmw.sweep.collect import confirmed_tables
+from mmw.sweep.pack import PackedExecutor
+from mmw.sweep.runner import Executor, Job, LocalDvcExecutor, Progress, head_commit
+from mmw.selection import Constraints
 from mmw.sweep.units import (
     experiment_name,
     export,
-    finished_units,
     load_units,
     read_runs,
     reevaluation_name,
     reevaluation_overrides,
-    sweep_units,
-    write_packed_unit,
-    write_unit,
+    rounds_paths,
+    run_units,
 )
 
 
@@ -98,37 +91,11 @@ def reevaluation_jobs(sweep: Sweep, config_ids: list[str]) -> list[Job]:
             for cid, seed in pairs]
 
 
-def run_units(repo: Path, sweep: Sweep, label: str, jobs: list[Job], executor: Executor,
-              echo: Callable[[str], None]) -> Progress:
-    """:func:`run_jobs` with the sweep's evidence: units with a file count as finished, and each unit that
-    finishes gets its file as it lands (a kill between units loses nothing already written)."""
-    units = sweep_units(sweep)
-    baseline = head_commit(repo)
-
-    def write(job: Job, outcome: Outcome) -> None:
-        if outcome.evidence is not None:  # ran in a pack: no experiment, its results came in memory
-            write_packed_unit(repo, sweep, units[job.name], outcome.evidence, outcome.packed or {}, baseline,
-                              outcome.wall_s, outcome.finished, outcome.ran, outcome.restored)
-            return
-        sha = finished_experiments(repo, baseline).get(job.name)
-        if sha is None:  # the executor said done but left no ref: nothing to keep, the unit runs again
-            echo(f"  warning: {job.name} finished without an experiment ref; no evidence written")
-            return
-        write_unit(repo, sweep, units[job.name], sha, baseline, outcome.wall_s, outcome.finished, outcome.ran,
-                   outcome.restored)
-
-    return run_jobs(repo, sweep.name, label, jobs, executor, echo, finished=finished_units(repo, sweep),
-                    on_done=write)
-
-
 def confirmation_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Callable[[str], None]
                         ) -> Progress | None:
     """Confirm the picks on the held-out prompts: each round runs the K confirmation runs of every cell's
     pending candidate (its pick first, then a fallback where the pick was not confirmed), at most
     ``split.max_tries`` rounds. Finished runs are never repeated (a rerun resumes)."""
-    from mmw.sweep.cells import pending_config_ids
-    from mmw.sweep.collect import confirmed_tables
-
     assert sweep.split is not None
     progress = None
     for number in range(1, sweep.split.max_tries + 1):
@@ -153,23 +120,11 @@ def race_groups(sweep: Sweep) -> dict[str, list[str]]:
     return groups
 
 
-def rounds_paths(repo: Path, name: str) -> tuple[Path, Path]:
-    """The race's round log: the committed copy (what lasts, and what a resume on any machine reads) and the
-    working copy beside the run log."""
-    from mmw.sweep.runner import LOG_DIR
-    from mmw.sweep.units import REPORTS
-
-    return repo / REPORTS / name / "rounds.parquet", repo / LOG_DIR / name / "rounds.parquet"
-
-
 def run_race(repo: Path, sweep: Sweep, executor: Executor, echo: Callable[[str], None]) -> Progress:
     """The tuning runs of an ``adaptive`` definition: the race (:func:`mmw.sweep.adaptive.run_adaptive`) over
     :func:`race_groups`, its units through :func:`run_units` (evidence written as each lands), the round log
     written to both :func:`rounds_paths`, ranked by the anytime size where every config of a group has a sum score
     (the size the confirmed table ranks by), else the valid size. Returns the summed progress of its rounds."""
-    from mmw.selection import Constraints
-    from mmw.sweep.adaptive import DvcUnitRunner, run_adaptive
-
     assert sweep.split is not None and sweep.schedule is not None
     groups = race_groups(sweep)
     scores = {c.config_id: c.overrides.get("scheme.score") for c in sweep.configs}
@@ -193,8 +148,6 @@ def local_executor(repo: Path, sweep: Sweep, echo: Callable[[str], None] = print
     configurations that share a baseline (:class:`mmw.sweep.pack.PackedExecutor`)."""
     if sweep.pack == 1:
         return LocalDvcExecutor(repo)
-    from mmw.sweep.pack import PackedExecutor
-
     return PackedExecutor(repo, sweep.pack, echo)
 
 

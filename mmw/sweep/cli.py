@@ -20,7 +20,8 @@ from mmw.errors import SpecError
 from mmw.reporting.page import build_report
 from mmw.reporting.sweep import plan_markdown
 from mmw.sweep import load_sweep, run_sweep
-from mmw.sweep.adaptive import cost_for_pack, dry_run_lines, packed_units
+from mmw.sweep.cost import cost_for_pack, packed_units
+from mmw.sweep.schedule import dry_run_lines
 from mmw.sweep.collect import collect
 from mmw.sweep.confirm import ConfirmSettings
 from mmw.sweep.definition import apply_overrides

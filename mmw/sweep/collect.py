@@ -46,11 +46,13 @@ from mmw.selection import (
 )
 from mmw.errors import SpecError
 from mmw.io import write_text
+from mmw.sweep.adaptive import LOG_SCHEMA, cells_left
 from mmw.sweep.cells import confirmed_randomness, confirmed_table
 from mmw.sweep.claims import check_claims
+from mmw.sweep.cost import measured_costs
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
 from mmw.sweep.plan import sweep_plan
-from mmw.sweep.units import Runs, read_runs
+from mmw.sweep.units import Runs, read_runs, rounds_paths
 
 SIZE, QUALITY, RESISTANCE = "all.size", "all.relative_quality", "all.tamper_resistance"
 
@@ -171,9 +173,6 @@ def delta_table(results: pl.DataFrame, temperatures: tuple[float, ...] = (0.3, 1
 
 def round_log(repo: Path, sweep: Sweep) -> pl.DataFrame:
     """The race's committed round log (empty before its first round)."""
-    from mmw.sweep import rounds_paths
-    from mmw.sweep.adaptive import LOG_SCHEMA
-
     path = rounds_paths(repo, sweep.name)[0]
     return pl.read_parquet(path) if path.is_file() else pl.DataFrame(schema=LOG_SCHEMA)
 
@@ -188,8 +187,6 @@ def confirmed_tables(repo: Path, runs: Runs, sweep: Sweep) -> tuple[pl.DataFrame
     if not sweep.racing:
         table, tries = confirmed_table(results, reevaluations, prompts, sweep.split, k)
         return table, tries, confirmed_randomness(results, reevaluations, prompts, sweep.split, k)
-    from mmw.sweep.adaptive import cells_left
-
     out = cells_left(round_log(repo, sweep))
 
     def contending(cell: tuple[float, float]) -> pl.DataFrame:
@@ -214,8 +211,6 @@ def confirmed_tables(repo: Path, runs: Runs, sweep: Sweep) -> tuple[pl.DataFrame
 def race_frames(repo: Path, runs: Runs, sweep: Sweep) -> tuple[dict[str, pl.DataFrame], dict[str, Any]]:
     """The race's report tables (``rounds``: the round log; ``race``: per round, units, kept, dropped by reason,
     cells stopped) and its costs (:func:`mmw.sweep.adaptive.measured_costs`)."""
-    from mmw.sweep.adaptive import measured_costs
-
     assert sweep.split is not None and sweep.schedule is not None
     log = round_log(repo, sweep)
     reason = pl.col("reason").fill_null("")

@@ -45,7 +45,11 @@ from pydantic import AfterValidator, BeforeValidator, ValidationInfo, model_vali
 
 from mmw.errors import SpecError
 from mmw.scheme import KNOWN_KEYS, SchemeSpec
+from mmw.params import parse_params
 from mmw.selection.selecting import PAPER_CONSTRAINTS
+from mmw.sweep.confirm import ConfirmSettings
+from mmw.sweep.cost import cost_for_pack
+from mmw.sweep.schedule import AdaptiveSection, schedule_from
 from mmw.validation import Integer, Section, allowed, allowed_text, validate
 
 SWEEPS_DIR = Path("sweeps")
@@ -123,8 +127,6 @@ class ConfirmSection(Section):
     @model_validator(mode="after")
     def _settings(self) -> Self:
         """``level`` and ``max_tries`` are the confirmation's settings: checked where they are used."""
-        from mmw.sweep.confirm import ConfirmSettings
-
         ConfirmSettings(level=self.level, max_tries=self.max_tries)
         return self
 
@@ -179,10 +181,9 @@ class SweepFile(Section):
     reevaluate: Annotated[Reevaluation, BeforeValidator(_or_empty)] = allowed(
         _mapping_text(Reevaluation), default=Reevaluation())
     confirm: ConfirmSection | None = allowed(_mapping_text(ConfirmSection), default=None)
-    #: The race's schedule as written (:class:`mmw.sweep.adaptive.AdaptiveSection`): checked by :func:`expand`,
-    #: which knows the configs and tasks it is checked against.
-    adaptive: Any = allowed("{shards: [int, ...], level: a number in (0, 1), budget_s: seconds, keep: an integer}",
-                            default=None)
+    #: The race's schedule as written: its values checked here, the rules between them and against the configs
+    #: and tasks by :func:`expand` (:func:`mmw.sweep.schedule.schedule_from`).
+    adaptive: AdaptiveSection | None = allowed(_mapping_text(AdaptiveSection), default=None)
     #: Configurations per unit (:mod:`mmw.sweep.pack`): 1 = one ``dvc exp run`` each; k > 1 = up to k that share a
     #: baseline in one process; 0 = all that share one.
     pack: Integer = allowed("an integer >= 0 (configurations per unit: 1 = one DVC experiment each, 0 = every "
@@ -256,7 +257,7 @@ class Sweep:
     configs: list[Config]
     reevaluate: Reevaluation
     split: Split | None = None
-    #: The race (:class:`mmw.sweep.adaptive.Schedule`) of a definition with an ``adaptive`` section, else None.
+    #: The race (:class:`mmw.sweep.schedule.Schedule`) of a definition with an ``adaptive`` section, else None.
     schedule: Any = None
     #: Run (and collect) an adaptive definition as the plain grid, for comparison (``mmw sweep run --uniform``).
     uniform: bool = False
@@ -331,6 +332,10 @@ def _lookup(board: Mapping[str, Any], dotted: str) -> bool:
     return True
 
 
+#: The params section configurations of one pack may differ in (plus the key, which is no param).
+VARYING = "scheme"
+
+
 def apply_overrides(board: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of ``board`` with each dotted override set (the entries must exist; see :func:`_lookup`)."""
     merged = copy.deepcopy(dict(board))
@@ -341,6 +346,12 @@ def apply_overrides(board: Mapping[str, Any], overrides: Mapping[str, Any]) -> d
             node = node[part]
         node[leaf] = copy.deepcopy(value)
     return merged
+
+
+def pack_key(board: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
+    """What the jobs of one pack share: the board with a job's overrides, less ``scheme`` and the key."""
+    merged = apply_overrides(board, overrides)
+    return json.dumps({k: v for k, v in merged.items() if k not in (VARYING, "key")}, sort_keys=True, default=str)
 
 
 def _params_keys(board: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -414,8 +425,6 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
     validation or SchemeSpec rejects, and for an empty grid. ``validate=False`` skips the params validation
     (SchemeSpec still runs) for callers that only count.
     """
-    from mmw.params import parse_params
-
     path, definition = read_definition(name, board, sweeps_dir)
     base = definition.base
     temperatures = _axis(board.get("model", {}).get("temperature") if definition.temperatures is None
@@ -449,12 +458,8 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
     split = definition.split(board)
     schedule = None
     tasks = definition.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or []
-    from mmw.sweep.pack import pack_key
-
     per_baseline = list(Counter(pack_key(board, c.overrides) for c in configs.values()).values())
     if definition.adaptive is not None:
-        from mmw.sweep.adaptive import cost_for_pack, schedule_from
-
         try:
             schedule = schedule_from(definition.adaptive, split.tuning if split else None,
                                      split.max_tries if split else None, per_baseline, len(tasks),

@@ -10,20 +10,24 @@ reads them at an experiment's revision through ``dvc.api`` and joins them into o
 Each finished run's rows go into its committed evidence file (:mod:`mmw.sweep.units`); collection stacks them
 (with ``experiment``, ``config_id``, ``seed``, ``role``) into ``reports/sweeps/<name>/prompts.parquet``; :func:`evidence` turns one setting's confirmation rows into the arrays
 of :class:`mmw.sweep.confirm.Evidence`. Metrics averages cannot be paired or pooled; these rows can (by prompt
-against the same prompts' baseline, over runs and over prompt shards).
+against the same prompts' baseline, over runs and over prompt shards): :func:`pooled_metrics` pools a configuration's
+shards into the metrics a run would report.
 """
 
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from mmw.io import DETECTIONS, PERTURBED, RATINGS
 from mmw.sweep.confirm import AttackEvidence, Evidence
+from mmw.sweep.race_bounds import ratio_bounds, median_bounds, race_bounds, tuning_arrays
 
 KEYS = ["prompt_id", "task", "source", "attack"]
 DETECTION_COLUMNS = ("detected", "size", "size_valid", "size_anytime")
@@ -111,3 +115,48 @@ def evidence(rows: pl.DataFrame, sizes: Sequence[float | None]) -> Evidence:
             no_attack=_grid(rows.filter(pl.col("source") == "retokenized"), runs, attacked, pl.col("detected")))
     values = np.array([np.inf if s is None else float(s) for s in sizes], dtype=float)
     return Evidence(watermarked=watermarked, baseline=baseline, sizes=values, attacks=attacks)
+
+
+# -- a configuration's shards pooled into its metrics ---------------------------------------------------------------
+
+def finite_number(value: Any) -> float | None:
+    """A finite float, or None for NaN (infinity is kept: an undetected size); what metrics and logs hold."""
+    value = float(value)
+    return value if math.isfinite(value) else (None if math.isnan(value) else value)
+
+
+#: Per-prompt size columns and the metric each pools into (a median over the pooled prompts; inf: undetected).
+POOLED_SIZES = {"size_valid": "all.size_valid", "size": "all.size", "size_anytime": "all.size_anytime"}
+
+
+def pooled_metrics(rows: pl.DataFrame) -> tuple[dict[str, float | None], dict[str, dict[str, float | None]]]:
+    """``(metrics, attacks)`` of one configuration from its shards' pooled per-prompt rows (one row per prompt:
+    a prompt seen twice counts once): ``all.relative_quality`` (ratio of the paired sums), ``all.tamper_resistance``
+    (the hull of :func:`mmw.sweep.confirm.hull_resistance` at the pooled ``Q_A``, ``W_A``, ``W_0``), the median of
+    each size column present (inf: undetected in half or more), ``all.n_prompts``; per attack counted in R:
+    ``watermarked`` (detection rate) and ``quality_retained``. The same estimates the race's bounds are centred
+    on (:func:`race_bounds`)."""
+    attacked = rows.filter((pl.col("source") == "attack") & pl.col("in_R").fill_null(False))
+    attacks = sorted(attacked["attack"].unique().to_list())
+    marked = rows.filter(pl.col("source") == "watermarked")
+    metrics: dict[str, float | None] = {}
+    tuning = None
+    for column, metric in POOLED_SIZES.items():
+        if column not in marked.columns or (column == "size_anytime" and marked[column].null_count() == marked.height):
+            continue
+        tuning = tuning_arrays(rows, attacks, column)
+        metrics[metric] = finite_number(median_bounds(tuning.sizes[0], 0.5)[0])
+    tuning = tuning or tuning_arrays(rows, attacks)
+    bounds = race_bounds(tuning, 0.05)
+    metrics.update({"all.relative_quality": finite_number(bounds.quality[0]),
+                    "all.tamper_resistance": finite_number(bounds.resistance[0]),
+                    "all.n_prompts": float(bounds.prompts[0])})
+    per_attack: dict[str, dict[str, float | None]] = {}
+    evidence = tuning.attacked
+    for index, name in enumerate(attacks):
+        detected = evidence.detected[0, index]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = float(np.nanmean(detected)) if (~np.isnan(detected)).any() else math.nan
+            retained = ratio_bounds(evidence.rating_attacked[0, index], evidence.rating_reference[0], 0.05)[0]
+        per_attack[name] = {"watermarked": finite_number(rate), "quality_retained": finite_number(retained), "size": None}
+    return metrics, per_attack

@@ -51,12 +51,14 @@ import polars as pl
 import yaml
 
 from mmw.errors import SpecError
+from mmw.selection.reading import METRICS_FILE, run_values
+from mmw.sweep.definition import VARYING, apply_overrides, pack_key
+from mmw.sweep.evidence import run_rows
 from mmw.sweep.runner import LOG_DIR, Job, Outcome, hold_run_lock
+from mmw.sweep.units import TIMED_STAGES, RunEvidence
 
 #: Scratch workspaces of the packs being run (removed when a pack ends, and at the start of the next run).
 PACKS_DIR = LOG_DIR / "packs"
-#: The params section configurations of one pack may differ in (plus the key, which is no param).
-VARYING = "scheme"
 #: ``dvc.yaml`` commands whose stage module is not named like the command.
 MODULES = {"low-entropy-inputs": "low_entropy"}
 PARAMS = Path("params.yaml")
@@ -131,14 +133,6 @@ def _run_stage(stage: Stage) -> None:
 # ------------------------------------------------------------------------------------------------ the packs
 
 
-def pack_key(board: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
-    """What the jobs of one pack share: the board with a job's overrides, less ``scheme`` and the key."""
-    from mmw.sweep.definition import apply_overrides
-
-    merged = apply_overrides(board, overrides)
-    return json.dumps({k: v for k, v in merged.items() if k not in (VARYING, "key")}, sort_keys=True, default=str)
-
-
 def packs(board: Mapping[str, Any], jobs: Sequence[Job], size: int) -> list[list[Job]]:
     """``jobs`` cut into packs: jobs of one baseline (:func:`pack_key`) together, at most ``size`` a pack (0: no
     limit), in the order of each baseline's first job and, within a pack, the jobs' order."""
@@ -198,10 +192,6 @@ def read_evidence(workspace: Path, timings: Mapping[str, float]) -> Any:
     """A finished configuration's :class:`mmw.sweep.units.RunEvidence` from its workspace: params and metrics as
     :func:`mmw.selection.reading.read_revision` reads them from an experiment commit (flat, no key), the per-prompt
     rows as :func:`mmw.sweep.evidence.prompt_rows` reads them from the DVC cache."""
-    from mmw.selection.reading import METRICS_FILE, run_values
-    from mmw.sweep.evidence import run_rows
-    from mmw.sweep.units import TIMED_STAGES, RunEvidence
-
     params = yaml.safe_load((workspace / PARAMS).read_text())
     metrics = json.loads((workspace / METRICS_FILE).read_text())
     flat, values, attacks = run_values(params, metrics)
@@ -245,8 +235,6 @@ class PackedExecutor:
 
     def run_pack(self, jobs: Sequence[Job], record: Callable[[Outcome], None]) -> None:
         """One pack: the shared stages once, then each job's stages; ``record`` after each job."""
-        from mmw.sweep.definition import apply_overrides
-
         pack_id = hashlib.sha256("\x00".join(j.name for j in jobs).encode()).hexdigest()[:12]
         root = self.repo / PACKS_DIR / pack_id
         shutil.rmtree(root, ignore_errors=True)
@@ -305,8 +293,6 @@ class PackedExecutor:
         from mmw.scheme import SchemeSpec
         from mmw.stages.common import generator_vocab_size
         from mmw.sweep.decode import generate_together
-        from mmw.sweep.definition import apply_overrides
-
         ready: list[tuple[int, Any, int]] = []
         for index, job in enumerate(jobs):
             path = root / f"decode-{index}.yaml"
@@ -357,8 +343,6 @@ class PackedExecutor:
 
     def _run_job(self, job: Job, root: Path, shared_dir: Path, first: bool, shared_timings: Mapping[str, Any],
                  info: dict[str, Any], mark: float, decoded: Path | None = None) -> Outcome:
-        from mmw.sweep.definition import apply_overrides
-
         workspace = root / f"unit-{info['index']}"
         self._prepare(workspace, apply_overrides(self.board, job.overrides))
         for stage in (s for s in self.plan if s.shared):

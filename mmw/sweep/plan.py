@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from scipy.stats import norm
 
+from mmw.sweep.cells import RANDOMNESS_CONSTRAINT
 from mmw.sweep.definition import min_confirm_prompts
 
 #: Full-scale cost model, one H100 (bench/RESULTS.md "Cost model for the paper's grid, measured end to end").
@@ -88,8 +90,6 @@ def pilot_table(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Da
     finished re-runs. ``quality`` / ``resistance``: the mean of the re-runs' ``all.relative_quality`` /
     ``all.tamper_resistance``; ``*_low``: that mean minus ``z * SD / sqrt(K)`` with ``z`` the normal quantile at
     ``level / max_tries``; ``n_prompts`` / ``n_attacked``: the prompts and attacked prompts of one run."""
-    from scipy.stats import norm
-
     z = float(norm.ppf(1 - level / max_tries))
     done = reevaluations.filter(pl.col("status") == "done") if reevaluations.height else reevaluations
     fraction = attack_fraction(results)
@@ -190,8 +190,6 @@ def plan_table(table: pl.DataFrame, k: int, tasks: int, attacked_share: float,
 def randomness_cells(randomness: pl.DataFrame) -> pl.DataFrame:
     """The confirmed text-dependent vs fixed randomness table (:func:`mmw.sweep.cells.confirmed_randomness`) as
     cells of the paper's table: ``family`` = ``randomness: <kind>``, its constraint (quality loss <= 10 %, no R)."""
-    from mmw.sweep.cells import RANDOMNESS_CONSTRAINT
-
     (loss, r_min), = RANDOMNESS_CONSTRAINT
     return randomness.with_columns(
         pl.format("randomness: {}", "randomness_kind").alias("family"), pl.lit(loss).alias("max_quality_loss"),

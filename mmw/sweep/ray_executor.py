@@ -69,6 +69,7 @@ import yaml
 
 from mmw.errors import SpecError
 from mmw.keys import KEY_ENV, key_fingerprint, resolve_key
+from mmw.sweep.pack import PackedExecutor, check_pack, packs
 from mmw.sweep.runner import Job, Outcome, dvc_executable, error_text, head_commit, set_args
 
 #: The Ray task's name (the dashboard's task list, and the state-API filter of the progress view).
@@ -229,8 +230,6 @@ def _run_pack(source: str, baseline: str, specs: list[dict[str, Any]], secret_en
     its evidence in memory: the driver writes the evidence file), ``node`` and ``host``."""
     import ray
 
-    from mmw.sweep.pack import PackedExecutor
-
     envs: list[dict[str, str]] = ray.get(secret_env[0]) if secret_env else [{} for _ in specs]
     node = ray.get_runtime_context().get_node_id()
     scratch = Path(tempfile.mkdtemp(prefix="mmw-ray-pack-"))
@@ -283,8 +282,6 @@ class RayExecutor:
     def __init__(self, repo: Path, address: str = "auto", source: str | None = None, cache_dir: str | None = None,
                  max_retries: int = 3, echo: Callable[[str], None] = print, task_timeout_s: float | None = None,
                  timeout_retries: int = 1, pack: int = 1) -> None:
-        from mmw.sweep.pack import check_pack
-
         if task_timeout_s is not None and not task_timeout_s > 0:
             raise SpecError("--task-timeout", f"{task_timeout_s!r} seconds", "a number of seconds > 0")
         self.pack = check_pack(pack, "--pack")
@@ -429,8 +426,6 @@ class RayExecutor:
         """One Ray task per pack (:func:`mmw.sweep.pack.packs` of the committed params, ``self.pack`` a pack):
         its outcomes are recorded when the whole pack returns (a pack whose worker died is retried whole by Ray;
         a driver killed meanwhile loses the pack's finished configurations, which a rerun runs again)."""
-        from mmw.sweep.pack import packs
-
         board = yaml.safe_load(_git(self.repo, "show", "HEAD:params.yaml")) or {}
         task = ray.remote(_run_pack)
         pending: dict[Any, list[Job]] = {}

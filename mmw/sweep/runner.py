@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mmw.errors import SpecError
+from mmw.selection.rerun import override_value
 
 LOG_DIR = Path(".dvc/tmp/sweeps")
 #: Held by the local runner and the ``dvc exp run`` it started while either lives.
@@ -100,8 +101,6 @@ class Executor(Protocol):
 
 def _hydra_value(value: Any) -> str:
     """``value`` in the override grammar ``dvc exp run -S`` parses (Hydra): lists and mappings as literals."""
-    from mmw.selection.rerun import override_value
-
     if isinstance(value, list):
         return "[" + ",".join(_hydra_value(v) for v in value) + "]"
     if isinstance(value, Mapping):
@@ -119,8 +118,6 @@ def set_args(overrides: Mapping[str, Any]) -> list[str]:
 
 def dvc_executable() -> str:
     """The ``dvc`` installed next to this interpreter, else the one on PATH."""
-    import shutil
-
     found = shutil.which("dvc", path=str(Path(sys.executable).parent)) or shutil.which("dvc")
     if found is None:
         raise SpecError("dvc", "command not found next to this Python nor on PATH", "pip install 'mmw[pipeline]'")

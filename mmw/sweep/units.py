@@ -43,7 +43,18 @@ from mmw.io import write_with
 from mmw.selection.reading import column, read_revision
 from mmw.selection.reeval import REEVAL_PREFIX
 from mmw.sweep.definition import SINGLE_VALUED, Sweep, config_id
-from mmw.sweep.evidence import COLUMNS, KEYS, prompt_rows
+from mmw.sweep.evidence import COLUMNS, KEYS, pooled_metrics, prompt_rows
+from mmw.sweep.runner import (
+    LOG_DIR,
+    Executor,
+    Job,
+    Outcome,
+    Progress,
+    finished_experiments,
+    head_commit,
+    read_log,
+    run_jobs,
+)
 
 REPORTS = Path("reports/sweeps")
 RUNS = "runs"
@@ -230,8 +241,6 @@ def experiment_refs(repo: Path) -> dict[str, tuple[str, str]]:
 def export(repo: Path, sweep: Sweep, echo: Callable[[str], None] = print) -> list[Path]:
     """Write the evidence file of every finished experiment of ``sweep`` (an experiment ref of any baseline
     commit) that has none yet; wall times and stages from this repository's run log. Returns the files written."""
-    from mmw.sweep.runner import read_log
-
     units = sweep_units(sweep)
     refs = experiment_refs(repo)
     todo = {name: units[name] for name in refs if name in units}
@@ -435,10 +444,8 @@ def tables(sweep: Sweep, stored: list[StoredUnit], failed: Mapping[str, str | No
 
 def _pooled_meta(sweep: Sweep, ran: list[StoredUnit]) -> dict[str, Any]:
     """A raced configuration as one tuning run: its race units' per-prompt rows pooled
-    (:func:`mmw.sweep.adaptive.pooled_metrics`), the params of its first unit with the prompts it saw
+    (:func:`mmw.sweep.evidence.pooled_metrics`), the params of its first unit with the prompts it saw
     (``prompts.offset`` / ``prompts.per_task`` over its shards), ``race.rounds``, the summed wall time."""
-    from mmw.sweep.adaptive import pooled_metrics
-
     assert sweep.split is not None and sweep.schedule is not None
     frames = [u.rows for u in ran if u.meta.get("has_rows")]
     metrics, attacks = pooled_metrics(pl.concat(frames, how="diagonal_relaxed")) if frames else ({}, {})
@@ -476,9 +483,36 @@ def _randomness_kind(randomness: Any) -> str | None:
 def read_runs(repo: Path, sweep: Sweep, echo: Callable[[str], None] = print) -> Runs:
     """Export what has no file yet (:func:`export`), then the tables from the evidence files alone; failures of
     this machine's run log mark configs without a file as failed."""
-    from mmw.sweep.runner import read_log
-
     export(repo, sweep, echo)
     log = read_log(repo, sweep.name)
     failed = {name: o.error for name, o in log.items() if o.status == "failed"}
     return tables(sweep, load_units(repo, sweep), failed)
+
+
+def run_units(repo: Path, sweep: Sweep, label: str, jobs: list[Job], executor: Executor,
+              echo: Callable[[str], None]) -> Progress:
+    """:func:`run_jobs` with the sweep's evidence: units with a file count as finished, and each unit that
+    finishes gets its file as it lands (a kill between units loses nothing already written)."""
+    units = sweep_units(sweep)
+    baseline = head_commit(repo)
+
+    def write(job: Job, outcome: Outcome) -> None:
+        if outcome.evidence is not None:  # ran in a pack: no experiment, its results came in memory
+            write_packed_unit(repo, sweep, units[job.name], outcome.evidence, outcome.packed or {}, baseline,
+                              outcome.wall_s, outcome.finished, outcome.ran, outcome.restored)
+            return
+        sha = finished_experiments(repo, baseline).get(job.name)
+        if sha is None:  # the executor said done but left no ref: nothing to keep, the unit runs again
+            echo(f"  warning: {job.name} finished without an experiment ref; no evidence written")
+            return
+        write_unit(repo, sweep, units[job.name], sha, baseline, outcome.wall_s, outcome.finished, outcome.ran,
+                   outcome.restored)
+
+    return run_jobs(repo, sweep.name, label, jobs, executor, echo, finished=finished_units(repo, sweep),
+                    on_done=write)
+
+
+def rounds_paths(repo: Path, name: str) -> tuple[Path, Path]:
+    """The race's round log: the committed copy (what lasts, and what a resume on any machine reads) and the
+    working copy beside the run log."""
+    return repo / REPORTS / name / "rounds.parquet", repo / LOG_DIR / name / "rounds.parquet"

@@ -28,7 +28,10 @@ import numpy as np
 import polars as pl
 
 from mmw.selection import PAPER_CONSTRAINTS, Constraints
-from mmw.sweep.adaptive import Bounds, CostModel, Race, Schedule, Tuning, race_bounds
+from mmw.sweep.cost import CostModel
+from mmw.sweep.race import Race
+from mmw.sweep.race_bounds import Bounds, Tuning, race_bounds
+from mmw.sweep.schedule import Schedule
 from mmw.sweep.confirm import (
     CONFIRMED,
     NO_FEASIBLE,
