@@ -14,7 +14,7 @@ import pytest
 
 from mmw.errors import SpecError
 from mmw.selection import Constraints
-from mmw.sweep.adaptive import Unit, run_adaptive
+from mmw.sweep.adaptive import RaceUnit, run_adaptive
 from mmw.sweep.cost import CostModel
 from mmw.sweep.race import IN, QUALITY, RESISTANCE, SIZE, Race, eliminate, plan_round, screen
 from mmw.sweep.race_bounds import Bounds, _proportion_bounds, median_bounds, race_bounds, ratio_bounds
@@ -314,10 +314,10 @@ class FakeRunner:
         self.ran: list[str] = []
         directory.mkdir(parents=True, exist_ok=True)
 
-    def _path(self, unit: Unit) -> Path:
+    def _path(self, unit: RaceUnit) -> Path:
         return self.directory / f"{unit.key}.parquet"
 
-    def run(self, units: list[Unit]) -> None:
+    def run(self, units: list[RaceUnit]) -> None:
         for unit in units:
             if self._path(unit).is_file():
                 continue
@@ -328,10 +328,10 @@ class FakeRunner:
             with (self.directory / "ran.jsonl").open("a") as log:
                 log.write(json.dumps(unit.key) + "\n")
 
-    def rows(self, unit: Unit) -> pl.DataFrame | None:
+    def rows(self, unit: RaceUnit) -> pl.DataFrame | None:
         return pl.read_parquet(self._path(unit)) if self._path(unit).is_file() else None
 
-    def _rows(self, unit: Unit) -> pl.DataFrame:
+    def _rows(self, unit: RaceUnit) -> pl.DataFrame:
         group, index = unit.config_id.rsplit("-", 1)
         truth = self.truth[group]
         j = int(index)

@@ -30,8 +30,9 @@ from mmw.sweep.units import race_name, read_unit, run_units, sweep_units, unit_p
 
 
 @dataclass(frozen=True)
-class Unit:
-    """One configuration on one prompt shard (round ``shard``): ``prompts.offset`` / ``prompts.per_task``."""
+class RaceUnit:
+    """What the race asks for: one configuration on one prompt shard (round ``shard``), ``prompts.offset`` /
+    ``prompts.per_task``. The experiment that answers it is a stored :class:`mmw.sweep.units.Unit` (role ``race``)."""
 
     config_id: str
     shard: int
@@ -48,9 +49,9 @@ class UnitRunner(Protocol):
 
     ``run`` must skip units already done (a unit never runs twice); ``rows`` returns None for a unit not done."""
 
-    def run(self, units: Sequence[Unit]) -> None: ...
+    def run(self, units: Sequence[RaceUnit]) -> None: ...
 
-    def rows(self, unit: Unit) -> pl.DataFrame | None: ...
+    def rows(self, unit: RaceUnit) -> pl.DataFrame | None: ...
 
 
 class DvcUnitRunner:
@@ -67,19 +68,19 @@ class DvcUnitRunner:
         self.units = sweep_units(sweep)
         self.progress: list[Any] = []
 
-    def name(self, unit: Unit) -> str:
+    def name(self, unit: RaceUnit) -> str:
         return race_name(self.sweep.name, unit.config_id, unit.shard)
 
-    def job(self, unit: Unit) -> Any:
+    def job(self, unit: RaceUnit) -> Any:
         stored = self.units[self.name(unit)]
         return Job(name=stored.experiment, config_id=stored.config_id, overrides=dict(stored.overrides))
 
-    def run(self, units: Sequence[Unit]) -> None:
+    def run(self, units: Sequence[RaceUnit]) -> None:
         label = f"{self.sweep.name}: round {units[0].shard + 1}" if units else self.sweep.name
         self.progress.append(run_units(self.repo, self.sweep, label, [self.job(u) for u in units], self.executor,
                                        self.echo))
 
-    def rows(self, unit: Unit) -> pl.DataFrame | None:
+    def rows(self, unit: RaceUnit) -> pl.DataFrame | None:
         path = unit_path(self.repo, self.sweep.name, self.units[self.name(unit)])
         if not path.is_file():
             return None
@@ -120,7 +121,7 @@ def _observe(runner: UnitRunner, schedule: Schedule, ids: Sequence[str], r: int,
     ``attacks``: the attacks counted in R (None: those the group's rows hold, ``in_R``)."""
     pooled = {}
     for cid in ids:
-        frames = [f for f in (runner.rows(Unit(cid, s, *schedule.shard(s))) for s in range(r + 1)) if f is not None]
+        frames = [f for f in (runner.rows(RaceUnit(cid, s, *schedule.shard(s))) for s in range(r + 1)) if f is not None]
         if frames:
             pooled[cid] = pl.concat(frames, how="diagonal_relaxed")
     if attacks is None:
@@ -191,7 +192,7 @@ def run_adaptive(groups: Mapping[str, Sequence[str]], schedule: Schedule, runner
     frames = [previous]
     for r in range(schedule.rounds):
         running = {label: state.plan(r) for label, state in states.items()}
-        units = [Unit(cid, r, *schedule.shard(r)) for label, ids in groups.items()
+        units = [RaceUnit(cid, r, *schedule.shard(r)) for label, ids in groups.items()
                  for cid, on in zip(ids, running[label], strict=True) if on]
         if not units:
             break
