@@ -45,7 +45,7 @@ def _sizes(values: list[int | None]) -> np.ndarray:
 
 
 def _median_cell(values: list[int | None]) -> tuple[str, list[float]]:
-    """Median with its distribution-free 95% interval (order statistics, ``mmw.sweep.adaptive.median_bounds`` at
+    """Median with its distribution-free 95% interval (order statistics, ``mmw.sweep.race_bounds.median_bounds`` at
     2.5% a side), undetected = inf."""
     median, low, high = (float(v) for v in median_bounds(_sizes(values), 0.025))
     return f"{median:g} [{low:g}, {high:g}]", [median, low, high]

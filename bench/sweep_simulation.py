@@ -315,14 +315,14 @@ def draw_tuning(truth: Truth, sweeps: int, n: int, rng: np.random.Generator, qua
 
 
 def _prefix(tuning, n: int):
-    """The first ``n`` prompts of a :class:`~mmw.sweep.adaptive.Tuning` (their attacked ones too)."""
+    """The first ``n`` prompts of a :class:`~mmw.sweep.race_bounds.Tuning` (their attacked ones too)."""
     n_a = -(-n // 3)
     return tuning.map(lambda values: values[..., :n], lambda values: values[..., :n_a])
 
 
 def _bounds_of(data: Tuning, running: np.ndarray, n: int, alpha: float) -> Bounds:
-    """:func:`~mmw.sweep.adaptive.race_bounds` on the first ``n`` prompts of the running configs only (``(S, C)``
-    mask; the others get NaN, which :class:`~mmw.sweep.adaptive.Race` ignores)."""
+    """:func:`~mmw.sweep.race_bounds.race_bounds` on the first ``n`` prompts of the running configs only (``(S, C)``
+    mask; the others get NaN, which :class:`~mmw.sweep.race.Race` ignores)."""
     part = _prefix(data, n)
     picked = race_bounds(part.map(lambda values: values[running]), alpha)
     out = {}
@@ -383,9 +383,9 @@ def simulate_adaptive(groups: dict[str, tuple[list[str], Truth]], schedule: Sche
     the grid's tuning prompts; a config confirmed by both is judged on the same confirmation runs), and per row
     the tuning and confirmation seconds of the group (repeated on its cells: sum over one cell per group).
 
-    ``schedule``: :class:`mmw.sweep.adaptive.Schedule` (cumulative per-task prompts; its budget is ignored when
+    ``schedule``: :class:`mmw.sweep.schedule.Schedule` (cumulative per-task prompts; its budget is ignored when
     ``budget_fraction`` is given: the race's budget is then that share of the grid's tuning cost); ``tuning``:
-    tuning prompts per task of the grid; ``cost``: :class:`mmw.sweep.adaptive.CostModel`."""
+    tuning prompts per task of the grid; ``cost``: :class:`mmw.sweep.cost.CostModel`."""
     constraints = [Constraints(loss, r) for loss, r in PAPER_CONSTRAINTS]
     rng = np.random.default_rng(seed)
     n_total = tuning * tasks

@@ -10,7 +10,11 @@ tables that live in git. See docs/SWEEP.md.
 * :mod:`~mmw.sweep.collect` — the results / attacks / paper tables under ``reports/sweeps/<name>/``;
 * :mod:`~mmw.sweep.confirm`, :mod:`~mmw.sweep.cells`, :mod:`~mmw.sweep.evidence` — picks confirmed on held-out
   prompts (one-sided bounds, fallbacks, statuses) from the runs' per-prompt rows;
-* :mod:`~mmw.sweep.plan` — prompts and time needed to resolve the unresolved cells.
+* :mod:`~mmw.sweep.plan` — prompts and time needed to resolve the unresolved cells;
+* :mod:`~mmw.sweep.schedule`, :mod:`~mmw.sweep.cost`, :mod:`~mmw.sweep.race_bounds`, :mod:`~mmw.sweep.race`,
+  :mod:`~mmw.sweep.adaptive` — the racing sweep: its settings, its cost model, its bounds, the race, and the race
+  on DVC (units, round log, resume);
+* :mod:`~mmw.sweep.cli` — ``mmw sweep run|collect|export|plan``.
 
 ``run_sweep`` is what ``mmw sweep run NAME`` does: run the configs that are not done (neither an evidence file nor
 an experiment ref: failed and missing ones) — all of them on the tuning prompts, or, for a definition with an

@@ -210,7 +210,7 @@ def confirmed_tables(repo: Path, runs: Runs, sweep: Sweep) -> tuple[pl.DataFrame
 
 def race_frames(repo: Path, runs: Runs, sweep: Sweep) -> tuple[dict[str, pl.DataFrame], dict[str, Any]]:
     """The race's report tables (``rounds``: the round log; ``race``: per round, units, kept, dropped by reason,
-    cells stopped) and its costs (:func:`mmw.sweep.adaptive.measured_costs`)."""
+    cells stopped) and its costs (:func:`mmw.sweep.cost.measured_costs`)."""
     assert sweep.split is not None and sweep.schedule is not None
     log = round_log(repo, sweep)
     reason = pl.col("reason").fill_null("")
