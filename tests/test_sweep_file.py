@@ -115,7 +115,7 @@ def test_a_definition_extends_another_without_copying_its_grid(tmp_path: Path) -
     assert settings(raced) == settings(paper)
     _, definition = read_definition("paper-race", BOARD, REPO / "sweeps")
     assert definition.base["model.max_new_tokens"] == 1024 and definition.base["prompts.per_task"] == 64
-    assert definition.adaptive["shards"] == [4, 16, 64] and definition.pack == 0
+    assert definition.adaptive.shards == [4, 16, 64] and definition.pack == 0
     split = definition.split(BOARD)
     assert split is not None and (split.tuning, split.offset, split.prompts) == (64, 64, 32)
 
