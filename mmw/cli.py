@@ -24,7 +24,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 import typer.main
 from typer.core import TyperGroup
@@ -40,10 +39,10 @@ class _Commands(TyperGroup):
     LAZY = {"timings": "mmw.commands", "install-argos": "mmw.commands", "select": "mmw.commands",
             "sweep": "mmw.sweep.cli", "report": "mmw.commands", "plots-template": "mmw.commands"}
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: typer.Context) -> list[str]:
         return [*super().list_commands(ctx), *self.LAZY]
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> Any:
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
         if cmd_name not in self.LAZY:
             return super().get_command(ctx, cmd_name)
         group = typer.main.get_command(importlib.import_module(self.LAZY[cmd_name]).app)
