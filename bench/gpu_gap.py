@@ -10,7 +10,9 @@ ratios hold on whatever card runs it. Variants (``--variants``, comma-separated)
 * ``engine``: ``mmw.engines.generate.generate_batch`` as the generate stage calls it (left padding, the switch,
   the C4 watermark processor choosing every token, greedy); ``engine-eager``: the same with the processor
   uncompiled; ``engine-nopad``: the engine on prompts of one length; ``engine-dynamic``: the engine with
-  transformers' default growing cache (``DynamicCache``) instead of the pre-allocated one;
+  transformers' default growing cache (``DynamicCache``) instead of the pre-allocated one; ``engine-compiled``:
+  the engine with transformers' compiled decoding step (``mmw.engines.generate.COMPILE_DECODING``; under
+  ``--long`` its compile is inside the time, as in a stage);
 * ``plain-nopad-flash``: ``plain-nopad`` with SDPA restricted to the flash kernel (no mask, so it applies).
 
 ``--profile VARIANT[,VARIANT]``: torch.profiler over ``--profile-steps`` decode steps of those variants (steps
@@ -98,9 +100,10 @@ def main(tokenizer: Path = Path(".gpu/tokenizer"), batch: int = 296, new_tokens:
         if variant.startswith("engine"):
             import mmw.engines.generate as engine
 
-            saved = engine.CACHE_IMPLEMENTATION
+            saved, saved_compile = engine.CACHE_IMPLEMENTATION, engine.COMPILE_DECODING
             if variant == "engine-dynamic":
                 engine.CACHE_IMPLEMENTATION = None
+            engine.COMPILE_DECODING = variant == "engine-compiled"
             processor = WatermarkProcessor(spec, 1234, vocab, list(range(batch)), 0.7,
                                            compiled=False if variant == "engine-eager" else None)
             if extra:
@@ -108,7 +111,7 @@ def main(tokenizer: Path = Path(".gpu/tokenizer"), batch: int = 296, new_tokens:
             try:
                 generate_batch(model, tok, rows, processor, n_new)
             finally:
-                engine.CACHE_IMPLEMENTATION = saved
+                engine.CACHE_IMPLEMENTATION, engine.COMPILE_DECODING = saved, saved_compile
         else:
             enc = tok.pad({"input_ids": rows}, padding=True, padding_side="left", return_tensors="pt")
             ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
@@ -157,7 +160,14 @@ def main(tokenizer: Path = Path(".gpu/tokenizer"), batch: int = 296, new_tokens:
         torch.cuda.empty_cache()
 
     for variant in [v for v in long.split(",") if v]:
-        wall = run(variant, long_tokens)
+        try:
+            wall = run(variant, long_tokens)
+        except Exception as err:  # noqa: BLE001 - a variant that fails is a result, the others still run
+            result["runs"].append(dict(variant=variant, new_tokens=long_tokens,
+                                       error=f"{type(err).__name__}: {str(err)[:300]}"))
+            print(result["runs"][-1], flush=True)
+            save()
+            continue
         row = dict(variant=variant, new_tokens=long_tokens, wall_s=round(wall, 2),
                    tokens_per_s=round(batch * long_tokens / wall), step_ms=round(1e3 * wall / long_tokens, 1),
                    peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1) if device == "cuda" else None)

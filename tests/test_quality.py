@@ -150,13 +150,14 @@ def _reference_perplexity(tokenizer, model, prompt: str, text: str) -> float:
     return math.exp(sum(nll) / len(nll))
 
 
-def test_batched_perplexity_matches_an_unbatched_forward_pass(tiny_model):
+@pytest.mark.parametrize("pad_multiple", [None, 16])  # 16: CUDA's widened, longest-first batches, on the CPU
+def test_batched_perplexity_matches_an_unbatched_forward_pass(tiny_model, pad_multiple):
     from mmw.quality.scoring import score_texts
 
     tokenizer, model = tiny_model
     prompts = ["write a story", "write a story .", "write"]
     texts = ["the cat sat on the mat .", "a dog ran", "the dog sat on a mat the cat ran ."]
-    scores = score_texts(tokenizer, model, prompts, texts, max_tokens=64, batch_size=2)
+    scores = score_texts(tokenizer, model, prompts, texts, max_tokens=64, batch_size=2, pad_multiple=pad_multiple)
     expected = [_reference_perplexity(tokenizer, model, p, t) for p, t in zip(prompts, texts, strict=True)]
     assert scores.perplexity == pytest.approx(expected, rel=1e-4)
     assert scores.features.shape == (3, 32) and np.isfinite(scores.features).all()

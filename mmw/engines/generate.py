@@ -49,6 +49,11 @@ CACHE_IMPLEMENTATION: str | None = "static"
 #: Devices that get ``CACHE_IMPLEMENTATION`` (on a CPU the growing cache is cheap and attention reads only what
 #: exists; a pre-allocated one would make every step attend over the full length).
 CACHE_DEVICES: tuple[str, ...] = ("cuda",)
+#: Let transformers compile the decoding step over the static cache (its default ``CompileConfig``: Inductor with
+#: CUDA graphs). Off (``disable_compile``): the uncompiled step is host-bound (39 ms of wall against 19 ms of GPU
+#: time at 512 tokens of context), but the compile is paid again in every stage process: on one H200, 296 rows x
+#: 1,024 tokens took 58.9 s compiled (compile included) against 47.7-60.3 s uncompiled (bench/results/gpu.md).
+COMPILE_DECODING = False
 
 
 class RecordingProcessor(Protocol):
@@ -143,7 +148,7 @@ def generate_batch(
     config = neutral_generation_config(tokenizer, model, max_new_tokens)
     if model.device.type in CACHE_DEVICES and CACHE_IMPLEMENTATION is not None:
         config.cache_implementation = CACHE_IMPLEMENTATION
-        config.disable_compile = True
+        config.disable_compile = not COMPILE_DECODING
     with torch.inference_mode(), neutral_model_defaults(model), grouped_query_sdpa(model):
         output = model.generate(**batch, generation_config=config, logits_processor=LogitsProcessorList([processor]))
     tokens = strip_after_eos(output[:, batch["input_ids"].shape[1]:], config.eos_token_id)

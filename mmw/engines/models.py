@@ -344,7 +344,10 @@ def _load_model(
     torch_device = resolve_device(device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(dtype, torch_device))
+        # On a GPU the weights go straight from the file to the device (no copy of the whole model in host memory
+        # first); on a CPU nothing changes.
+        placement = {"device_map": torch_device} if torch_device.type == "cuda" else {}
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(dtype, torch_device), **placement)
     except OSError as err:
         raise SpecError(SPEC_KEY, f"cannot load {spec!r} ({str(err).splitlines()[0]})", ALLOWED_SPECS) from None
     _padding_left(tokenizer)
