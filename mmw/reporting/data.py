@@ -152,6 +152,12 @@ class Sweep:
         return sorted(values)
 
     @property
+    def confirmed(self) -> bool:
+        """Whether the table's cells were confirmed on held-out prompts (each carries a status); a table without
+        statuses was picked and re-run on its tuning prompts: exploratory, not a result."""
+        return self.table is not None and self.table["status"].drop_nulls().len() > 0
+
+    @property
     def constraints(self) -> list[Constraint]:
         if self.table is None:
             return []
@@ -209,10 +215,20 @@ def load_sweep(directory: Path) -> Sweep:
     return Sweep(directory.name, directory, results, attacks, table, meta, extras)
 
 
+def has_confirmed_table(directory: Path) -> bool:
+    """Whether ``directory``'s table.parquet carries confirmation statuses (see :attr:`Sweep.confirmed`)."""
+    path = directory / "table.parquet"
+    if not path.is_file() or "status" not in pl.read_parquet_schema(path):
+        return False
+    return pl.read_parquet(path, columns=["status"])["status"].drop_nulls().len() > 0
+
+
 def latest_sweep(root: Path) -> Path | None:
-    """The sweep directory under ``root`` whose results table was written last (None when there is none)."""
+    """The sweep directory under ``root`` to show first: the confirmed one whose results were written last; an
+    exploratory (unconfirmed) sweep only when no confirmed one exists (None when there is none)."""
     candidates = [p.parent for p in root.glob("*/results.parquet")]
-    return max(candidates, key=lambda p: (p / "results.parquet").stat().st_mtime, default=None)
+    return max(candidates, key=lambda p: (has_confirmed_table(p), (p / "results.parquet").stat().st_mtime, p.name),
+               default=None)
 
 
 # --- the paper's table -------------------------------------------------------------------------------------------

@@ -65,44 +65,37 @@ def _svg(figure: Any, name: str) -> markupsafe.Markup:
     return markupsafe.Markup(figures.to_svg(figure, name))
 
 
-def _headline(sweep: data.Sweep) -> list[tuple[float, str]]:
-    """Per temperature, the smallest re-evaluated size under the paper's main constraint, in words."""
+@dataclass(frozen=True)
+class Headline:
+    """The page's lead: under ``constraint`` (the paper's main one when the table has it, else its tightest), per
+    temperature the smallest confirmed size in words. Only a confirmed table has one."""
+
+    constraint: data.Constraint
+    lines: list[tuple[float, str]]
+
+
+def _headline(sweep: data.Sweep) -> Headline | None:
+    """The lead of a confirmed table; None for an exploratory one (picked and re-run on its tuning prompts: its
+    numbers are not results and never lead the page)."""
+    if not sweep.confirmed or not sweep.constraints:
+        return None
     main = data.Constraint(*data.MAIN_CONSTRAINT)
-    if main not in sweep.constraints:
-        return []
+    constraint = main if main in sweep.constraints else sweep.constraints[0]
+    picked = data.picks(sweep, constraint)
     lines = []
-    picked = data.picks(sweep, main)
-    confirmed_table = picked["status"].drop_nulls().len() > 0
     for t in sweep.temperatures:
         at = picked.filter(pl.col("temperature") == t)
-        if confirmed_table:  # only confirmed cells are results; say how many are not
-            answered = at.filter(pl.col("status") == "confirmed").sort("size_median")
-            if answered.height:
-                best = answered.row(0, named=True)
-                lines.append((t, f"{data.family_label(best['family'])}: {data.fmt_tokens(best['size_median'])} "
-                                 f"tokens, confirmed on held-out prompts (K = {best['k']})"))
-            else:
-                counts = ", ".join(f"{n} {s}" for s, n in at.group_by("status").len().sort("status").iter_rows())
-                lines.append((t, f"no confirmed cell ({counts})"))
+        if at.height == 0:
             continue
-        measured = at.filter(pl.col("size_median").is_not_null() & pl.col("size_median").is_finite()
-                             & (pl.col("k") > 0)).sort("size_median")
-        optimistic = at.filter((pl.col("k").fill_null(0) == 0) & pl.col("pick_size").is_not_null()
-                               & pl.col("pick_size").is_finite()).sort("pick_size")
-        if measured.height:
-            best = measured.row(0, named=True)
-            lines.append((t, f"{data.family_label(best['family'])}: {data.fmt_tokens(best['size_median'])} tokens"
-                             + (f" (MAD {best['size_mad']:.1f}, K = {best['k']})"
-                                if best["k"] > 1 and best["size_mad"] is not None else "")))
-        elif optimistic.height:
-            best = optimistic.row(0, named=True)
-            lines.append((t, f"{data.family_label(best['family'])}: {data.fmt_tokens(best['pick_size'])}* tokens "
-                             "(selection-time size, not re-evaluated)"))
-        elif at.filter(pl.col("config_id").is_not_null()).height:
-            lines.append((t, "the picks are not detected in half the texts (∞)"))
+        answered = at.filter(pl.col("status") == "confirmed").sort("size_median")
+        if answered.height:
+            best = answered.row(0, named=True)
+            lines.append((t, f"{data.family_label(best['family'])}: {data.fmt_tokens(best['size_median'])} "
+                             f"tokens, confirmed on held-out prompts (K = {best['k']})"))
         else:
-            lines.append((t, "no setting meets the constraint"))
-    return lines
+            counts = ", ".join(f"{n} {s}" for s, n in at.group_by("status").len().sort("status").iter_rows())
+            lines.append((t, f"no confirmed cell ({counts})"))
+    return Headline(constraint, lines)
 
 
 def _judge_rows(judge: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -147,7 +140,8 @@ def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | 
         [pl.col(c).cast(pl.String).unique().sort().str.join(", ").alias(c) for c in judge_columns])
         .sort("model.temperature").iter_rows(named=True)) if judge_columns else []
     return _environment().get_template("report.html.j2").render(
-        kind="sweep", title=f"mmw benchmark report: sweep “{sweep.name}”", scale=data.sweep_scale(sweep),
+        kind="sweep", title=f"mmw benchmark report: sweep “{sweep.name}”"
+        + ("" if sweep.confirmed else " (exploratory, not confirmed)"), scale=data.sweep_scale(sweep),
         sweep=sweep, blocks=data.paper_table(sweep), headline=_headline(sweep), figures=sections,
         attack_tables=data.attack_tables(sweep), fpr=list(data.fpr_summary(sweep).iter_rows(named=True)),
         alpha=alpha, failed=list(failed.iter_rows(named=True)), judge=judge, judge_rows=_judge_rows(judge),
