@@ -422,7 +422,7 @@ def test_round_log_and_resume_after_a_kill_between_rounds(tmp_path: Path) -> Non
 
 SWEEPS = 500
 SCREEN_SWEEPS = 400
-TUNING, CONFIRM, K = 64, 32, 3
+TUNING, CONFIRM, K = 64, 256, 3
 
 
 def _paper_slice() -> dict:
