@@ -90,6 +90,8 @@ def lower_bound(x: np.ndarray, alpha: float, low: float, high: float) -> np.ndar
         raise ValueError(f"empty range [{low}, {high}]")
     if np.any((x < low) | (x > high)):
         raise ValueError(f"observations outside their declared range [{low}, {high}]")
+    if x.shape[-1] == 0:
+        return np.full(x.shape[:-1], float(low))
     z = (x - low) / (high - low)
     bets = _bets(z, alpha)
     below = np.zeros(z.shape[:-1])  # rejected (or the range's end)
