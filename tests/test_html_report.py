@@ -457,6 +457,8 @@ def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tm
     markup = build_report(tmp_path).path.read_text()
     dom = Dom(markup)
     assert "sweep “confirmed”" in markup and "exploratory" not in markup
+    # Both scales: the cells' confirmation runs and the tuning runs.
+    assert "30 held-out prompts × K = 5 runs with fresh keys and seeds" in markup and "Two scales" in markup
     assert "The smallest confirmed watermark at each temperature under quality loss ≤ 1%, R &gt; 0.2" in markup
     headline = re.search(r'<ul class="headline" id="headline">(.*?)</ul>', markup, re.S).group(1)
     assert "confirmed on held-out prompts" in headline and "Exponential" in headline
@@ -464,7 +466,10 @@ def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tm
     cells = [c for row in dom.tables["paper-table"] for c in row]
     assert any(c.startswith("unresolved") for c in cells) and any(c.startswith("✗ quality") for c in cells)
     assert "relative quality ≥ 0.95" in markup
-    assert Dom(markup).tables["plan-table"][1][2:] == ["480", "160", "1.25"]
+    plan = Dom(markup).tables["plan-table"]
+    assert plan[0][:3] == ["Constraint", "T", "Family"] and plan[1][2] == "Binary"
+    assert [plan[1][plan[0].index(c)] for c in ("Prompts for quality", "Per task", "H100 hours")] == ["480", "160",
+                                                                                                    "1.25"]
     assert Dom(markup).tables["claims-table"][1][:3] == ["exponential ahead of distribution shift at T = 1", "1",
                                                          "supported"]
     assert 'id="fig-sizes"' in markup  # the figure still draws, from the confirmed cell only

@@ -473,6 +473,21 @@ def sweep_scale(sweep: Sweep) -> str:
     return f"{scale}, model {model}" if model else scale
 
 
+def confirmation_scale(sweep: Sweep) -> str | None:
+    """'<n> held-out prompts (<p> per task) × K = <k> runs with fresh keys and seeds': what a confirmed table's cells
+    rest on (None for an exploratory table)."""
+    if not sweep.confirmed or sweep.table is None:
+        return None
+    judged = sweep.table.filter(pl.col("n_prompts").is_not_null())
+    if judged.height == 0:
+        per_task = sweep.meta.get("confirm_prompts_per_task")
+        return f"{per_task} held-out prompts per task, no confirmation runs yet" if per_task else None
+    prompts, k = int(judged["n_prompts"].max()), int(judged["k"].max() or 0)
+    per_task = sweep.meta.get("confirm_prompts_per_task")
+    return (f"{prompts} held-out prompts" + (f" ({per_task} per task)" if per_task else "")
+            + f" × K = {k} runs with fresh keys and seeds")
+
+
 def sweep_provenance(sweep: Sweep, commit: str | None, generated: str) -> list[tuple[str, str]]:
     counts = {s: sweep.results.filter(pl.col("status") == s).height for s in ("done", "failed", "missing")}
     wall = sweep.results["wall_s"].drop_nulls()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import subprocess
 import time
 from dataclasses import dataclass
@@ -113,13 +114,59 @@ def _plain(frame: pl.DataFrame | None) -> dict[str, list] | None:
     return {"columns": frame.columns, "rows": rows}
 
 
+def _constraint_words(row: dict[str, Any]) -> str:
+    loss, r_min = row.get("max_quality_loss"), row.get("min_tamper_resistance")
+    return "–" if loss is None else data.Constraint(float(loss), r_min if r_min else None).label
+
+
+def _size(value: float | None) -> str:
+    """A size or a gap of sizes in tokens (a gap can be −∞: the claimed side detected, the other not)."""
+    return "−∞" if value is not None and value == -math.inf else data.fmt_tokens(value)
+
+
 def claims_shown(claims: pl.DataFrame | None) -> pl.DataFrame | None:
-    """The claims table's columns a reader needs (:mod:`mmw.sweep.claims`)."""
-    if claims is None:
+    """The claims table (:mod:`mmw.sweep.claims`) in words: one row per claim, temperature and constraint."""
+    if claims is None or claims.height == 0:
         return None
-    keep = ["claim", "temperature", "max_quality_loss", "min_tamper_resistance", "verdict", "comparisons",
-            "median_smaller", "median_than", "gap_low", "gap_high", "size_kind", "n_prompts"]
-    return claims.select([c for c in keep if c in claims.columns])
+    rows = []
+    for r in claims.iter_rows(named=True):
+        smaller, than = r.get("median_smaller"), r.get("median_than")
+        low, high = r.get("gap_low"), r.get("gap_high")
+        kind = (r.get("size_kind") or "").removeprefix("all.").replace("_", " ")
+        rows.append({
+            "Claim": r["claim"], "T": data.fmt_number(r.get("temperature"), 3), "Verdict": r.get("verdict") or "–",
+            "Constraint": _constraint_words(r), "Comparisons": (r.get("comparisons") or "–").replace("_", " "),
+            "Median sizes, claimed vs other (tokens)": "–" if smaller is None else
+            f"{_size(smaller)} vs {_size(than)}" + (f" ({kind})" if kind else ""),
+            "Gap, 95 % interval": "–" if low is None and high is None else f"[{_size(low)}, {_size(high)}]",
+            "Prompts": "–" if r.get("n_prompts") is None else str(r["n_prompts"])})
+    return pl.DataFrame(rows)
+
+
+def plan_shown(plan: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The planner's table (:mod:`mmw.sweep.plan`) in words: what each unresolved cell needs and costs."""
+    if plan is None or plan.height == 0:
+        return None
+
+    def count(value: float | None, digits: int = 0) -> str:
+        if value is None:
+            return "–"
+        return "∞" if math.isinf(value) else f"{value:,.{digits}f}"
+
+    rows = []
+    for r in plan.iter_rows(named=True):
+        estimate = "–" if r.get("quality") is None else f"quality {r['quality']:.3f} ({r.get('quality_toward')})"
+        if r.get("resistance") is not None:
+            estimate += f", R {r['resistance']:.2f} ({r.get('r_toward')})"
+        rows.append({
+            "Constraint": _constraint_words(r), "T": data.fmt_number(r.get("temperature"), 3),
+            "Family": data.family_label(r.get("family")),
+            "Prompts now": count(r.get("n_prompts")), "Estimate (heading)": estimate,
+            "Prompts for quality": count(r.get("quality_prompts")), "Prompts for R": count(r.get("r_prompts")),
+            "Per task": count(r.get("prompts_per_task")),
+            "CPU hours (here)": count(None if r.get("cpu_s") is None else r["cpu_s"] / 3600, 1),
+            "H100 hours": count(r.get("h100_hours"), 2)})
+    return pl.DataFrame(rows)
 
 
 def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | None, generated: str) -> str:
@@ -142,12 +189,13 @@ def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | 
     return _environment().get_template("report.html.j2").render(
         kind="sweep", title=f"mmw benchmark report: sweep “{sweep.name}”"
         + ("" if sweep.confirmed else " (exploratory, not confirmed)"), scale=data.sweep_scale(sweep),
+        confirmation_scale=data.confirmation_scale(sweep),
         sweep=sweep, blocks=data.paper_table(sweep), headline=_headline(sweep), figures=sections,
         attack_tables=data.attack_tables(sweep), fpr=list(data.fpr_summary(sweep).iter_rows(named=True)),
         alpha=alpha, failed=list(failed.iter_rows(named=True)), judge=judge, judge_rows=_judge_rows(judge),
         judge_columns=judge_columns, judge_sweep=list(judge_sweep), keys=list(data.key_spread(sweep).iter_rows(
             named=True)), randomness=_plain(sweep.extras.get("randomness")), delta=_plain(sweep.extras.get("delta")),
-        plan=_plain(sweep.extras.get("plan")), claims=_plain(claims_shown(sweep.extras.get("claims"))),
+        plan=_plain(plan_shown(sweep.extras.get("plan"))), claims=_plain(claims_shown(sweep.extras.get("claims"))),
         race=_plain(sweep.extras.get("race")), stages=data.stage_totals(sweep),
         provenance=data.sweep_provenance(sweep, commit, generated))
 
