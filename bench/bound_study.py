@@ -148,7 +148,8 @@ def main() -> None:
     shipped = betting.TRUNCATION
     for c in (0.5, 0.75, 0.9, 0.95, 0.99):
         betting.TRUNCATION = c
-        print(f"c = {c}: 128 prompts, confirmed {(quality_bounds(ws, bs, ALPHA, CONSTRAINT)[1] >= CONSTRAINT).mean():.3f}")
+        confirmed = (quality_bounds(ws, bs, ALPHA, CONSTRAINT)[1] >= CONSTRAINT).mean()
+        print(f"c = {c}: 128 prompts, confirmed {confirmed:.3f}")
     betting.TRUNCATION = shipped
 
 

@@ -143,6 +143,27 @@ def claims_shown(claims: pl.DataFrame | None) -> pl.DataFrame | None:
     return pl.DataFrame(rows)
 
 
+def randomness_shown(randomness: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The text-dependent vs fixed randomness table; a confirmed one in words, with a size only where its cell
+    was confirmed (an exploratory one as collected)."""
+    if randomness is None or randomness.height == 0 or "status" not in randomness.columns:
+        return randomness
+    rows = []
+    for r in randomness.iter_rows(named=True):
+        confirmed = r["status"] == "confirmed"
+        status = r["status"] + (f" ({r['reason']})" if r.get("reason") and not confirmed else "")
+        low, high = r.get("quality_low"), r.get("quality_high")
+        rows.append({
+            "T": data.fmt_number(r.get("temperature"), 3), "Randomness": r.get("randomness_kind") or "–",
+            "Status": status,
+            "Median size (MAD), tokens": "–" if not confirmed else
+            f"{data.fmt_tokens(r.get('size_median'))} ({data.fmt_tokens(r.get('size_mad'))})",
+            "Relative quality, one-sided bounds": "–" if low is None else
+            f"{data.fmt_number(r.get('quality'), 3)} [{data.fmt_number(low, 3)}, {data.fmt_number(high, 3)}]",
+            "Runs × prompts": "–" if r.get("n_prompts") is None else f"{r.get('k')} × {r['n_prompts']}"})
+    return pl.DataFrame(rows)
+
+
 def plan_shown(plan: pl.DataFrame | None) -> pl.DataFrame | None:
     """The planner's table (:mod:`mmw.sweep.plan`) in words: what each unresolved cell needs and costs."""
     if plan is None or plan.height == 0:
@@ -194,7 +215,8 @@ def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | 
         attack_tables=data.attack_tables(sweep), fpr=list(data.fpr_summary(sweep).iter_rows(named=True)),
         alpha=alpha, failed=list(failed.iter_rows(named=True)), judge=judge, judge_rows=_judge_rows(judge),
         judge_columns=judge_columns, judge_sweep=list(judge_sweep), keys=list(data.key_spread(sweep).iter_rows(
-            named=True)), randomness=_plain(sweep.extras.get("randomness")), delta=_plain(sweep.extras.get("delta")),
+            named=True)), randomness=_plain(randomness_shown(sweep.extras.get("randomness"))),
+        delta=_plain(sweep.extras.get("delta")),
         plan=_plain(plan_shown(sweep.extras.get("plan"))), claims=_plain(claims_shown(sweep.extras.get("claims"))),
         race=_plain(sweep.extras.get("race")), stages=data.stage_totals(sweep),
         provenance=data.sweep_provenance(sweep, commit, generated))
