@@ -38,6 +38,7 @@ from mmw.sweep.confirm import (
     NOT_CONFIRMED,
     UNRESOLVED,
     AttackEvidence,
+    RATING_MAX,
     ConfirmSettings,
     hull_resistance,
     quality_bounds,
@@ -103,8 +104,8 @@ class Scenario:
     k: int = 3
     attacked_fraction: float = 1 / 3
     quality_sd: float = QUALITY_SD
-    rating_mean: float = 6.0
-    rating_sd: float = 1.5
+    rating_mean: float = 50.0
+    rating_sd: float = 12.5
 
     @property
     def n_settings(self) -> int:
@@ -133,7 +134,9 @@ def draw_runs(scenario: Scenario, setting: np.ndarray, n: int, k: int, rng: np.r
         difficulty = np.maximum(rng.normal(scenario.rating_mean, scenario.rating_sd, (sweeps, 1, n)), 1.0)
         baseline = difficulty * (1 + rng.normal(0, 0.1, (sweeps, k, n)))
     rho = truth.relative_quality[setting][:, None, None]
-    watermarked = rho * baseline * (1 + rng.normal(0, scenario.quality_sd, (sweeps, k, n)))
+    # Ratings are judge grades in [0, RATING_MAX]; the clip is hit less than once in a million draws.
+    baseline = np.clip(baseline, 0.0, RATING_MAX)
+    watermarked = np.clip(rho * baseline * (1 + rng.normal(0, scenario.quality_sd, (sweeps, k, n))), 0.0, RATING_MAX)
     sizes = np.median(truth.size[setting][:, None, None] * np.exp(rng.normal(0, 0.5, (sweeps, k, n))), axis=-1)
     n_a = max(1, round(n * scenario.attacked_fraction))
     m = truth.survival.shape[1]
@@ -191,7 +194,6 @@ def simulate(scenario: Scenario, sweeps: int, settings: ConfirmSettings, seed: i
         status[old_pick >= 0], pick = CONFIRMED, old_pick
     else:
         n_a = max(1, round(scenario.n_confirm * scenario.attacked_fraction))
-        counts = resample_counts(scenario.n_confirm, settings.resamples, settings.seed)
         a_counts = resample_counts(n_a, settings.resamples, settings.seed + 1)
         open_ = old_pick >= 0
         for t in range(min(settings.max_tries, scenario.n_settings)):
@@ -199,7 +201,8 @@ def simulate(scenario: Scenario, sweeps: int, settings: ConfirmSettings, seed: i
             for start in range(0, active.size, chunk):
                 rows = active[start:start + chunk]
                 runs = draw_runs(scenario, candidates[rows, t], scenario.n_confirm, scenario.k, rng)
-                _, q_low, q_high = quality_bounds(runs.watermarked, runs.baseline, settings.per_try, counts)
+                _, q_low, q_high = quality_bounds(runs.watermarked, runs.baseline, settings.per_try,
+                                                  scenario.constraints.min_relative_quality)
                 r_low = r_high = np.full(rows.size, np.nan)
                 if scenario.constraints.min_tamper_resistance > 0:
                     _, r_low, r_high = resistance_bounds(runs.attacks, settings.per_try, a_counts)
@@ -295,13 +298,15 @@ def paper_groups(configs: list, seed: int = 0) -> dict[str, tuple[list[str], Tru
 
 
 def draw_tuning(truth: Truth, sweeps: int, n: int, rng: np.random.Generator, quality_sd: float = QUALITY_SD,
-                rating_mean: float = 6.0, rating_sd: float = 1.5):
+                rating_mean: float = 50.0, rating_sd: float = 12.5):
     """Per-prompt tuning results of every config of a group in ``sweeps`` sweeps on ``n`` prompts (in shard
     order; every third prompt attacked; one shared baseline per sweep), with :func:`draw_runs`' noise model."""
     c = truth.relative_quality.shape[0]
     difficulty = np.maximum(rng.normal(rating_mean, rating_sd, (sweeps, 1, n)), 1.0)
     baseline = np.broadcast_to(difficulty * (1 + rng.normal(0, 0.1, (sweeps, 1, n))), (sweeps, c, n))
-    watermarked = truth.relative_quality[:, None] * baseline * (1 + rng.normal(0, quality_sd, (sweeps, c, n)))
+    baseline = np.clip(baseline, 0.0, RATING_MAX)
+    watermarked = np.clip(truth.relative_quality[:, None] * baseline * (1 + rng.normal(0, quality_sd, (sweeps, c, n))),
+                          0.0, RATING_MAX)
     sizes = truth.size[:, None] * np.exp(rng.normal(0, 0.5, (sweeps, c, n)))
     sizes = np.where(sizes > MAX_TOKENS, np.inf, sizes)
     attacked = np.arange(0, n, 3)
@@ -340,13 +345,13 @@ def _confirm_verdicts(truth: Truth, pairs: np.ndarray, constraints: list[Constra
     statuses and reasons ``(P, X)``."""
     scenario = Scenario(truth, constraints[0], n_confirm=n_confirm, k=k, quality_sd=quality_sd)
     runs = draw_runs(scenario, pairs, n_confirm, k, rng)
-    counts = resample_counts(n_confirm, settings.resamples, settings.seed)
     n_a = max(1, round(n_confirm * scenario.attacked_fraction))
-    _, q_low, q_high = quality_bounds(runs.watermarked, runs.baseline, settings.per_try, counts)
+    quality = {q: quality_bounds(runs.watermarked, runs.baseline, settings.per_try, q)[1:]
+               for q in {c.min_relative_quality for c in constraints}}  # each bound anchored at its constraint
     _, r_low, r_high = resistance_bounds(runs.attacks, settings.per_try,
                                          resample_counts(n_a, settings.resamples, settings.seed + 1))
     undetected = ~np.isfinite(np.median(runs.sizes, axis=-1))
-    out = [verdict(undetected, q_low, q_high, r_low, r_high, c) for c in constraints]
+    out = [verdict(undetected, *quality[c.min_relative_quality], r_low, r_high, c) for c in constraints]
     return np.stack([o[0] for o in out], axis=1), np.stack([o[1] for o in out], axis=1)
 
 

@@ -407,7 +407,7 @@ def test_round_log_and_resume_after_a_kill_between_rounds(tmp_path: Path) -> Non
 
 SWEEPS = 500
 SCREEN_SWEEPS = 400
-TUNING, CONFIRM, K = 64, 32, 3
+TUNING, CONFIRM, K = 64, 256, 3
 
 
 def _paper_slice() -> dict:
@@ -423,6 +423,7 @@ def _paper_slice() -> dict:
     return {label: v for label, v in paper_groups(configs).items() if label.startswith("T=1 ")}
 
 
+@pytest.mark.heavy  # 30-40 s of CPU: 256 confirmation prompts per simulated cell
 def test_simulated_race_against_the_grid() -> None:
     """Over 500 simulated sweeps of the paper grid's T = 1 slice, on the same simulated data: the race (the union
     rule) reaches
@@ -463,11 +464,12 @@ def test_simulated_race_against_the_grid() -> None:
                      alternative="greater").pvalue < 0.01
 
 
+@pytest.mark.heavy  # 30-40 s of CPU: 256 confirmation prompts per simulated cell
 def test_simulated_screen_against_the_grid() -> None:
     """The screening rule (level 0.02) over 400 simulated sweeps of the T = 1 slice: it reaches the grid's status and pick in
     >= 95 % of the cells the grid resolves (not significantly fewer), its false-confirmation rate stays at the
-    confirmation's level and not above the grid's, and it spends less than half the grid's prompts, confirmation
-    included (the costs of docs/SWEEP.md are bench/adaptive.py's, over the whole grid)."""
+    confirmation's level and not above the grid's, and it spends less than half the grid's tuning prompts (under
+    0.6 of them with confirmation; the costs of docs/SWEEP.md are bench/adaptive.py's, over the whole grid)."""
     from scipy.stats import binomtest
 
     from mmw.sweep.cost import GPU_STAGED
@@ -490,7 +492,9 @@ def test_simulated_screen_against_the_grid() -> None:
     assert binomtest(round(s["adaptive_false"] * cells), cells, 0.05, alternative="greater").pvalue > 0.01
     race_false, grid_false = round(s["adaptive_false"] * cells), round(s["uniform_false"] * cells)
     assert race_false <= grid_false + 3 * max(grid_false, 1) ** 0.5
-    assert s["total_ratio"] < 0.5
+    # Tuning is where the race saves; confirmation costs the same on both sides and, at the 256 prompts the quality
+    # bound needs, is most of the bill.
+    assert s["tuning_ratio"] < 0.5 and s["total_ratio"] < 0.6
 
 
 # -- the race through `mmw sweep run`: a fake executor, the real runner, evidence store and collection ----------

@@ -52,11 +52,14 @@ def _four(relative_quality: list[float], survival: list[float]) -> Truth:
                  no_attack=np.full(4, 0.95))
 
 
-#: (name, scenario): the smallest settings sit just beyond a constraint — the hardest case for the guarantee.
+#: (name, scenario): the smallest settings sit just beyond a constraint — the hardest case for the guarantee. The
+#: quality bound holds for any ratings in the judge's range, and pays for it in prompts: a ratio 0.05-0.1 above its
+#: constraint resolves at a few hundred confirmation prompts (bench/bound_study.py), hence 300 here.
 SCENARIOS = [
-    ("trade-off, 10 % and R > 0.2", Scenario(Truth.trade_off(), Constraints(0.1, 0.2))),
-    ("quality at the bound", Scenario(_four([1.0, 0.93, 0.899, 0.895], [0.8] * 4), Constraints(0.1, 0.0))),
-    ("R at the bound", Scenario(_four([1.0] * 4, [0.5, 0.3, 0.12, 0.11]), Constraints(0.1, 0.2), n_confirm=90)),
+    ("trade-off, 10 % and R > 0.2", Scenario(Truth.trade_off(), Constraints(0.1, 0.2), n_confirm=300)),
+    ("quality at the bound", Scenario(_four([1.0, 0.96, 0.899, 0.895], [0.8] * 4), Constraints(0.1, 0.0),
+                                      n_confirm=300)),
+    ("R at the bound", Scenario(_four([1.0] * 4, [0.5, 0.3, 0.12, 0.11]), Constraints(0.1, 0.2), n_confirm=300)),
 ]
 
 
@@ -118,26 +121,26 @@ def test_hull_resistance_matches_the_metric() -> None:
 
 def test_quality_bounds_estimate_and_coverage() -> None:
     rng = np.random.default_rng(5)
-    base = rng.normal(6, 1.5, (1, 30))
-    wm = 0.9 * base * (1 + rng.normal(0, 0.2, (1, 30)))
+    base = np.clip(rng.normal(60, 15, (1, 30)), 0, 100)
+    wm = np.clip(0.9 * base * (1 + rng.normal(0, 0.2, (1, 30))), 0, 100)
     ratings = pl.DataFrame({"prompt_id": list(range(30)) * 2, "source": ["watermarked"] * 30 + ["baseline"] * 30,
                             "rating": np.concatenate([wm[0], base[0]])})
-    estimate, low, high = quality_bounds(wm, base, 0.05, resample_counts(30, 2000, 0))
+    estimate, low, high = quality_bounds(wm, base, 0.05, 0.9)
     assert float(estimate) == pytest.approx(paired_relative_quality(ratings).ratio)
     assert low < estimate < high
-    # One-sided coverage of the lower bound over many batches at a known ratio.
+    # One-sided coverage of the lower bound over many batches with the true ratio on the constraint.
     batch = 2000
-    difficulty = rng.normal(6, 1.5, (batch, 1, 40))
-    base = difficulty * (1 + rng.normal(0, 0.1, (batch, 3, 40)))
-    wm = 0.95 * base * (1 + rng.normal(0, 0.2, (batch, 3, 40)))
-    _, low, high = quality_bounds(wm, base, 0.05, resample_counts(40, 800, 1))
-    assert not_above_level(int((low > 0.95).sum()), batch, 0.05)
+    difficulty = np.clip(rng.normal(60, 15, (batch, 1, 40)), 0, 100)
+    base = np.clip(difficulty * (1 + rng.normal(0, 0.1, (batch, 3, 40))), 0, 100)
+    wm = np.clip(0.95 * base * (1 + rng.normal(0, 0.2, (batch, 3, 40))), 0, 100)
+    _, low, high = quality_bounds(wm, base, 0.05, 0.95)
+    assert not_above_level(int((low >= 0.95).sum()), batch, 0.05)
     assert not_above_level(int((high < 0.95).sum()), batch, 0.05)
 
 
 def _evidence(rng: np.random.Generator, rho: float, survival: float, size: float = 50.0, k: int = 3,
-              n: int = 60) -> Evidence:
-    base = rng.normal(6, 1.0, (k, n))
+              n: int = 150) -> Evidence:
+    base = np.clip(rng.normal(60, 10.0, (k, n)), 0, 100)
     wm = rho * base * (1 + rng.normal(0, 0.05, (k, n)))
     n_a = n // 3
     detected = (rng.random((k, 2, n_a)) < np.array([survival, survival / 2])[None, :, None]).astype(float)
@@ -230,17 +233,17 @@ def test_evidence_from_per_prompt_rows_matches_the_run_metrics() -> None:
     assert np.isinf(found.sizes[1])
     r, _, _ = resistance_bounds(found.attacks, 0.05, resample_counts(4, 200, 0))
     assert float(r) == pytest.approx(tamper_resistance_of(attack_points(detections, ratings, perturbed, False)))
-    q, _, _ = quality_bounds(found.watermarked, found.baseline, 0.05, resample_counts(6, 200, 0))
+    q, _, _ = quality_bounds(found.watermarked, found.baseline, 0.05, 0.9)
     assert float(q) == pytest.approx(paired_relative_quality(ratings).ratio)
 
 
-def _run_rows(experiment: str, rho: float, rng: np.random.Generator, n: int = 30, n_a: int = 10,
+def _run_rows(experiment: str, rho: float, rng: np.random.Generator, n: int = 150, n_a: int = 50,
               survival: float = 0.9, noise: float = 0.02) -> pl.DataFrame:
     """Per-prompt rows of one synthetic run (the schema of mmw.sweep.evidence.join_rows)."""
     rows = []
     for i in range(n):
         pid = f"story-{i:03d}"
-        base = float(rng.normal(6, 1))
+        base = float(np.clip(rng.normal(60, 10), 0, 100))
         wm = rho * base * (1 + float(rng.normal(0, noise)))
         rows += [(pid, "baseline", "", False, None, base, None, None),
                  (pid, "watermarked", "", True, 20.0, wm, None, None)]
@@ -283,7 +286,7 @@ def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
     from mmw.reporting.sweep import plan_markdown
     from mmw.sweep.plan import needed_prompts, plan_table
 
-    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2)
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150, level=0.05, max_tries=2)
     # Ranked by size_valid (c smallest, then b); nothing confirmed yet: every cell waits for c.
     results, _, _ = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {})
     empty = pl.DataFrame(schema={"config_id": pl.String, "status": pl.String, "experiment": pl.String})
@@ -297,7 +300,7 @@ def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
     ten = rows[(0.1, 0.0)]
     assert (ten["status"], ten["config_id"], ten["tries"], ten["size_kind"]) == (CONFIRMED, "b", 2, SIZE_VALID)
     assert ten["quality_low"] >= 0.9 and ten["size_median"] == pytest.approx(28.5) and ten["e_median"] == 12.0
-    assert (ten["k"], ten["n_prompts"], ten["n_attacked"], ten["alpha"]) == (2, 30, 10, 0.025)
+    assert (ten["k"], ten["n_prompts"], ten["n_attacked"], ten["alpha"]) == (2, 150, 50, 0.025)
     assert rows[(0.1, 0.2)]["status"] == CONFIRMED and rows[(0.1, 0.2)]["resistance_low"] > 0.2
     one = rows[(0.01, 0.0)]
     assert one["status"] == UNRESOLVED and one["reason"] == "quality"
@@ -306,7 +309,7 @@ def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
     assert "**28.5**" in text and "unresolved (quality)" in text and "confirmed 2" in text
     # The planner: the 1 % cells need more prompts than they have, at a finite cost.
     plan = plan_table(table, k=2, tasks=1, attacked_share=1 / 3, time_model=(40.0, 1.0))
-    assert plan.height == 2 and (plan["prompts_per_task"] > 30).all()
+    assert plan.height == 2 and (plan["prompts_per_task"] > 150).all()
     assert plan["cpu_s"].to_list()[0] == pytest.approx(2 * (40 + plan["prompts_per_task"][0]))
     assert "H100" in plan_markdown(plan, 0.05, 2)
     assert needed_prompts(0.95, 0.90, 0.9, 10) == 10 and needed_prompts(0.95, 0.85, 0.9, 10) == 40
@@ -321,7 +324,7 @@ def test_the_plan_covers_every_unresolved_cell_of_the_table_and_of_randomness() 
     from mmw.reporting.sweep import plan_markdown
     from mmw.sweep.plan import sweep_plan
 
-    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2)
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150, level=0.05, max_tries=2)
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.9})
     results = results.with_columns(pl.lit("text-dependent").alias("randomness_kind"))
     reevaluations = reevaluations.with_columns(pl.lit(80.0).alias("wall_s"))
@@ -375,7 +378,7 @@ def test_sweep_plan_command(tmp_path: Path) -> None:
     result = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(repo), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "mmw sweep collect smoke first" in result.output
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
-    split = Split(tuning_offset=0, tuning=1, offset=1, prompts=30)
+    split = Split(tuning_offset=0, tuning=1, offset=1, prompts=150)
     table, _ = confirmed_table(results, reevaluations, prompts, split, k=2)
     (tmp_path / "smoke").mkdir()
     for name, frame in (("table", table), ("results", results),
@@ -383,14 +386,14 @@ def test_sweep_plan_command(tmp_path: Path) -> None:
         frame.write_parquet(tmp_path / "smoke" / f"{name}.parquet")
     result = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(repo), "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert "| 1% q, no R | 0.7 | distribution_shift | 30 |" in result.output
+    assert "| 1% q, no R | 0.7 | distribution_shift | 150 |" in result.output
 
 
 def test_randomness_cells_are_confirmed_like_the_papers() -> None:
     from mmw.sweep.cells import confirmed_randomness, pending_config_ids
     from mmw.sweep.definition import Split
 
-    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30)
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150)
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
     results = results.with_columns(pl.Series("randomness_kind", ["fixed", "text-dependent", "text-dependent"]),
                                    pl.Series("scheme.window", [None, 1, 0]))
@@ -407,14 +410,14 @@ def test_the_simulator_judges_exactly_as_a_real_cell_is_judged() -> None:
     from mmw.sweep.confirm import check, resistance_bounds, verdict
     from sweep_simulation import draw_runs
 
-    scenario = Scenario(_four([1.0, 0.93, 0.899, 0.895], [0.5, 0.3, 0.12, 0.11]), Constraints(0.1, 0.2), n_confirm=30)
+    scenario = Scenario(_four([1.0, 0.93, 0.899, 0.895], [0.5, 0.3, 0.12, 0.11]), Constraints(0.1, 0.2), n_confirm=150)
     settings = ConfirmSettings(resamples=300)
     sweeps = 24
     runs = draw_runs(scenario, np.arange(sweeps) % 4, scenario.n_confirm, 2, np.random.default_rng(4))
     _, q_low, q_high = quality_bounds(runs.watermarked, runs.baseline, settings.per_try,
-                                      resample_counts(30, settings.resamples, settings.seed))
+                                      scenario.constraints.min_relative_quality)
     _, r_low, r_high = resistance_bounds(runs.attacks, settings.per_try,
-                                         resample_counts(10, settings.resamples, settings.seed + 1))
+                                         resample_counts(50, settings.resamples, settings.seed + 1))
     status, reason = verdict(np.zeros(sweeps, bool), q_low, q_high, r_low, r_high, scenario.constraints)
     assert len(set(status)) >= 2  # the batch covers more than one outcome
     for s in range(sweeps):
@@ -441,7 +444,7 @@ def test_collect_writes_the_confirmed_tables(tmp_path: Path, monkeypatch: pytest
     runs = Runs(results, pl.DataFrame(), reevaluations, prompts.with_columns(pl.lit("confirmation").alias("role")),
                 pl.DataFrame())
     monkeypatch.setattr(collect_module, "read_runs", lambda repo, sweep, echo: runs)
-    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30)
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150)
     sweep = Sweep(name="t", description="", configs=[], reevaluate=Reevaluation(k=2, first_seed=1000), split=split)
     out = tmp_path / "t"
     collected = collect_module.collect(tmp_path, sweep, out, "test", with_timings=False, echo=lambda _: None)

@@ -279,11 +279,10 @@ def test_sweep_page_in_chromium_shows_the_papers_table_and_every_figure(
     shown = [cell.removesuffix("K=5") for row in body for cell in row[2:]]  # K is a subscript
     assert shown == table["expected"].to_list()
     assert rows[0][2:] == ["Distribution shift", "Exponential", "Inverse transform", "Binary"]
-    # The headline reads the paper's conclusion off its own numbers: distribution shift is smallest at T <= 0.7,
-    # exponential at T = 1 (100 vs 114.5 tokens).
+    # This table was picked and re-run on its tuning prompts: it says so and nothing of it leads the page.
     markup = page.read_text()
-    assert "T = 0.7: Distribution shift: 50 tokens (MAD 1.0, K = 5)" in markup
-    assert "T = 1: Exponential: 100 tokens (MAD 2.5, K = 5)" in markup
+    assert 'id="headline"' not in markup and 'id="exploratory"' in markup
+    assert "(exploratory, not confirmed)</h2>" in markup and "(exploratory, not confirmed)</title>" in markup
     # Every figure is an inline SVG the browser parsed (drawn content, not an empty element).
     for figure in ("fig-sizes", "fig-size-quality", "fig-hulls", "fig-fpr"):
         assert dom.ids.get(figure) == "figure", figure
@@ -454,15 +453,23 @@ def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tm
                   "prompts_per_task": [160], "h100_hours": [1.25]}).write_parquet(directory / "plan.parquet")
     pl.DataFrame({"claim": ["exponential ahead of distribution shift at T = 1"], "temperature": [1.0],
                   "verdict": ["supported"], "gap_high": [-3.0]}).write_parquet(directory / "claims.parquet")
-    markup = build_report(tmp_path, "confirmed").path.read_text()
+    make_sweep(tmp_path / "reports/sweeps/exploratory", seed=4)  # written last, unconfirmed: not the first page
+    markup = build_report(tmp_path).path.read_text()
     dom = Dom(markup)
+    assert "sweep “confirmed”" in markup and "exploratory" not in markup
+    # Both scales: the cells' confirmation runs and the tuning runs.
+    assert "30 held-out prompts × K = 5 runs with fresh keys and seeds" in markup and "Two scales" in markup
+    assert "The smallest confirmed watermark at each temperature under quality loss ≤ 1%, R &gt; 0.2" in markup
     headline = re.search(r'<ul class="headline" id="headline">(.*?)</ul>', markup, re.S).group(1)
     assert "confirmed on held-out prompts" in headline and "Exponential" in headline
     assert headline.count("confirmed on held-out prompts") == 1 and "no confirmed cell" in headline
     cells = [c for row in dom.tables["paper-table"] for c in row]
     assert any(c.startswith("unresolved") for c in cells) and any(c.startswith("✗ quality") for c in cells)
     assert "relative quality ≥ 0.95" in markup
-    assert Dom(markup).tables["plan-table"][1][2:] == ["480", "160", "1.25"]
+    plan = Dom(markup).tables["plan-table"]
+    assert plan[0][:3] == ["Constraint", "T", "Family"] and plan[1][2] == "Binary"
+    assert [plan[1][plan[0].index(c)] for c in ("Prompts for quality", "Per task", "H100 hours")] == ["480", "160",
+                                                                                                    "1.25"]
     assert Dom(markup).tables["claims-table"][1][:3] == ["exponential ahead of distribution shift at T = 1", "1",
                                                          "supported"]
     assert 'id="fig-sizes"' in markup  # the figure still draws, from the confirmed cell only

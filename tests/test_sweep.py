@@ -929,11 +929,23 @@ def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -
     assert rows[0]["cpu_s"] == pytest.approx(5 * 12 * 20.0)
 
 
-def test_plan_on_the_committed_small_sweep_prints_every_picked_cell() -> None:
+def test_plan_on_the_committed_small_sweep_says_it_was_collected_without_confirmation(tmp_path: Path) -> None:
     runner = CliRunner()
+    # small confirms its cells; the committed collection predates that (exploratory): the planner says so.
     result = runner.invoke(app, ["sweep", "plan", "small", "--repo", str(REPO)])
+    assert result.exit_code == 2 and "collected without confirmation" in result.output
+    # The same tables under a sweep without a confirm section are planned as a pilot, every picked cell.
+    definition = yaml.safe_load((REPO / "sweeps/small.yaml").read_text())
+    del definition["confirm"]
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps/pilot.yaml").write_text(yaml.safe_dump(definition))
+    for name in ("params.yaml", "dvc.yaml"):
+        (tmp_path / name).write_text((REPO / name).read_text())
+    out = tmp_path / "reports/sweeps"
+    shutil.copytree(REPO / "reports/sweeps/small", out / "pilot")
+    result = runner.invoke(app, ["sweep", "plan", "pilot", "--repo", str(tmp_path), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "pilot: sweep small has no confirm section" in result.output
+    assert "pilot: sweep pilot has no confirm section" in result.output
     picked = pl.read_parquet(REPO / "reports/sweeps/small/table.parquet").filter(pl.col("config_id").is_not_null())
     rows = [line for line in result.output.splitlines() if line.startswith("| ") and "% q" in line]
     assert len(rows) == picked.height

@@ -152,6 +152,12 @@ class Sweep:
         return sorted(values)
 
     @property
+    def confirmed(self) -> bool:
+        """Whether the table's cells were confirmed on held-out prompts (each carries a status); a table without
+        statuses was picked and re-run on its tuning prompts: exploratory, not a result."""
+        return self.table is not None and self.table["status"].drop_nulls().len() > 0
+
+    @property
     def constraints(self) -> list[Constraint]:
         if self.table is None:
             return []
@@ -209,10 +215,20 @@ def load_sweep(directory: Path) -> Sweep:
     return Sweep(directory.name, directory, results, attacks, table, meta, extras)
 
 
+def has_confirmed_table(directory: Path) -> bool:
+    """Whether ``directory``'s table.parquet carries confirmation statuses (see :attr:`Sweep.confirmed`)."""
+    path = directory / "table.parquet"
+    if not path.is_file() or "status" not in pl.read_parquet_schema(path):
+        return False
+    return pl.read_parquet(path, columns=["status"])["status"].drop_nulls().len() > 0
+
+
 def latest_sweep(root: Path) -> Path | None:
-    """The sweep directory under ``root`` whose results table was written last (None when there is none)."""
+    """The sweep directory under ``root`` to show first: the confirmed one whose results were written last; an
+    exploratory (unconfirmed) sweep only when no confirmed one exists (None when there is none)."""
     candidates = [p.parent for p in root.glob("*/results.parquet")]
-    return max(candidates, key=lambda p: (p / "results.parquet").stat().st_mtime, default=None)
+    return max(candidates, key=lambda p: (has_confirmed_table(p), (p / "results.parquet").stat().st_mtime, p.name),
+               default=None)
 
 
 # --- the paper's table -------------------------------------------------------------------------------------------
@@ -455,6 +471,21 @@ def sweep_scale(sweep: Sweep) -> str:
     model = _single(done, "model.name")
     scale = " × ".join(parts[:2]) + (f" {parts[2]}" if len(parts) > 2 else "") if parts else "scale unknown"
     return f"{scale}, model {model}" if model else scale
+
+
+def confirmation_scale(sweep: Sweep) -> str | None:
+    """'<n> held-out prompts (<p> per task) × K = <k> runs with fresh keys and seeds': what a confirmed table's cells
+    rest on (None for an exploratory table)."""
+    if not sweep.confirmed or sweep.table is None:
+        return None
+    judged = sweep.table.filter(pl.col("n_prompts").is_not_null())
+    if judged.height == 0:
+        per_task = sweep.meta.get("confirm_prompts_per_task")
+        return f"{per_task} held-out prompts per task, no confirmation runs yet" if per_task else None
+    prompts, k = int(judged["n_prompts"].max()), int(judged["k"].max() or 0)
+    per_task = sweep.meta.get("confirm_prompts_per_task")
+    return (f"{prompts} held-out prompts" + (f" ({per_task} per task)" if per_task else "")
+            + f" × K = {k} runs with fresh keys and seeds")
 
 
 def sweep_provenance(sweep: Sweep, commit: str | None, generated: str) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import subprocess
 import time
 from dataclasses import dataclass
@@ -65,44 +66,37 @@ def _svg(figure: Any, name: str) -> markupsafe.Markup:
     return markupsafe.Markup(figures.to_svg(figure, name))
 
 
-def _headline(sweep: data.Sweep) -> list[tuple[float, str]]:
-    """Per temperature, the smallest re-evaluated size under the paper's main constraint, in words."""
+@dataclass(frozen=True)
+class Headline:
+    """The page's lead: under ``constraint`` (the paper's main one when the table has it, else its tightest), per
+    temperature the smallest confirmed size in words. Only a confirmed table has one."""
+
+    constraint: data.Constraint
+    lines: list[tuple[float, str]]
+
+
+def _headline(sweep: data.Sweep) -> Headline | None:
+    """The lead of a confirmed table; None for an exploratory one (picked and re-run on its tuning prompts: its
+    numbers are not results and never lead the page)."""
+    if not sweep.confirmed or not sweep.constraints:
+        return None
     main = data.Constraint(*data.MAIN_CONSTRAINT)
-    if main not in sweep.constraints:
-        return []
+    constraint = main if main in sweep.constraints else sweep.constraints[0]
+    picked = data.picks(sweep, constraint)
     lines = []
-    picked = data.picks(sweep, main)
-    confirmed_table = picked["status"].drop_nulls().len() > 0
     for t in sweep.temperatures:
         at = picked.filter(pl.col("temperature") == t)
-        if confirmed_table:  # only confirmed cells are results; say how many are not
-            answered = at.filter(pl.col("status") == "confirmed").sort("size_median")
-            if answered.height:
-                best = answered.row(0, named=True)
-                lines.append((t, f"{data.family_label(best['family'])}: {data.fmt_tokens(best['size_median'])} "
-                                 f"tokens, confirmed on held-out prompts (K = {best['k']})"))
-            else:
-                counts = ", ".join(f"{n} {s}" for s, n in at.group_by("status").len().sort("status").iter_rows())
-                lines.append((t, f"no confirmed cell ({counts})"))
+        if at.height == 0:
             continue
-        measured = at.filter(pl.col("size_median").is_not_null() & pl.col("size_median").is_finite()
-                             & (pl.col("k") > 0)).sort("size_median")
-        optimistic = at.filter((pl.col("k").fill_null(0) == 0) & pl.col("pick_size").is_not_null()
-                               & pl.col("pick_size").is_finite()).sort("pick_size")
-        if measured.height:
-            best = measured.row(0, named=True)
-            lines.append((t, f"{data.family_label(best['family'])}: {data.fmt_tokens(best['size_median'])} tokens"
-                             + (f" (MAD {best['size_mad']:.1f}, K = {best['k']})"
-                                if best["k"] > 1 and best["size_mad"] is not None else "")))
-        elif optimistic.height:
-            best = optimistic.row(0, named=True)
-            lines.append((t, f"{data.family_label(best['family'])}: {data.fmt_tokens(best['pick_size'])}* tokens "
-                             "(selection-time size, not re-evaluated)"))
-        elif at.filter(pl.col("config_id").is_not_null()).height:
-            lines.append((t, "the picks are not detected in half the texts (∞)"))
+        answered = at.filter(pl.col("status") == "confirmed").sort("size_median")
+        if answered.height:
+            best = answered.row(0, named=True)
+            lines.append((t, f"{data.family_label(best['family'])}: {data.fmt_tokens(best['size_median'])} "
+                             f"tokens, confirmed on held-out prompts (K = {best['k']})"))
         else:
-            lines.append((t, "no setting meets the constraint"))
-    return lines
+            counts = ", ".join(f"{n} {s}" for s, n in at.group_by("status").len().sort("status").iter_rows())
+            lines.append((t, f"no confirmed cell ({counts})"))
+    return Headline(constraint, lines)
 
 
 def _judge_rows(judge: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -120,13 +114,80 @@ def _plain(frame: pl.DataFrame | None) -> dict[str, list] | None:
     return {"columns": frame.columns, "rows": rows}
 
 
+def _constraint_words(row: dict[str, Any]) -> str:
+    loss, r_min = row.get("max_quality_loss"), row.get("min_tamper_resistance")
+    return "–" if loss is None else data.Constraint(float(loss), r_min if r_min else None).label
+
+
+def _size(value: float | None) -> str:
+    """A size or a gap of sizes in tokens (a gap can be −∞: the claimed side detected, the other not)."""
+    return "−∞" if value is not None and value == -math.inf else data.fmt_tokens(value)
+
+
 def claims_shown(claims: pl.DataFrame | None) -> pl.DataFrame | None:
-    """The claims table's columns a reader needs (:mod:`mmw.sweep.claims`)."""
-    if claims is None:
+    """The claims table (:mod:`mmw.sweep.claims`) in words: one row per claim, temperature and constraint."""
+    if claims is None or claims.height == 0:
         return None
-    keep = ["claim", "temperature", "max_quality_loss", "min_tamper_resistance", "verdict", "comparisons",
-            "median_smaller", "median_than", "gap_low", "gap_high", "size_kind", "n_prompts"]
-    return claims.select([c for c in keep if c in claims.columns])
+    rows = []
+    for r in claims.iter_rows(named=True):
+        smaller, than = r.get("median_smaller"), r.get("median_than")
+        low, high = r.get("gap_low"), r.get("gap_high")
+        kind = (r.get("size_kind") or "").removeprefix("all.").replace("_", " ")
+        rows.append({
+            "Claim": r["claim"], "T": data.fmt_number(r.get("temperature"), 3), "Verdict": r.get("verdict") or "–",
+            "Constraint": _constraint_words(r), "Comparisons": (r.get("comparisons") or "–").replace("_", " "),
+            "Median sizes, claimed vs other (tokens)": "–" if smaller is None else
+            f"{_size(smaller)} vs {_size(than)}" + (f" ({kind})" if kind else ""),
+            "Gap, 95 % interval": "–" if low is None and high is None else f"[{_size(low)}, {_size(high)}]",
+            "Prompts": "–" if r.get("n_prompts") is None else str(r["n_prompts"])})
+    return pl.DataFrame(rows)
+
+
+def randomness_shown(randomness: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The text-dependent vs fixed randomness table; a confirmed one in words, with a size only where its cell
+    was confirmed (an exploratory one as collected)."""
+    if randomness is None or randomness.height == 0 or "status" not in randomness.columns:
+        return randomness
+    rows = []
+    for r in randomness.iter_rows(named=True):
+        confirmed = r["status"] == "confirmed"
+        status = r["status"] + (f" ({r['reason']})" if r.get("reason") and not confirmed else "")
+        low, high = r.get("quality_low"), r.get("quality_high")
+        rows.append({
+            "T": data.fmt_number(r.get("temperature"), 3), "Randomness": r.get("randomness_kind") or "–",
+            "Status": status,
+            "Median size (MAD), tokens": "–" if not confirmed else
+            f"{data.fmt_tokens(r.get('size_median'))} ({data.fmt_tokens(r.get('size_mad'))})",
+            "Relative quality, one-sided bounds": "–" if low is None else
+            f"{data.fmt_number(r.get('quality'), 3)} [{data.fmt_number(low, 3)}, {data.fmt_number(high, 3)}]",
+            "Runs × prompts": "–" if r.get("n_prompts") is None else f"{r.get('k')} × {r['n_prompts']}"})
+    return pl.DataFrame(rows)
+
+
+def plan_shown(plan: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The planner's table (:mod:`mmw.sweep.plan`) in words: what each unresolved cell needs and costs."""
+    if plan is None or plan.height == 0:
+        return None
+
+    def count(value: float | None, digits: int = 0) -> str:
+        if value is None:
+            return "–"
+        return "∞" if math.isinf(value) else f"{value:,.{digits}f}"
+
+    rows = []
+    for r in plan.iter_rows(named=True):
+        estimate = "–" if r.get("quality") is None else f"quality {r['quality']:.3f} ({r.get('quality_toward')})"
+        if r.get("resistance") is not None:
+            estimate += f", R {r['resistance']:.2f} ({r.get('r_toward')})"
+        rows.append({
+            "Constraint": _constraint_words(r), "T": data.fmt_number(r.get("temperature"), 3),
+            "Family": data.family_label(r.get("family")),
+            "Prompts now": count(r.get("n_prompts")), "Estimate (heading)": estimate,
+            "Prompts for quality": count(r.get("quality_prompts")), "Prompts for R": count(r.get("r_prompts")),
+            "Per task": count(r.get("prompts_per_task")),
+            "CPU hours (here)": count(None if r.get("cpu_s") is None else r["cpu_s"] / 3600, 1),
+            "H100 hours": count(r.get("h100_hours"), 2)})
+    return pl.DataFrame(rows)
 
 
 def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | None, generated: str) -> str:
@@ -147,13 +208,16 @@ def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | 
         [pl.col(c).cast(pl.String).unique().sort().str.join(", ").alias(c) for c in judge_columns])
         .sort("model.temperature").iter_rows(named=True)) if judge_columns else []
     return _environment().get_template("report.html.j2").render(
-        kind="sweep", title=f"mmw benchmark report: sweep “{sweep.name}”", scale=data.sweep_scale(sweep),
+        kind="sweep", title=f"mmw benchmark report: sweep “{sweep.name}”"
+        + ("" if sweep.confirmed else " (exploratory, not confirmed)"), scale=data.sweep_scale(sweep),
+        confirmation_scale=data.confirmation_scale(sweep),
         sweep=sweep, blocks=data.paper_table(sweep), headline=_headline(sweep), figures=sections,
         attack_tables=data.attack_tables(sweep), fpr=list(data.fpr_summary(sweep).iter_rows(named=True)),
         alpha=alpha, failed=list(failed.iter_rows(named=True)), judge=judge, judge_rows=_judge_rows(judge),
         judge_columns=judge_columns, judge_sweep=list(judge_sweep), keys=list(data.key_spread(sweep).iter_rows(
-            named=True)), randomness=_plain(sweep.extras.get("randomness")), delta=_plain(sweep.extras.get("delta")),
-        plan=_plain(sweep.extras.get("plan")), claims=_plain(claims_shown(sweep.extras.get("claims"))),
+            named=True)), randomness=_plain(randomness_shown(sweep.extras.get("randomness"))),
+        delta=_plain(sweep.extras.get("delta")),
+        plan=_plain(plan_shown(sweep.extras.get("plan"))), claims=_plain(claims_shown(sweep.extras.get("claims"))),
         race=_plain(sweep.extras.get("race")), stages=data.stage_totals(sweep),
         provenance=data.sweep_provenance(sweep, commit, generated))
 

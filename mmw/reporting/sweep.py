@@ -44,9 +44,11 @@ def table_markdown(table: pl.DataFrame, scale: str) -> str:
             return f"{_plain(r['size_median'])} ({_plain(r['size_mad'])}) k={r['k']}"
         return f"pick {_plain(r['pick_size'])} (no re-eval)"
 
-    lines = [f"Size of the ideal watermark under four constraints ({scale}). Cells: median (MAD) of the pick's "
-             "size over its re-evaluations with fresh seeds and keys; ∞: undetected in half or more of the texts; "
-             "none: no evaluated setting meets the constraint.", "", *paper_rows(table, cell, "≥")]
+    lines = [f"Exploratory, not confirmed: size of the ideal watermark under four constraints ({scale}), each cell "
+             "picked on one run and re-run on the same prompts, so sizes and quality are optimistic (no held-out "
+             "confirmation). Cells: median (MAD) of the pick's size over its re-evaluations with fresh seeds and "
+             "keys; ∞: undetected in half or more of the texts; none: no evaluated setting meets the constraint.",
+             "", *paper_rows(table, cell, "≥")]
     return "\n".join(lines) + "\n"
 
 

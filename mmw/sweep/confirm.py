@@ -8,8 +8,10 @@ procedure here separates the two roles of the data:
 2. **Confirmation**: the first candidate is re-run ``K`` times with fresh keys and seeds on a disjoint set of
    prompts. From those runs alone:
 
-   * relative quality, paired by prompt against the same prompts' baseline: a one-sided lower bound by a
-     bootstrap over prompts (all K runs of a prompt resampled together), confirmed when ``>= 1 - loss``;
+   * relative quality, paired by prompt against the same prompts' baseline: a one-sided lower bound that holds
+     for any ratings in the judge's range (:func:`mmw.betting.ratio_bounds`, a betting confidence bound on the
+     prompts' paired differences ``w - (1 - loss) b``, each prompt's K runs averaged), confirmed when
+     ``>= 1 - loss``;
    * tamper resistance ``R`` (the convex-hull area of :func:`mmw.metrics.tamper_resistance`): a one-sided lower
      bound by a bootstrap over the attacked prompts, confirmed when ``> min R``;
    * detection: the median size over the K runs must be finite.
@@ -39,6 +41,7 @@ import numpy as np
 import polars as pl
 from pydantic import ValidationError
 
+from mmw.betting import ratio_bounds
 from mmw.errors import SpecError
 from mmw.selection import Constraints, median_mad, select
 from mmw.validation import Integer, Section, allowed, spec_error
@@ -48,6 +51,9 @@ CONFIRMED, NOT_CONFIRMED, UNRESOLVED, NO_FEASIBLE, PENDING = (
 STATUSES = (CONFIRMED, NOT_CONFIRMED, UNRESOLVED, NO_FEASIBLE, PENDING)
 #: Size columns a cell can be ranked by, in order of preference (``all.size`` is the paper's E, kept beside).
 SIZE_ANYTIME, SIZE_VALID, SIZE_E = "all.size_anytime", "all.size_valid", "all.size"
+#: The ratings' range: the judge grades 0..100 (:data:`mmw.judge.MAX_GRADE`; not imported, it loads torch). The
+#: quality bound holds for any ratings inside it.
+RATING_MAX = 100.0
 #: Fewest prompts for a bootstrap bound (as :data:`mmw.metrics.MIN_BOOTSTRAP_PAIRS`: fewer have too few distinct
 #: resamples for a tail quantile).
 MIN_PROMPTS = 5
@@ -60,7 +66,7 @@ class ConfirmSettings(Section):
     * ``level`` in (0, 0.5): the per-cell chance of confirming a setting that violates a constraint;
     * ``max_tries`` >= 1: the pick plus at most ``max_tries - 1`` fallbacks; each try is tested at
       ``level / max_tries``;
-    * ``resamples`` >= 200 bootstrap resamples, ``seed`` of the resampling (deterministic bounds).
+    * ``resamples`` >= 200 bootstrap resamples of R's bound, ``seed`` of the resampling (deterministic bounds).
     """
 
     level: float = allowed("a number in (0, 0.5), e.g. 0.05", gt=0, lt=0.5, default=0.05)
@@ -111,22 +117,27 @@ def paired_sums(watermarked: np.ndarray, baseline: np.ndarray) -> tuple[np.ndarr
     return np.where(both, watermarked, 0.0).sum(axis=-2), np.where(both, baseline, 0.0).sum(axis=-2)
 
 
-def quality_bounds(watermarked: np.ndarray, baseline: np.ndarray, alpha: float, counts: np.ndarray
+def quality_bounds(watermarked: np.ndarray, baseline: np.ndarray, alpha: float, at: np.ndarray | float
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Relative quality ``sum(w) / sum(b)`` over the paired (run, prompt) ratings and its one-sided lower and
-    upper bounds at level ``alpha`` each, by resampling prompts.
+    upper bounds at level ``alpha`` each, valid for any ratings in ``[0, RATING_MAX]``: the betting bounds of
+    :func:`mmw.betting.ratio_bounds` on each prompt's mean paired ratings over the runs (prompts independent), in
+    prompt order, anchored at the constraint ``at`` (so ``low >= at`` is exactly the level-``alpha`` test there).
 
     Args:
         watermarked, baseline: ratings, shape ``(..., K, n)``; run k's baseline is the same prompt's baseline of
             run k's seed.
-        counts: :func:`resample_counts` for ``n``.
+        at: the relative quality the bounds are judged against, ``(...)`` or a number.
 
     Returns:
         ``(estimate, low, high)``, each of the batch shape.
     """
     w, b = paired_sums(watermarked, baseline)
     estimate = _ratio(w.sum(axis=-1), b.sum(axis=-1))
-    low, high = _tails(_ratio(w @ counts, b @ counts), alpha)
+    pairs = (~(np.isnan(watermarked) | np.isnan(baseline))).sum(axis=-2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w_mean, b_mean = np.where(pairs > 0, w / pairs, np.nan), np.where(pairs > 0, b / pairs, np.nan)
+    low, high = ratio_bounds(w_mean, b_mean, alpha, RATING_MAX, at)
     return estimate, low, high
 
 
@@ -299,8 +310,8 @@ def check(config_id: str, evidence: Evidence, constraints: Constraints, settings
     if evidence.n_prompts < MIN_PROMPTS:
         raise SpecError("confirm.prompts", f"{evidence.n_prompts} confirmation prompt(s) of {config_id}: too few "
                         "for an interval", f"at least {MIN_PROMPTS} per run")
-    counts = resample_counts(evidence.n_prompts, settings.resamples, settings.seed)
-    q, q_low, q_high = quality_bounds(evidence.watermarked, evidence.baseline, alpha, counts)
+    q, q_low, q_high = quality_bounds(evidence.watermarked, evidence.baseline, alpha,
+                                      constraints.min_relative_quality)
     r = r_low = r_high = np.float64(np.nan)
     n_attacked = 0
     if evidence.attacks is not None:
