@@ -27,7 +27,7 @@ more prompts are needed, see :mod:`mmw.sweep.plan`); ``no feasible setting`` (no
 
 Array shapes: ``K`` runs, ``n`` prompts, ``m`` attacks counted in ``R``, ``n_a`` attacked prompts, ``B``
 bootstrap resamples; every bound function accepts extra leading batch dimensions (the simulator of
-:mod:`mmw.sweep.simulate` judges thousands of cells in one call). Missing values are NaN.
+`bench/sweep_simulation.py` judges thousands of cells in one call). Missing values are NaN.
 """
 
 from __future__ import annotations
