@@ -506,6 +506,15 @@ def _scale_of(definition: Any, repo: Path) -> str:
             f"judge {get('rate.judge')}")
 
 
+@app.command("verify", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def verify(ctx: typer.Context) -> None:
+    """Compare a re-run with the committed numbers: exact, within uncertainty, or differs (`mmw verify --help`)."""
+    from mmw.verify import app as verify_app  # its own module: not a dependency of every stage
+
+    verify_app(ctx.args, prog_name="mmw verify")
+
+
 @app.command("report")
 def report(
     sweep: Annotated[str | None, typer.Option(help="sweep to report (reports/sweeps/NAME); default: the one "
