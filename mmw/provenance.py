@@ -141,21 +141,26 @@ def differences(reference: dict[str, dict[str, Any]], run: dict[str, dict[str, A
     return out
 
 
-def markdown(records: dict[str, dict[str, Any]]) -> str:
-    """The summary's "Numeric path" section: machine and libraries once, then each stage's models and threads."""
+def rows(records: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    """(label, text) rows of the numeric path for a report: the machine(s) and libraries once, then each stage's
+    models (dtype on device) and thread counts."""
     if not records:
-        return "## Numeric path\n\nNo provenance records (reports/provenance/).\n"
+        return [("numeric path", "no records (reports/provenance/)")]
+    machines = sorted({(r["cpu"]["model"], " ".join(r["cpu"]["flags"]) or "none of " + ", ".join(CPU_FLAGS[:3]),
+                        "; ".join(f"{g['name']} (sm {g['capability']})" for g in r.get("gpus", [])))
+                       for r in records.values()})
+    out = [("CPU", f"{model} ({flags})" + (f"; GPU: {gpu}" if gpu else "")) for model, flags, gpu in machines]
     first = next(iter(records.values()))
-    machines = {(r["cpu"]["model"], " ".join(r["cpu"]["flags"]),
-                 "; ".join(f"{g['name']} (sm {g['capability']})" for g in r.get("gpus", []))) for r in records.values()}
-    lines = ["## Numeric path", ""]
-    for model, flags, gpu in sorted(machines):
-        lines.append(f"- CPU: {model} ({flags or 'none of ' + ', '.join(CPU_FLAGS[:3])})" + (f"; GPU: {gpu}" if gpu
-                                                                                            else ""))
-    lines.append("- libraries: " + ", ".join(f"{k} {v}" for k, v in first["libraries"].items() if v))
-    lines += ["", "| stage | models (dtype on device) | threads |", "|---|---|---|"]
+    out.append(("libraries", ", ".join(f"{k} {v}" for k, v in first["libraries"].items() if v)))
     for stage, record in records.items():
-        models = ", ".join(f"{spec}: {m['dtype']} on {m['device']}" for spec, m in record["models"].items()) or "–"
-        counts = ", ".join(f"{k} {v}" for k, v in record["threads"].items()) or "–"
-        lines.append(f"| {stage} | {models} | {counts} |")
-    return "\n".join(lines) + "\n"
+        models = ", ".join(f"{spec}: {m['dtype']} on {m['device']}" for spec, m in record["models"].items())
+        counts = ", ".join(f"{k} {v}" for k, v in record["threads"].items())
+        out.append((stage, "; ".join(part for part in (models, f"threads: {counts}" if counts else "") if part)
+                    or "–"))
+    return out
+
+
+def markdown(records: dict[str, dict[str, Any]]) -> str:
+    """The summary's "Numeric path" section (:func:`rows` as a table)."""
+    body = "\n".join(f"| {label} | {text} |" for label, text in rows(records))
+    return f"## Numeric path\n\n| | |\n|---|---|\n{body}\n"
