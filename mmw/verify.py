@@ -54,6 +54,8 @@ _MEANS = ("mean_tokens",)
 _RATINGS = ("quality_baseline", "quality_watermarked", "quality_retained")
 _EVENTS = ("retokenization_flips", "ratings_missing", "n_failed")
 _DESIGN_COUNTS = ("generations", "n", "fpr_keys", "n_baseline", "n_watermarked", "num_buckets")
+#: A sample median's standard error over the mean's, for a normal sample: sqrt(pi / 2) = 1.2533.
+_MEDIAN_SE = math.sqrt(math.pi / 2)
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def tolerance(metrics: dict[str, Any], path: tuple[str, ...]) -> tuple[float | N
     if n is None:
         return None, "exact"
     if name in _MEDIANS or name in _MEANS or name.startswith("perplexity"):
-        return 2 * (1.2533 if name in _MEDIANS else 1.0) * abs(value) / math.sqrt(n), "spread"
+        return 2 * (_MEDIAN_SE if name in _MEDIANS else 1.0) * abs(value) / math.sqrt(n), "spread"
     if 0 <= value <= 1:
         return _share_tolerance(value, n), "share"
     return None, "exact"
@@ -166,7 +168,7 @@ def tolerance(metrics: dict[str, Any], path: tuple[str, ...]) -> tuple[float | N
 def _hull_tolerance(metrics: dict[str, Any]) -> float | None:
     attacks = metrics.get("attacks") or {}
     shares, retained = [], []
-    for name, point in attacks.items():
+    for name in attacks:
         for key, into in (("watermarked", shares), ("quality_retained", retained)):
             tol, _ = tolerance(metrics, ("attacks", name, key))
             if tol is not None:
