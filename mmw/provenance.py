@@ -60,15 +60,19 @@ def reset_models() -> None:
 
 
 def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
-    """``{"model": name, "flags": [the CPU_FLAGS it has]}`` (model "unknown" where /proc/cpuinfo is unreadable)."""
+    """``{"model", "vendor", "flags": [the CPU_FLAGS it has]}`` ("unknown" where /proc/cpuinfo is unreadable). The
+    vendor matters beside the flags: MKL picks its kernels by vendor too."""
     try:
         text = cpuinfo.read_text()
     except OSError:
-        return {"model": "unknown", "flags": []}
+        return {"model": "unknown", "vendor": "unknown", "flags": []}
     name = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    vendor = re.search(r"^vendor_id\s*:\s*(.+)$", text, re.MULTILINE)
     flags = re.search(r"^flags\s*:\s*(.+)$", text, re.MULTILINE)
     present = set(flags.group(1).split()) if flags else set()
-    return {"model": name.group(1).strip() if name else "unknown", "flags": [f for f in CPU_FLAGS if f in present]}
+    return {"model": name.group(1).strip() if name else "unknown",
+            "vendor": vendor.group(1).strip() if vendor else "unknown",
+            "flags": [f for f in CPU_FLAGS if f in present]}
 
 
 def gpus() -> list[dict[str, str]]:
@@ -80,11 +84,13 @@ def gpus() -> list[dict[str, str]]:
             for i in range(torch.cuda.device_count())]
 
 
-def threads() -> dict[str, int]:
-    """Thread counts of the numeric libraries this process imported (torch intra-op, numba's parallel kernels)."""
+def threads() -> dict[str, int | str]:
+    """Thread counts of the numeric libraries this process imported (torch intra-op, numba's parallel kernels), and
+    the instruction set torch dispatches its own CPU kernels to (``ATEN_CPU_CAPABILITY`` can lower it)."""
     counts = {}
     if (torch := sys.modules.get("torch")) is not None:
         counts["torch_intra_op"] = torch.get_num_threads()
+        counts["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()  # ATen's kernels: AVX2, AVX512...
     if (numba := sys.modules.get("numba")) is not None:
         counts["numba"] = numba.get_num_threads()
     return counts
@@ -121,8 +127,10 @@ def read_all(directory: Path = PROVENANCE_DIR) -> dict[str, dict[str, Any]]:
 
 def path_fields(record: dict[str, Any]) -> dict[str, str]:
     """The fields of a record that decide its numbers, flattened (``cpu.flags``, ``models.<spec>.dtype``, ...).
-    The CPU's marketing name is left out: two CPUs with the same instruction sets run the same kernels."""
+    The CPU's marketing name is left out: two CPUs of one vendor with the same instruction sets run the same
+    kernels."""
     fields = {"cpu.flags": " ".join(record.get("cpu", {}).get("flags", [])),
+              "cpu.vendor": record.get("cpu", {}).get("vendor", "unknown"),
               "gpus": "; ".join(f"{g['name']} (sm {g['capability']})" for g in record.get("gpus", []))}
     for spec, model in record.get("models", {}).items():
         fields[f"models.{spec}"] = f"{model['dtype']} on {model['device']}"

@@ -41,7 +41,8 @@ LOCK = {"schema": "2.0", "stages": {
 
 
 def record(flags: list[str], dtype: str = "float32", torch_version: str = "2.13.0") -> dict:
-    return {"stage": "rate_baseline", "cpu": {"model": "Some CPU", "flags": flags}, "gpus": [],
+    return {"stage": "rate_baseline", "cpu": {"model": "Some CPU", "vendor": "GenuineIntel", "flags": flags},
+            "gpus": [],
             "models": {"embedded:qwen2.5-coder-1.5b": {"dtype": dtype, "device": "cpu"}},
             "threads": {"torch_intra_op": 2}, "libraries": {"torch": torch_version, "numpy": "2.3.0"}}
 
@@ -173,9 +174,11 @@ def test_provenance_differences_name_dtype_library_and_missing_records():
 
 def test_cpu_record_reads_model_and_relevant_flags(tmp_path):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 fma\n")
-    assert provenance.cpu(info) == {"model": "AMD EPYC", "flags": ["avx2", "fma", "avx512f", "avx512_bf16"]}
-    assert provenance.cpu(tmp_path / "absent") == {"model": "unknown", "flags": []}
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n"
+                    "flags\t\t: fpu sse avx2 avx512f avx512_bf16 fma\n")
+    assert provenance.cpu(info) == {"model": "AMD EPYC", "vendor": "AuthenticAMD",
+                                    "flags": ["avx2", "fma", "avx512f", "avx512_bf16"]}
+    assert provenance.cpu(tmp_path / "absent") == {"model": "unknown", "vendor": "unknown", "flags": []}
 
 
 def test_record_is_written_atomically_only_for_numeric_stages(tmp_path):
