@@ -144,3 +144,12 @@ def plots_template() -> None:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
+
+
+@app.command("verify", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def verify(ctx: typer.Context) -> None:
+    """Compare a re-run with the committed numbers: exact, within uncertainty, or differs (`mmw verify --help`)."""
+    from mmw.verify import app as verify_app
+
+    verify_app(ctx.args, prog_name="mmw verify")

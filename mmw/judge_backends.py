@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from mmw import provenance
 from mmw.errors import SpecError
 from mmw.io import plan_units, write_json
 from mmw.judge import ARITHMETIC, GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
@@ -337,6 +338,7 @@ class ServerBackend:
         self.timeout_s, self.max_retries = timeout_s, max_retries
         self.max_new_tokens = max_new_tokens
         self.client = OpenAI(base_url=base_url, api_key=api_key or NO_KEY, timeout=timeout_s, max_retries=max_retries)
+        provenance.note(model, "unknown (served)", "OpenAI-compatible server")  # no URL: it may carry credentials
         self.expected_via: str | None = None
         self.note = ""
         self._lock = threading.Lock()
@@ -486,6 +488,7 @@ class VLLMBackend:
         self.spec, self.dtype, self.max_new_tokens, self.chunk = spec, dtype, max_new_tokens, chunk
         self.llm = LLM(model=resolve_source(spec, default_cache_dir()), dtype=dtype, seed=0,
                        max_logprobs=TOP_LOGPROBS, **engine_args)
+        provenance.note(spec, dtype, f"vllm on {resolve_device('auto').type}")
         self.tokenizer = self.llm.get_tokenizer()
 
     def cache_id(self, mode: str) -> str:

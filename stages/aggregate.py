@@ -6,6 +6,7 @@ from pathlib import Path
 
 import polars as pl
 
+from mmw import provenance
 from mmw.io import (
     DETECTIONS,
     JUDGE_REPORT,
@@ -53,5 +54,6 @@ def run(params_path: Path) -> None:
         summary = summary_markdown(metrics, attacks, judge, header)
         if QUALITY_REPORT.is_file():
             summary += "\n" + quality_markdown(read_json(QUALITY_REPORT))
+        summary += "\n" + provenance.markdown(provenance.read_all())
         write_text(summary, SUMMARY)
         write_json(metrics, METRICS)

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from mmw import provenance
 from mmw.errors import SpecError
 from mmw.io import atomic_path, write_text
 
@@ -331,7 +332,10 @@ def load_model(
     The tokenizer pads on the left (batched decoding appends on the right) and always has a pad token.
     The model is in eval mode on ``device``. Within :func:`shared_loads`, loaded once per distinct arguments.
     """
-    return _shared("model", (spec, device, str(dtype), cache_dir), lambda: _load_model(spec, device, dtype, cache_dir))
+    tokenizer, model = _shared("model", (spec, device, str(dtype), cache_dir),
+                               lambda: _load_model(spec, device, dtype, cache_dir))
+    provenance.note_model(spec, model)
+    return tokenizer, model
 
 
 def _load_model(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from mmw import provenance
 from mmw.engines.generate import GENERATION_SCHEMA, parts_dir_of, row_seed
 from mmw.errors import SpecError
 from mmw.io import PartsStore, plan_units, row_key, write_table
@@ -87,6 +88,7 @@ class VllmGenerator:
         self.llm = LLM(model=folder, tokenizer=folder, dtype=vllm_dtype, seed=0, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, logits_processors=[vllm_processor.WatermarkLogitsProcessor],
                        enable_prefix_caching=False, enforce_eager=on_cpu)  # CPU: skip minutes of model compile
+        provenance.note(name, vllm_dtype, f"vllm on {'cpu' if on_cpu else 'cuda'}")
 
     def generate_ids(self, prompts: list[list[int]], seeds: list[int], spec: SchemeSpec | None, temperature: float,
                      max_new_tokens: int, n: int = 1) -> list[list[dict]]:

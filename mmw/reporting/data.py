@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from mmw import provenance
 from mmw.errors import SpecError
 from mmw.metrics import tamper_frontier, tamper_resistance
 from mmw.reporting.formats import finite, fmt_number, fmt_percent, fmt_tokens
@@ -516,6 +517,7 @@ class SingleRun:
     timings: list[dict[str, Any]]
     attacks: pl.DataFrame  # attack, in_R, quality_retained, watermarked (pooled over tasks)
     size_curves: dict[str, pl.DataFrame]  # baseline/watermarked -> tokens, detected_share
+    numeric_path: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> record (mmw.provenance)
 
     @property
     def groups(self) -> list[str]:
@@ -566,7 +568,7 @@ def load_single_run(reports: Path, params_path: Path) -> SingleRun:
     attacks = attacks.with_columns(pl.col("in_R").fill_null(~pl.col("attack").str.starts_with("paraphrase")))
     curves = {source: pl.read_csv(plots / f"size_{source}.csv") for source in ("baseline", "watermarked")
               if (plots / f"size_{source}.csv").is_file()}
-    return SingleRun(metrics, judge, params, timings, attacks, curves)
+    return SingleRun(metrics, judge, params, timings, attacks, curves, provenance.read_all(reports / "provenance"))
 
 
 def single_scale(run: SingleRun) -> str:

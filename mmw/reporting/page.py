@@ -20,6 +20,7 @@ import jinja2
 import markupsafe
 import polars as pl
 
+from mmw import provenance as numeric_path
 from mmw.errors import SpecError
 from mmw.io import write_text, write_with
 from mmw.reporting import data, figures
@@ -232,7 +233,8 @@ def render_single(run: data.SingleRun, commit: str | None, generated: str) -> st
                   ("seed", str(params.get("seed", "–"))),
                   ("wall time", f"{wall:.0f} s over {len(run.timings)} stages (last run of each)" if run.timings
                    else "–"),
-                  ("commit", commit or "–"), ("report generated", generated)]
+                  ("commit", commit or "–"), ("report generated", generated),
+                  *numeric_path.rows(run.numeric_path)]
     attacks = run.metrics.get("attacks", {})
     return _environment().get_template("report.html.j2").render(
         kind="run", title="mmw benchmark report: one run", scale=data.single_scale(run), run=run,
