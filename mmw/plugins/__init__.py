@@ -199,7 +199,7 @@ def check_pvalues(result: PrefixPValues, n_tokens: int, plugin: str) -> None:
                         f"one p-value per prefix, shape ({n_tokens},)")
     bad = ~((p >= 0.0) & (p <= 1.0))
     if bad.any():
-        raise SpecError(setting, f"the detector returned a p-value outside [0, 1] ({p[bad][0]!r} at prefix "
+        raise SpecError(setting, f"the detector returned a p-value outside [0, 1] ({float(p[bad][0])!r} at prefix "
                         f"{int(np.flatnonzero(bad)[0]) + 1})", "p-values in [0, 1]")
 
 
