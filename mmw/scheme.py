@@ -96,7 +96,7 @@ class SchemeSpec(Section):
     def exact_null(self) -> bool:
         """Sum scores have exact nulls (Gamma/Binomial); align and edit use the permutation test."""
         if self.is_plugin:  # a plugin's pivots come with a declared exact null; its p-values alone do not
-            return plugins.no_pivot_reason(self.plugin, self.plugin_params) is None
+            return plugins.no_pivot_reason(self) is None
         return PARTS["score"][self.score].exact_null  # type: ignore[attr-defined,no-any-return]
 
     def to_dict(self) -> dict[str, Any]:

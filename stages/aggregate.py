@@ -47,8 +47,7 @@ def run(params_path: Path) -> None:
                   "alpha": f"{params.scheme.alpha:g}", "seed": str(params.seed),
                   "max new tokens": str(params.model.max_new_tokens), "temperature": f"{params.model.temperature:g}"}
         if params.scheme.is_plugin and not params.scheme.exact_null:
-            header["size anytime"] = "not available: " + no_pivot_reason(params.scheme.plugin,
-                                                                         params.scheme.plugin_params)
+            header["size anytime"] = "not available: " + no_pivot_reason(params.scheme)
         for stem, table in plot_tables(detections, attacks).items():
             write_with(PLOTS_DIR / f"{stem}.csv", table.write_csv)
         figure = tamper_figure(attacks)

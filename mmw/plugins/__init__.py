@@ -159,10 +159,16 @@ def validate_params(name: str, raw: Any, prefix: str = "scheme") -> dict[str, An
     return model.model_dump()
 
 
-def no_pivot_reason(name: str, params: dict[str, Any] | None) -> str | None:
-    """Why the plugin's detector gives no anytime size under ``params`` (validated), or None when it does."""
-    plugin = load_plugin(name)
-    return plugin.no_pivot_reason(plugin.Params.model_validate(params or {}, strict=False))
+def plugin_params(spec: Any) -> tuple[WatermarkPlugin, Section]:
+    """A plugin scheme's (``mmw.scheme.SchemeSpec``) plugin and its normalized parameters as the plugin's model."""
+    plugin = load_plugin(spec.plugin)
+    return plugin, plugin.Params.model_validate(spec.plugin_params or {}, strict=False)
+
+
+def no_pivot_reason(spec: Any) -> str | None:
+    """Why a plugin scheme's detector gives no anytime size, or None when it does."""
+    plugin, params = plugin_params(spec)
+    return plugin.no_pivot_reason(params)
 
 
 def label(name: str) -> str:

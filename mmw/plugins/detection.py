@@ -12,18 +12,13 @@ import numpy as np
 
 from mmw.detector import DetectionResult, Detector
 from mmw.errors import SpecError
-from mmw.plugins import Pivots, PluginDetector, PrefixPValues, check_pivots, check_pvalues, load_plugin, prefix_pvalues
+from mmw.plugins import (Pivots, PluginDetector, PrefixPValues, check_pivots, check_pvalues, plugin_params,
+                         prefix_pvalues)
 from mmw.scheme import SchemeSpec
 from mmw.size import anytime_log_evalues, anytime_size, first_crossing, pivot_bets, valid_size
 
 #: Tokens of the random text the preflight detects.
 PREFLIGHT_TEXT = 48
-
-
-def plugin_params(spec: SchemeSpec):
-    """The scheme's plugin and its parameters as the plugin's own model."""
-    plugin = load_plugin(spec.plugin)
-    return plugin, plugin.Params.model_validate(spec.plugin_params or {}, strict=False)
 
 
 class PluginSchemeDetector:

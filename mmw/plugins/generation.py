@@ -18,7 +18,7 @@ from transformers import LogitsProcessor
 
 from mmw import prf
 from mmw.errors import SpecError
-from mmw.plugins.detection import plugin_params, preflight_detector
+from mmw.plugins import plugin_params
 from mmw.processor import WatermarkProcessor, choice_logits, entropies, row_state
 from mmw.samplers.base import inverse_cdf
 from mmw.scheme import SchemeSpec
@@ -100,12 +100,12 @@ def build_processor(spec: SchemeSpec | None, key: int | None, vocab_size: int, r
 
 
 def preflight(spec: SchemeSpec, key: int, vocab_size: int, temperature: float) -> None:
-    """Run the plugin on a small random batch and a random text before any real work, so a plugin that changes
-    the batch's shape, returns NaN/inf, or whose detector breaks its contract fails with one line at once."""
+    """Run the plugin's processor on a small random batch before any real work, so a processor that changes the
+    batch's shape or returns NaN/inf fails with one line at once (the detect stage checks the detector the same
+    way: ``mmw.plugins.detection.preflight_detector``)."""
     rng = np.random.default_rng(0)
     proc = PluginProcessor(spec, key, vocab_size, list(range(PREFLIGHT_ROWS)), temperature)
     ids = torch.from_numpy(rng.integers(0, vocab_size, (PREFLIGHT_ROWS, PREFLIGHT_PROMPT)))
     for _ in range(PREFLIGHT_STEPS):
         scores = torch.from_numpy(rng.normal(size=(PREFLIGHT_ROWS, vocab_size)).astype(np.float32))
         ids = torch.cat([ids, proc(ids, scores).argmax(-1, keepdim=True)], dim=1)
-    preflight_detector(spec, key, vocab_size)

@@ -109,7 +109,7 @@ class PluginPart(SamplerPart):
 
     name = "plugin"
     label = "Plugin"
-    implementation = "mmw.plugins.generation"
+    implementation = "mmw.plugins"  # the interface; each plugin brings its implementation
     distortion_free = False
     scheme_keys = (Key("plugin", required=True, purpose="the plugin's entry-point name"),
                    Key("plugin_params", default=None, purpose="the plugin's parameters"))
