@@ -10,6 +10,7 @@ tests/test_vllm.py (it needs .venv-vllm).
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -310,3 +311,49 @@ def test_adapter_detects_its_own_watermarked_text(adapter, temperature, one_thre
     assert sum(r.detected for r in plain) <= 2
     if spec.exact_null:
         assert sum(r.size_anytime is not None for r in marked) >= 10
+
+
+# ------------------------------------------------------------------------------------------------ vLLM's watermark
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="checks the missing-vLLM error")
+def test_vllm_adapter_without_vllm_fails_at_validation_naming_the_plugin():
+    with pytest.raises(SpecError) as err:
+        plugin_spec("vllm_gumbel")
+    assert str(err.value).startswith("scheme.plugin: plugin 'vllm_gumbel' needs vllm, which is not installed here")
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed here (.venv-vllm)")
+@pytest.mark.parametrize("algorithm", ["gumbel", "dual_key_gumbel"])
+def test_vllm_adapter_holds_its_fpr_and_detects_its_own_text(algorithm, one_thread):
+    """vLLM's own Watermarker samples (driven from mmw's processor) and vLLM's own detector scores: on texts the
+    key did not write the FPR (full text, any checkpoint, any prefix for the anytime size) is consistent with at
+    most alpha; watermarked texts at T = 0.7 and 1 are detected, their plain baselines are not. With ``gumbel``
+    the pivots reproduce vLLM's own full-text p-value."""
+    from vllm.v1.watermarking.gumbel import DualKeyGumbelWatermarkDetector, GumbelWatermarkDetector
+
+    from mmw.plugins.vllm_gumbel import vllm_key
+
+    spec = plugin_spec("vllm_gumbel", algorithm=algorithm)
+    detector = build_detector(spec, KEY, V)
+    rng = np.random.default_rng(12)
+    n = 300
+    nulls = [rng.integers(0, V, 64) for _ in range(n)]
+    results = detector.detect(nulls)
+    assert sum(r.detected for r in results) <= upper_limit(n)
+    assert sum(r.size_valid is not None for r in results) <= upper_limit(n)
+    assert 0.2 < float(np.median([r.pvalue for r in results])) < 0.8
+    reference = (GumbelWatermarkDetector if algorithm == "gumbel" else DualKeyGumbelWatermarkDetector)(vllm_key(KEY))
+    for text, r in zip(nulls[:10], results[:10]):  # vLLM's own verdict on the whole text and on a prefix
+        assert r.pvalue == pytest.approx(reference.detect([int(t) for t in text]).p_value, rel=1e-6)
+        assert r.pvalues[40] == pytest.approx(reference.detect([int(t) for t in text[:41]]).p_value, rel=1e-6)
+    if algorithm == "gumbel":
+        assert sum(r.size_anytime is not None for r in results) <= upper_limit(n)
+    else:
+        assert detector.anytime_unavailable is not None and all(r.size_anytime is None for r in results)
+    for temperature in (0.7, 1.0):
+        marked = detector.detect(synthetic_generate(spec, rows=10, steps=64, seed=3, temperature=temperature))
+        plain = detector.detect(synthetic_generate(None, rows=10, steps=64, seed=3, temperature=temperature))
+        assert sum(r.detected for r in marked) >= 9 and sum(r.detected for r in plain) <= 2

@@ -114,18 +114,22 @@ class VllmDetector(PluginDetector):
         return np.asarray(kept, dtype=np.int64)
 
     def score(self, tokens: np.ndarray) -> Pivots | PrefixPValues:
+        """vLLM's ``detect`` split at every prefix: its deduplicated inputs and per-token scores once, then its
+        aggregate (a sum) and p-value function on each prefix's running sum and count."""
         ids = [int(t) for t in tokens]
         n = len(ids)
+        contexts, targets = self.reference._prepare_inputs(ids)
+        scores, units = np.zeros(n), np.zeros(n, dtype=np.int64)
+        if len(targets):
+            where = self._scored(ids)
+            scores[where] = self.reference._score_tokens(contexts, targets).numpy()
+            units[where] = 1
         if self.params.algorithm == "gumbel":
-            contexts, targets = self.reference._prepare_inputs(ids)
-            values, units = np.zeros(n), np.zeros(n, dtype=np.int64)
-            if len(targets):
-                where = self._scored(ids)
-                # vLLM's per-token score is -log(1 - u) ~ Exp(1) under H0; mmw's exp_up unit is its negative.
-                values[where] = -self.reference._score_tokens(contexts, targets).numpy()
-                units[where] = 1
-            return Pivots(values=values, units=units, null="exp_up")
-        p = np.array([self.reference.detect(ids[:k]).p_value for k in range(1, n + 1)], dtype=np.float64)
+            # vLLM's per-token score is -log(1 - u) ~ Exp(1) under H0; mmw's exp_up unit is its negative.
+            return Pivots(values=-scores, units=units, null="exp_up")
+        total, count = np.cumsum(scores), np.cumsum(units)
+        p = np.array([self.reference._get_p_value(float(s), int(c)) if c else 1.0 for s, c in zip(total, count)],
+                     dtype=np.float64)
         return PrefixPValues(p, reason=DUAL_KEY_REASON)
 
 
