@@ -357,3 +357,23 @@ def test_vllm_adapter_holds_its_fpr_and_detects_its_own_text(algorithm, one_thre
         marked = detector.detect(synthetic_generate(spec, rows=10, steps=64, seed=3, temperature=temperature))
         plain = detector.detect(synthetic_generate(None, rows=10, steps=64, seed=3, temperature=temperature))
         assert sum(r.detected for r in marked) >= 9 and sum(r.detected for r in plain) <= 2
+
+
+# ------------------------------------------------------------------------------------------------ in the reports
+def test_each_plugin_is_its_own_family_in_the_tables_and_the_page():
+    """A plugin's configurations form their own family (named by the plugin, labelled by its label) beside the
+    paper's four samplers: in the paper's table as a column after them, on the page by its label."""
+    import polars as pl
+
+    from mmw.reporting import data
+    from mmw.reporting.sweep import FAMILIES, paper_rows
+
+    assert data.family_label("hf_synthid") == "SynthID-Text (transformers)"
+    assert data.family_label("exponential") == "Exponential"
+    assert data.ordered_families(["hf_kgw", "exponential", "distribution_shift"]) == [
+        "distribution_shift", "exponential", "hf_kgw"]
+    table = pl.DataFrame({"max_quality_loss": [0.1, 0.1], "min_tamper_resistance": [0.0, 0.0],
+                          "temperature": [1.0, 1.0], "family": ["exponential", "hf_kgw"], "size": [20, 30]})
+    header, _, row = paper_rows(table, lambda r: str(r["size"]), "≥")
+    assert header == "| constraint | T | " + " | ".join((*FAMILIES, "hf_kgw")) + " |"
+    assert row.endswith("| 20 | – | – | 30 |") and row.count("|") == len(FAMILIES) + 4
