@@ -377,3 +377,34 @@ def test_each_plugin_is_its_own_family_in_the_tables_and_the_page():
     header, _, row = paper_rows(table, lambda r: str(r["size"]), "≥")
     assert header == "| constraint | T | " + " | ".join((*FAMILIES, "hf_kgw")) + " |"
     assert row.endswith("| 20 | – | – | 30 |") and row.count("|") == len(FAMILIES) + 4
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+#: The worked example of docs/PLUGINS.md: transformers' SynthID-Text through its plugin, configured by -S alone.
+EXAMPLE = ("-S", "scheme.sampler=plugin", "-S", "scheme.plugin=hf_synthid",
+           "-S", "scheme.plugin_params={depth: 30, ngram_len: 5}", "-S", "scheme.randomness=null",
+           "-S", "scheme.window=null", "-S", "scheme.delta=null", "-S", "scheme.gamma=null", "-S", "scheme.score=null")
+
+
+@pytest.mark.heavy
+def test_an_outside_watermark_runs_end_to_end_through_dvc_exp_run(tmp_path_factory):
+    """The tiny pipeline (shared with tests/test_dvc.py), then the docs' worked example: only the watermark side
+    reruns, the baseline's outputs are reused, and the metrics are the plugin's: sizes from its detector (all
+    three, SynthID has pivots), the FPR of the baseline under it, the scheme named in the summary."""
+    import json
+
+    from pipeline_repo import run, stages_run, traced_tiny_pipeline
+
+    repo = traced_tiny_pipeline(tmp_path_factory.getbasetemp() / "tiny-pipeline").repo
+    run(repo, "git", "checkout", "--", ".")
+    run(repo, "dvc", "checkout", "--force")
+    baseline = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["generate_baseline"]["outs"]
+    completed = run(repo, "dvc", "exp", "run", *EXAMPLE)
+    ran = stages_run(completed.stdout + completed.stderr)
+    assert {"generate_watermarked", "detect_watermarked", "detect_baseline", "aggregate"} <= ran
+    assert not ran & {"prompts", "generate_baseline", "rate_baseline"}, ran
+    assert yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["generate_baseline"]["outs"] == baseline
+    metrics = json.loads((repo / "reports/metrics.json").read_text())["all"]
+    assert metrics["fpr"] is not None and metrics["detection_rate"] is not None
+    assert "size_anytime" in metrics and "fpr_any_prefix_anytime" in metrics
+    assert "plugin hf_synthid" in (repo / "reports/summary.md").read_text()
