@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, Self
 
-from pydantic import ModelWrapValidatorHandler, ValidationInfo, model_validator
+from pydantic import ModelWrapValidatorHandler, ValidationError, ValidationInfo, model_validator
 
 from mmw import plugins
 from mmw.errors import SpecError
@@ -78,7 +78,22 @@ class SchemeSpec(Section):
         if data.get("key") is not None:
             raise SpecError(f"{prefix}.key", "the watermark key is the top-level `key:` of params (or $MMW_KEY), "
                             "not part of the scheme", KNOWN_KEYS)
-        given = handler({k: v for k, v in data.items() if v is not None})
+        present = {k: v for k, v in data.items() if v is not None}
+        # mmw's own blocks need a randomness source and a score; a plugin brings its own. Their absence is reported
+        # where pydantic would report a missing required field: in field order among the other errors.
+        missing = [] if present.get("sampler") == "plugin" else [k for k in _BLOCK_KEYS if k not in present]
+        try:
+            given = handler(present)
+        except ValidationError as err:
+            if not missing:
+                raise
+            errors = [*err.errors(include_url=False), *({"type": "missing", "loc": (k,), "input": present}
+                                                        for k in missing)]
+            order = {k: i for i, k in enumerate(cls.model_fields)}
+            errors.sort(key=lambda e: order.get(str(e["loc"][0]), -1) if e["loc"] else -1)
+            raise ValidationError.from_exception_data(err.title, errors) from None  # type: ignore[arg-type]
+        if missing:
+            raise SpecError(f"{prefix}.{missing[0]}", "missing", allowed_text(SchemeSpec, missing[0]))
         resolve = _resolve_plugin if given.sampler == "plugin" else _resolve
         return given.model_copy(update=resolve(given, prefix))
 
@@ -117,6 +132,8 @@ class SchemeSpec(Section):
         return " ".join(parts)
 
 
+#: The part choices mmw's own blocks require (a plugin scheme has neither).
+_BLOCK_KEYS = ("randomness", "score")
 #: The scheme's keys, in declaration order (what an unknown key's error lists).
 KNOWN_KEYS = tuple(SchemeSpec.model_fields)
 #: Each part kind's keys: every key one of its parts names (a key belongs to one kind).

@@ -52,11 +52,25 @@ class _LazyDevice:
         self.vocab_size, self.config, self.inner = vocab_size, config, None
 
     def __call__(self, input_ids, scores):
+        import torch
+
         if self.inner is None:
             from transformers.generation import WatermarkLogitsProcessor
 
             self.inner = WatermarkLogitsProcessor(vocab_size=self.vocab_size, device=scores.device, **self.config)
-        return self.inner(input_ids, scores)
+        try:
+            return self.inner(input_ids, scores)
+        except IndexError:
+            # selfhash: when none of its 40 rejection-sampling candidates is green, transformers indexes with an
+            # empty float tensor and raises. Its intent is then "no token gets the bias": run row by row, leaving
+            # such a row's scores unchanged.
+            rows = []
+            for row in range(scores.shape[0]):
+                try:
+                    rows.append(self.inner(input_ids[row:row + 1], scores[row:row + 1]))
+                except IndexError:
+                    rows.append(scores[row:row + 1])
+            return torch.cat(rows)
 
 
 class KGWDetector(PluginDetector):
