@@ -2,10 +2,8 @@
 
 Generation runs transformers' processor (seeding scheme ``lefthash`` or ``selfhash``, its own hashing and green
 lists). Detection runs transformers' ``WatermarkDetector``: its per-n-gram green verdict (the method its own
-``_score_ngrams_in_passage`` calls) gives each token's green indicator, counted once per distinct (green-list
-seed, token) pair — the seed read back from its own RNG (``initial_seed``) — which is stricter than its
-``ignore_repeated_ngrams`` (once per distinct n-gram): with selfhash, distinct n-grams share a seed and a token
-often enough to push the Binomial null's FPR to 3.25 % at alpha = 2 % (bench/results/plugins.md); and either
+``_score_ngrams_in_passage`` calls) gives each token's green indicator, counted once per distinct n-gram as its
+``ignore_repeated_ngrams`` does; and either
 - ``detection: green`` (default): the indicators are pivots with the exact Binomial(n, gamma) null, gamma =
   floor(V * greenlist_ratio) / V, the size of transformers' green list (every size: E, checkpoint, anytime), or
 - ``detection: zscore``: transformers' own z-score and p-value (``_compute_z_score``, ``_compute_pval``: a
@@ -97,20 +95,16 @@ class KGWDetector(PluginDetector):
         n = len(tokens)
         green, units = np.zeros(n), np.zeros(n, dtype=np.int64)
         ids = torch.as_tensor(tokens, dtype=torch.int64)
-        seen: set[tuple[int, int]] = set()
-        rng = self.reference.processor.rng
+        seen: set[tuple[int, ...]] = set()
         for end in range(self.ngram - 1, n):
+            ngram = tuple(tokens[end - self.ngram + 1: end + 1].tolist())
+            if ngram in seen:
+                continue
+            seen.add(ngram)
             window = ids[end - self.ngram + 1: end + 1]
             prefix = window if self.selfhash else window[:-1]
-            verdict = self.reference._get_ngram_score(prefix, int(tokens[end]))
-            # The independent unit is one green list (its seed) and one token: distinct n-grams can share both
-            # (selfhash seeds by a min over the window, so the window's minimum alone can fix the seed), and
-            # counting them twice would make the Binomial null anti-conservative.
-            unit = (rng.initial_seed(), int(tokens[end]))
-            if unit in seen:
-                continue
-            seen.add(unit)
-            green[end], units[end] = float(verdict), 1
+            green[end] = float(self.reference._get_ngram_score(prefix, int(tokens[end])))
+            units[end] = 1
         return green, units
 
     def score(self, tokens: np.ndarray) -> Pivots | PrefixPValues:
