@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, Self
 
-from pydantic import ModelWrapValidatorHandler, ValidationInfo, model_validator
+from pydantic import ModelWrapValidatorHandler, ValidationError, ValidationInfo, model_validator
 
+from mmw import plugins
 from mmw.errors import SpecError
 from mmw.randomness import SOURCES
 from mmw.samplers import WATERMARKING
@@ -44,17 +45,19 @@ class SchemeSpec(Section):
     """
 
     sampler: Literal[SAMPLERS] = allowed(", ".join(SAMPLERS))  # type: ignore[valid-type]
-    randomness: Literal[RANDOMNESS] = allowed(", ".join(RANDOMNESS))  # type: ignore[valid-type]
+    randomness: Literal[RANDOMNESS] | None = allowed(", ".join(RANDOMNESS), default=None)  # type: ignore[valid-type]
     window: Integer | None = allowed("an integer >= 0", default=None, ge=0, le=1 << 20)
     key_length: Integer | None = allowed("an integer >= 1", default=None, ge=1, le=1 << 24)
     delta: float | None = allowed("a number > 0", default=None, gt=0.0, le=1e6)
     gamma: float | None = allowed("a number in (0, 1)", default=None, gt=0.0, lt=1.0)
     skip_prob: float = allowed("a number in [0, 1)", default=0.0, ge=0.0, lt=1.0)
-    score: Literal[SCORES] = allowed(", ".join(SCORES))  # type: ignore[valid-type]
+    score: Literal[SCORES] | None = allowed(", ".join(SCORES), default=None)  # type: ignore[valid-type]
     psi: float | None = allowed("a number >= 0", default=None, ge=0.0, le=1e6)
     trials: Integer | None = allowed("an integer >= 1", default=None, ge=1, le=1 << 20)
     alpha: float = allowed("a number in (0, 1)", default=0.02, gt=0.0, lt=1.0)
     binary_code: Literal[CODES] | None = allowed(", ".join(CODES), default=None)  # type: ignore[valid-type]
+    plugin: str | None = allowed("an installed plugin's name (entry-point group mmw.watermarks)", default=None)
+    plugin_params: dict[str, Any] | None = allowed("a mapping the plugin's own model accepts", default=None)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -75,10 +78,31 @@ class SchemeSpec(Section):
         if data.get("key") is not None:
             raise SpecError(f"{prefix}.key", "the watermark key is the top-level `key:` of params (or $MMW_KEY), "
                             "not part of the scheme", KNOWN_KEYS)
-        given = handler({k: v for k, v in data.items() if v is not None})
-        return given.model_copy(update=_resolve(given, prefix))
+        present = {k: v for k, v in data.items() if v is not None}
+        # mmw's own blocks need a randomness source and a score; a plugin brings its own. Their absence is reported
+        # where pydantic would report a missing required field: in field order among the other errors.
+        missing = [] if present.get("sampler") == "plugin" else [k for k in _BLOCK_KEYS if k not in present]
+        try:
+            given = handler(present)
+        except ValidationError as err:
+            if not missing:
+                raise
+            errors = [*err.errors(include_url=False), *({"type": "missing", "loc": (k,), "input": present}
+                                                        for k in missing)]
+            order = {k: i for i, k in enumerate(cls.model_fields)}
+            errors.sort(key=lambda e: order.get(str(e["loc"][0]), -1) if e["loc"] else -1)
+            raise ValidationError.from_exception_data(err.title, errors) from None  # type: ignore[arg-type]
+        if missing:
+            raise SpecError(f"{prefix}.{missing[0]}", "missing", allowed_text(SchemeSpec, missing[0]))
+        resolve = _resolve_plugin if given.sampler == "plugin" else _resolve
+        return given.model_copy(update=resolve(given, prefix))
 
     # ------------------------------------------------------------------ views
+    @property
+    def is_plugin(self) -> bool:
+        """An outside watermark (``mmw.plugins``): it brings its own randomness, sampling and detection."""
+        return self.sampler == "plugin"
+
     @property
     def text_dependent(self) -> bool:
         return PARTS["randomness"][self.randomness].text_dependent  # type: ignore[attr-defined,no-any-return]
@@ -86,6 +110,8 @@ class SchemeSpec(Section):
     @property
     def exact_null(self) -> bool:
         """Sum scores have exact nulls (Gamma/Binomial); align and edit use the permutation test."""
+        if self.is_plugin:  # a plugin's pivots come with a declared exact null; its p-values alone do not
+            return plugins.no_pivot_reason(self) is None
         return PARTS["score"][self.score].exact_null  # type: ignore[attr-defined,no-any-return]
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,6 +119,9 @@ class SchemeSpec(Section):
         return self.model_dump(exclude_none=True)
 
     def describe(self) -> str:
+        if self.is_plugin:
+            params = " ".join(f"{k}={v}" for k, v in sorted((self.plugin_params or {}).items()))
+            return f"plugin {self.plugin}" + (f" {params}" if params else "")
         parts = [self.sampler, self.randomness]
         parts.append(f"H={self.window}" if self.text_dependent else f"L={self.key_length}")
         if self.delta is not None:
@@ -103,6 +132,8 @@ class SchemeSpec(Section):
         return " ".join(parts)
 
 
+#: The part choices mmw's own blocks require (a plugin scheme has neither).
+_BLOCK_KEYS = ("randomness", "score")
 #: The scheme's keys, in declaration order (what an unknown key's error lists).
 KNOWN_KEYS = tuple(SchemeSpec.model_fields)
 #: The keys that shape only generation: no detector reads them (a detection is the same for any value).
@@ -119,6 +150,24 @@ if sum(map(len, _OWNED.values())) != len(set().union(*_OWNED.values())):
     raise TypeError(f"a scheme key is named by parts of two kinds: {_OWNED}")
 
 
+#: The keys a plugin scheme uses; every other scheme key belongs to mmw's own blocks.
+PLUGIN_KEYS = ("sampler", "plugin", "plugin_params", "alpha")
+
+
+def _resolve_plugin(spec: SchemeSpec, prefix: str) -> dict[str, Any]:
+    """A plugin scheme: the plugin installed and loadable, its parameters valid under its own model, and none of
+    mmw's own blocks' keys given (the plugin brings its randomness, sampling and score)."""
+    for name in KNOWN_KEYS:
+        if name not in PLUGIN_KEYS and name in spec.model_fields_set:
+            raise SpecError(f"{prefix}.{name}", "not used by sampler=plugin (the plugin brings its own randomness, "
+                            "sampling and score); remove it or set it to null")
+    if spec.plugin is None:
+        raise SpecError(f"{prefix}.plugin", "required with sampler=plugin", sorted(plugins.installed()) or None)
+    values = spec.model_dump()
+    values["plugin_params"] = plugins.validate_params(spec.plugin, spec.plugin_params, prefix)
+    return values
+
+
 def _resolve(spec: SchemeSpec, prefix: str) -> dict[str, Any]:
     """The parts' rules on the type-checked ``spec``: its normalized values, or SpecError naming the key.
 
@@ -126,6 +175,9 @@ def _resolve(spec: SchemeSpec, prefix: str) -> dict[str, Any]:
     keys and the score's keys (the first rule broken is the one reported)."""
     given = spec.model_fields_set
     values = spec.model_dump()
+    for kind in ("randomness", "score"):
+        if values[kind] is None:
+            raise SpecError(f"{prefix}.{kind}", "missing", allowed_text(SchemeSpec, kind))
     parts = {kind: PARTS[kind][values[kind]] for kind in PARTS}
 
     def fail(key: str, problem: str, shown: Any = None) -> None:

@@ -130,17 +130,22 @@ def anytime_bets(spec, grid: tuple[float, ...] = ANYTIME_GRID) -> Bets:
                         "its valid size is the checkpoint size `size_valid`", ("sum",))
     if spec.sampler not in PIVOTS:
         raise SpecError("scheme.sampler", f"{spec.sampler!r} has no per-unit pivot", tuple(PIVOTS))
+    return pivot_bets(PIVOTS[spec.sampler], spec.gamma, grid)
+
+
+def pivot_bets(pivot: str, gamma: float | None, grid: tuple[float, ...] = ANYTIME_GRID) -> Bets:
+    """The e-process mixture of :func:`anytime_bets` for one pivot kind ("exp_up", "exp_down", "green" with its
+    ``gamma``): also what a plugin's declared null gets (``mmw.plugins``)."""
     rho = np.asarray(grid, dtype=np.float64)
     if rho.ndim != 1 or rho.size == 0 or not np.all((rho > 0) & (rho < 1)):
         raise SpecError("anytime grid", f"{list(grid)!r} is not a list of signal strengths", "numbers in (0, 1)")
-    pivot = PIVOTS[spec.sampler]
     if pivot == "exp_up":  # log factor = c log(1 - rho) + rho X, X = -S
         a, b = np.log1p(-rho), -rho
     elif pivot == "exp_down":  # rate r: c log r - (r - 1) X, X = S
         r = 1.0 / (1.0 - rho)
         a, b = np.log(r), -(r - 1.0)
     else:  # greens g = -S among c: g log(q / gamma) + (c - g) log((1 - q) / (1 - gamma))
-        gamma = float(spec.gamma)
+        gamma = float(gamma)
         q = gamma + rho * (1.0 - gamma)
         a = np.log1p(-q) - math.log1p(-gamma)
         b = -(np.log(q / gamma) - a)

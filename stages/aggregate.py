@@ -23,6 +23,7 @@ from mmw.io import (
     write_with,
 )
 from mmw.params import load_params
+from mmw.plugins import no_pivot_reason
 from mmw.reporting.run import build_metrics, plot_tables
 from mmw.reporting.summary import quality_markdown, summary_markdown, tamper_figure
 from mmw.scheme import SchemeSpec
@@ -46,6 +47,8 @@ def run(params_path: Path) -> None:
         header = {"model": params.model.name, "scheme": params.scheme.describe(),
                   "alpha": f"{params.scheme.alpha:g}", "seed": str(params.seed),
                   "max new tokens": str(params.model.max_new_tokens), "temperature": f"{params.model.temperature:g}"}
+        if params.scheme.is_plugin and not params.scheme.exact_null:
+            header["size anytime"] = "not available: " + no_pivot_reason(params.scheme)
         for stem, table in plot_tables(detections, attacks).items():
             write_with(PLOTS_DIR / f"{stem}.csv", table.write_csv)
         figure = tamper_figure(attacks)

@@ -10,10 +10,11 @@ import numpy as np
 import polars as pl
 
 from mmw.audit import audit_keys
-from mmw.detector import DetectionResult, Detector
+from mmw.detector import DetectionResult
 from mmw.io import DETECTION_SCHEMA, DETECTIONS, GENERATIONS, PERTURBED, read_table, write_table
 from mmw.keys import resolve_key
 from mmw.params import Params, load_params
+from mmw.plugins.detection import build_detector, preflight_detector
 from mmw.scheme import SchemeSpec
 from mmw.stages.common import load_generator_vocabulary
 from mmw.stages.timing import timed
@@ -37,7 +38,7 @@ def detection_rows(texts: pl.DataFrame, source: str, results: list[DetectionResu
 def audit_pvalues(params: Params, vocab_size: int, key: int, tokens: list[np.ndarray]) -> list[list[float]]:
     """Full-text p-values of each text under ``detect.audit_keys`` keys derived one-way from ``key``
     -> [texts][K] (the FPR spread over keys, ``mmw.audit``)."""
-    per_key = [[r.pvalue for r in Detector(params.scheme, audit_key, vocab_size, device=params.detect.device)
+    per_key = [[r.pvalue for r in build_detector(params.scheme, audit_key, vocab_size, params.detect.device)
                 .detect(tokens)] for audit_key in audit_keys(key, params.detect.audit_keys)]
     return [list(row) for row in zip(*per_key, strict=True)] if per_key else [[] for _ in tokens]
 
@@ -57,7 +58,9 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         generations = read_table(GENERATIONS[which], columns=("prompt_id", "task", "text", "tokens"))
         perturbed = read_table(PERTURBED) if which == "watermarked" else None  # every input checked before the model
         tokenizer, vocab_size = load_generator_vocabulary(params.model)
-        detector = Detector(params.scheme, key, vocab_size, device=params.detect.device)
+        if params.scheme.is_plugin:
+            preflight_detector(params.scheme, key, vocab_size)  # a misbehaving detector fails before any text
+        detector = build_detector(params.scheme, key, vocab_size, params.detect.device)
         stored = [np.asarray(tokens, dtype=np.int64) for tokens in generations["tokens"].to_list()]
         audit = audit_pvalues(params, vocab_size, key, stored) if which == "baseline" else None
         frames = [detection_rows(generations, which, detector.detect(stored), audit)]

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Literal
 
 from mmw.engines.generate import generate_table
+from mmw.errors import SpecError
 from mmw.engines.models import load_model
 from mmw.io import GENERATIONS, PROMPTS, read_table
 from mmw.keys import key_fingerprint, resolve_key
 from mmw.params import load_params
-from mmw.processor import WatermarkProcessor
+from mmw.plugins.generation import build_processor, preflight
 from mmw.scheme import SchemeSpec
 from mmw.stages.common import generator_vocab_size
 from mmw.stages.timing import timed
@@ -37,6 +38,9 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
                              else ("seed", "model"), models={"scheme": SchemeSpec})
         spec = params.scheme if which == "watermarked" else None
         key = resolve_key(params.key) if spec is not None else None
+        if params.model.engine == "vllm" and spec is not None and spec.is_plugin:
+            raise SpecError("model.engine", f"the plugin {spec.plugin!r} runs on the transformers engine (its "
+                            "processor follows transformers' LogitsProcessor protocol)", ("transformers",))
         if params.model.engine == "vllm":
             from mmw.engines.vllm_engine import VllmGenerator, require_vllm
 
@@ -54,8 +58,11 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         vocab_size = generator_vocab_size(tokenizer, model)
         temperature = params.model.temperature
 
-        def processor_factory(row_seeds: list[int]) -> WatermarkProcessor:
-            return WatermarkProcessor(spec, key, vocab_size, row_seeds, temperature)
+        if spec is not None and spec.is_plugin:
+            preflight(spec, key, vocab_size, temperature)  # a misbehaving plugin fails here, before any batch
+
+        def processor_factory(row_seeds: list[int]):
+            return build_processor(spec, key, vocab_size, row_seeds, temperature)
 
         fingerprint = resume_fingerprint(temperature, spec, key)
         table = generate_table(model, tokenizer, prompts, GENERATIONS[which], processor_factory,

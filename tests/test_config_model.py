@@ -18,10 +18,11 @@ RECORDED = golden.load()
 
 def _same(recorded: Any, now: Any) -> bool:
     """Equal, except that a board may since have gained keys (with defaults) that the recording lacks: recorded
-    mappings must be contained in the current ones, and an unknown key's allowed list may have grown."""
+    mappings must be contained in the current ones, and an error's list of allowed keys or values may have grown
+    (a new scheme key, a new sampler), its problem unchanged."""
     if isinstance(recorded, dict) and isinstance(now, dict):
         return set(recorded) <= set(now) and all(_same(v, now[k]) for k, v in recorded.items())
-    if isinstance(recorded, str) and isinstance(now, str) and recorded != now and ": unknown key; allowed: " in now:
+    if isinstance(recorded, str) and isinstance(now, str) and recorded != now and "; allowed: " in now:
         head, _, shown = recorded.partition("; allowed: ")
         now_head, _, now_shown = now.partition("; allowed: ")
         return head == now_head and set(shown.split(", ")) <= set(now_shown.split(", "))
@@ -48,7 +49,7 @@ def test_every_sweep_config_normalizes_to_the_recorded_scheme() -> None:
 
 def test_scheme_mappings_give_the_recorded_scheme_or_error_text() -> None:
     schemes = [r["scheme"] for r in RECORDED["schemes"]]
-    wrong = _mismatches(RECORDED["schemes"], golden.scheme_result, schemes)
+    wrong = _mismatches(RECORDED["schemes"], golden.scheme_result, schemes, exact=False)
     assert not wrong, f"{len(wrong)} differ:\n" + "\n".join(wrong[:5])
     assert sum("error" in r for r in RECORDED["schemes"]) > 3000 and sum("spec" in r for r in RECORDED["schemes"]) > 500
 

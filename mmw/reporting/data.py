@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from mmw import provenance
+from mmw import plugins, provenance
 from mmw.errors import SpecError
 from mmw.metrics import tamper_frontier, tamper_resistance
 from mmw.reporting.formats import finite, fmt_number, fmt_percent, fmt_tokens
@@ -70,7 +70,11 @@ def family_label(family: str | None) -> str:
     """Display name of a sampler family (unknown ones: underscores to spaces, capitalized)."""
     if family is None:
         return "unknown"
-    return LABELS.get(family, family.replace("_", " ").capitalize())
+    if family in LABELS:
+        return LABELS[family]
+    if family in plugins.installed():  # an outside watermark's family is its plugin
+        return plugins.label(family)
+    return family.replace("_", " ").capitalize()
 
 
 def ordered_families(values: Iterable[str | None]) -> list[str]:

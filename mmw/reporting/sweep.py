@@ -93,14 +93,17 @@ FAMILIES = tuple(LABELS)
 def paper_rows(table: pl.DataFrame, cell: Callable[[dict[str, Any]], str], r_sign: str) -> list[str]:
     """The paper's layout as Markdown rows: constraint blocks x temperature rows x family columns, each cell
     ``cell(row)`` of its table row ("–" when the table has none); ``r_sign`` prints the R constraint."""
-    lines = ["| constraint | T | " + " | ".join(FAMILIES) + " |", "|---|---|" + "---|" * len(FAMILIES)]
+    # Outside watermarks (plugins) present in the table follow the paper's four families.
+    families = FAMILIES + tuple(sorted(set(table["family"].drop_nulls().to_list()) - set(FAMILIES))) \
+        if table.height else FAMILIES
+    lines = ["| constraint | T | " + " | ".join(families) + " |", "|---|---|" + "---|" * len(families)]
     if table.height == 0:
         return lines
     for (loss, r_min), block in table.group_by(["max_quality_loss", "min_tamper_resistance"], maintain_order=True):
         label = f"{loss:.0%} quality, " + (f"R {r_sign} {r_min:g}" if r_min else "no R")
         for temperature in sorted(block["temperature"].unique().to_list()):
             cells = []
-            for family in FAMILIES:
+            for family in families:
                 row = block.filter((pl.col("temperature") == temperature) & (pl.col("family") == family))
                 cells.append(cell(row.row(0, named=True)) if row.height else "–")
             lines.append(f"| {label} | {temperature:g} | " + " | ".join(cells) + " |")

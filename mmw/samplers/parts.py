@@ -102,10 +102,24 @@ class BinaryPart(SamplerPart):
                refuse_constant_randomness("only the tree nodes' draws, shared by all tokens"))
 
 
+class PluginPart(SamplerPart):
+    """An outside watermark through its plugin (``mmw.plugins``, entry-point group ``mmw.watermarks``): the plugin
+    brings its own randomness, sampling and detection; ``plugin`` names it, ``plugin_params`` are validated by the
+    plugin's own model (``mmw.scheme`` checks both)."""
+
+    name = "plugin"
+    label = "Plugin"
+    implementation = "mmw.plugins"  # the interface; each plugin brings its implementation
+    distortion_free = False
+    scheme_keys = (Key("plugin", required=True, purpose="the plugin's entry-point name"),
+                   Key("plugin_params", default=None, purpose="the plugin's parameters"))
+
+
 #: The watermarking samplers, in the paper's order: the values of the scheme's ``sampler``.
 WATERMARKING: tuple[type[SamplerPart], ...] = (DistributionShiftPart, ExponentialPart, InverseTransformPart,
-                                               BinaryPart)
+                                               BinaryPart, PluginPart)
 #: Every sampler's declaration by name, plain sampling (``none``) included.
 DECLARED: dict[str, type[SamplerPart]] = {cls.name: cls for cls in (*WATERMARKING, PlainPart)}
-#: Display names of the watermarking samplers (the report's families), in the paper's order.
-LABELS: dict[str, str] = {cls.name: cls.label for cls in WATERMARKING}
+#: Display names of the built-in watermarking samplers (the report's families), in the paper's order.
+#: A plugin is not one family: each plugin is its own, labelled by the plugin (``mmw.plugins.label``).
+LABELS: dict[str, str] = {cls.name: cls.label for cls in WATERMARKING if cls is not PluginPart}

@@ -289,7 +289,7 @@ class PackedExecutor:
         from mmw.io import PROMPTS, read_table, write_table
         from mmw.keys import resolve_key
         from mmw.params import load_params
-        from mmw.processor import WatermarkProcessor
+        from mmw.plugins.generation import build_processor
         from mmw.scheme import SchemeSpec
         from mmw.stages.common import generator_vocab_size
         from mmw.sweep.decode import generate_together
@@ -317,7 +317,7 @@ class PackedExecutor:
         vocab_size = generator_vocab_size(tokenizer, model)
 
         def factory(spec: SchemeSpec, key: int):
-            return lambda row_seeds: WatermarkProcessor(spec, key, vocab_size, row_seeds, model_params.temperature)
+            return lambda row_seeds: build_processor(spec, key, vocab_size, row_seeds, model_params.temperature)
 
         self.echo(f"    one decode for {len(ready)} configurations ({prompts.height} prompts each)")
         tables = generate_together(model, tokenizer, prompts["chat"].to_list(),

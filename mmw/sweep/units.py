@@ -416,8 +416,12 @@ def tables(sweep: Sweep, stored: list[StoredUnit], failed: Mapping[str, str | No
         record["stages_restored"] = ",".join(meta["stages_restored"]) if meta is not None else None
         records.append(record)
     results = _typed(records, (SIZE, QUALITY, RESISTANCE))
+    # A plugin is its own family (each outside watermark is one column of the tables, as a built-in sampler).
+    family = pl.col("scheme.sampler")
+    if "scheme.plugin" in results.columns:
+        family = pl.when(family == "plugin").then(pl.col("scheme.plugin")).otherwise(family)
     results = results.with_columns(
-        pl.col("scheme.sampler").alias("family"),
+        family.alias("family"),
         pl.col("scheme.randomness").map_elements(_randomness_kind, return_dtype=pl.String).alias("randomness_kind"))
     first = ["config_id", "grid", "status", "error", "experiment", "family", "randomness_kind", "wall_s"]
     results = results.select([*first, *[c for c in results.columns if c not in first and c not in {"name", "kind"}]])
