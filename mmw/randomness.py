@@ -5,7 +5,7 @@
 - R3 ``fixed``: a key sequence of length L, read at ``(n + shift) mod L`` with a per-generation shift.
 - ``selfhash`` (Kirchenbauer et al., "On the Reliability of Watermarks"): minimum of the keyed hashes over the H
   tokens that end with the candidate itself — one seed per (position, candidate), so the source gives the context's
-  part (``context_min_t``) and the samplers that accept per-candidate seeds (``SamplerPart.candidate_seeds``)
+  part and the samplers that accept per-candidate seeds (``SamplerPart.candidate_seeds``)
   combine it with every candidate (``candidate_seeds_t``); the detector needs only the observed token's seed.
 
 Each source has a numpy twin (detector reference) and a torch twin (generation); both give the same uint64 bits.
@@ -176,24 +176,27 @@ class SelfHash(RandomnessSource):
         hashes = prf.prf_np(np.uint64(prf.prf_int(key, prf.SELFHASH)), tokens)
         return np.lib.stride_tricks.sliding_window_view(hashes, self.window)[:n].min(axis=1)
 
-    def context_min_t(self, context_ids: torch.Tensor, key: int) -> torch.Tensor:
-        """The context's part of every candidate's seed: the unsigned min of the H - 1 previous tokens' hashes
-        (all ones, the unsigned maximum, for H = 1). context_ids: int64 [B, S], S >= H - 1 -> int64 [B]."""
-        import torch
-
-        if self.context == 0:
-            return torch.full(context_ids.shape[:1], -1, dtype=torch.int64, device=context_ids.device)
-        base = prf.prf_int(key, prf.SELFHASH)
-        return prf.unsigned_min_t(prf.prf_t(base, context_ids[:, -self.context:]), dim=1)
-
     def candidate_seeds_t(self, context_ids: torch.Tensor, key: int, vocab: torch.Tensor) -> torch.Tensor:
-        """Every candidate's seed: context_ids int64 [B, S], vocab int64 [V] (the token ids) -> int64 [B, V]."""
+        """Every candidate's seed: context_ids int64 [B, S] (S >= H - 1), vocab int64 [V] (the token ids) -> int64
+        [B, V]."""
         import torch
 
-        own = prf.prf_t(prf.prf_int(key, prf.SELFHASH), vocab).unsqueeze(0)
-        ctx = self.context_min_t(context_ids, key).unsqueeze(-1)
-        flip = -(1 << 63)  # unsigned order of int64 bit patterns
-        return torch.where((own ^ flip) < (ctx ^ flip), own, ctx)
+        base = torch.full((1, 1), prf.to_signed(prf.prf_int(key, prf.SELFHASH)), dtype=torch.int64,
+                          device=context_ids.device)
+        return self.combine_t(base, context_ids, vocab)
+
+    def combine_t(self, base: torch.Tensor, context_ids: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
+        """The seeds from the keyed base ``prf(k, SELFHASH)`` (int64 [B, 1], or [1, 1] for one key): the unsigned
+        min of the context's part (the H - 1 previous tokens' hashes) and each candidate's own hash.
+        context_ids int64 [B, S], vocab int64 [V] -> int64 [B, V]."""
+        import torch
+
+        seeds = prf.prf_t(base, vocab.unsqueeze(0))
+        if self.context == 0:
+            return seeds.expand(context_ids.shape[0], -1)
+        context = prf.unsigned_min_t(prf.prf_t(base, context_ids[:, -self.context:]), dim=1).unsqueeze(-1)
+        flip = -(1 << 63)  # signed order of the flipped bits = unsigned order
+        return torch.where((seeds ^ flip) < (context ^ flip), seeds, context)
 
     def seeds_t(self, context_ids, key, step, shifts):
         raise TypeError("randomness=selfhash has one seed per candidate: use candidate_seeds_t")
