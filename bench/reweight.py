@@ -11,16 +11,21 @@ anytime size, with one-sided 95% Clopper-Pearson upper bounds.
 
     nice -n 15 python bench/reweight.py null --sequences 20000 --texts 3000 --length 200 --out bench/results/reweight_null.json
 
-``power``: SmolLM2-135M (embedded, CPU) writes ``--per-task`` x 3 tasks texts of ``--tokens`` tokens per scheme and
-temperature (bench/anytime_real.py's prompts and generation); medians of E, checkpoint and anytime sizes on the
-same texts, with distribution-free 95% intervals (undetected = inf).
+``prompts`` tokenizes bench/anytime_real.py's prompts (``--per-task`` x 3 tasks) for bench/reweight_generate.py,
+which has SmolLM2-135M (the embedded GGUF) write ``--tokens`` tokens per prompt, scheme and temperature; ``power``
+then gives the medians of E, checkpoint and anytime sizes on the same texts, with distribution-free 95% intervals
+(undetected = inf).
 
-    nice -n 15 python bench/reweight.py power --per-task 4 --tokens 200 --out bench/results/reweight_power.json
+    python bench/reweight.py prompts /tmp/prompts.json --per-task 8
+    python bench/reweight_generate.py --prompts /tmp/prompts.json --gguf .../SmolLM2-135M-Instruct.Q4_1.gguf \
+        --device cuda --out /tmp/generations.json
+    python bench/reweight.py power /tmp/generations.json --out bench/results/reweight_power.json
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import sys
 import time
 from pathlib import Path
@@ -35,15 +40,7 @@ from mmw.prf import key_from_string
 from mmw.scheme import SchemeSpec
 
 from anytime_corpus import MODEL, build_kind, null_row, upper95  # noqa: E402  (bench/ is the script's directory)
-
-SCHEMES = {
-    "C4 shift + SelfHash 4": dict(sampler="distribution_shift", delta=2.0, randomness="selfhash", window=4,
-                                  score="sum"),
-    "DiPmark a=0.5 (gamma-reweight), window 1": dict(sampler="reweight", reweight_alpha=0.5, randomness="window",
-                                                     window=1, score="sum"),
-    "DiPmark a=0.25, window 1": dict(sampler="reweight", reweight_alpha=0.25, randomness="window", window=1,
-                                     score="sum"),
-}
+from reweight_generate import KEY as POWER_KEY, SCHEMES  # noqa: E402
 SIZES = (("full text", lambda r: r.detected), ("any prefix: E", lambda r: r.size is not None),
          ("any checkpoint: valid", lambda r: r.size_valid is not None),
          ("any prefix: anytime", lambda r: r.size_anytime is not None))
@@ -112,51 +109,50 @@ def null(sequences: int = 20000, texts: int = 3000, length: int = 200, vocab: in
 
 
 @app.command()
-def power(per_task: int = 4, tokens: int = 200, temperatures: str = "0.7,1.0", alpha: float = 0.02,
-          parts: Path = Path("/tmp/mmw-reweight-power"), batch_size: int = 12, out: Path | None = None) -> None:
-    import torch
-
-    from anytime_real import _median_cell, _sizes  # noqa: E402
-    from mmw.engines.generate import generate
+def prompts(out: Path, per_task: int = 8) -> None:
+    """The power table's prompts (bench/anytime_real.py's tasks), rendered with the chat template and tokenized as
+    ``mmw.engines.generate`` tokenizes them, with the row seeds of seed 1: the input of bench/reweight_generate.py."""
+    from mmw.engines.generate import eos_token_ids, row_seed
     from mmw.engines.models import load_model
-    from mmw.processor import WatermarkProcessor
     from mmw.stages.common import generator_vocab_size
     from mmw.tasks import build_prompts, render_chat
 
-    tokenizer, model = load_model("embedded:smollm2-135m", "cpu", "float32")
-    vocab = generator_vocab_size(tokenizer, model)
-    prompts = build_prompts(["book_report", "story", "fake_news"], per_task=per_task)
-    chats = render_chat(tokenizer, prompts["prompt"].to_list())
-    ids = prompts["prompt_id"].to_list()
-    key = key_from_string("bench-reweight-power")
-    record = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "alpha": alpha,
-              "tokens": tokens, "prompts": len(ids), "torch_threads": torch.get_num_threads(), "rows": []}
-    print(f"alpha={alpha}, {len(ids)} prompts x {tokens} new tokens, SmolLM2-135M (embedded), CPU; medians with "
-          "their 95% order-statistic intervals, undetected = inf\n")
+    tokenizer, model = load_model(MODEL, "cpu", "float32")
+    table = build_prompts(["book_report", "story", "fake_news"], per_task=per_task)
+    chats = render_chat(tokenizer, table["prompt"].to_list())
+    ids = [tokenizer(chat, add_special_tokens=False)["input_ids"] for chat in chats]
+    write_json({"input_ids": ids, "row_seeds": [row_seed(1, p) for p in table["prompt_id"].to_list()],
+                "vocab": generator_vocab_size(tokenizer, model), "pad_token_id": tokenizer.pad_token_id,
+                "eos_token_ids": eos_token_ids(tokenizer, model)}, out)
+
+
+@app.command()
+def power(generations: Path, vocab: int = 49152, alpha: float = 0.02, out: Path | None = None) -> None:
+    """Median E, checkpoint and anytime sizes of bench/reweight_generate.py's generations (same texts per size)."""
+    from anytime_real import _median_cell  # noqa: E402
+
+    record = json.loads(generations.read_text())
+    summary = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "alpha": alpha,
+               "generated_on": record["device"], "tokens": record["tokens"], "rows": []}
+    print(f"alpha={alpha}; SmolLM2-135M-Instruct (embedded GGUF) generations of up to {record['tokens']} tokens "
+          f"({record['device']}); medians with their 95% order-statistic intervals, undetected = inf\n")
     print("| scheme | T | texts | mean tokens | detected: E / valid / anytime | median E | median valid | "
-          "median anytime | seconds |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for temperature in (float(t) for t in temperatures.split(",")):
-        for number, (name, params) in enumerate(SCHEMES.items()):
-            t0 = time.perf_counter()
-            spec = SchemeSpec.from_params({**params, "alpha": alpha})
-            table = generate(model, tokenizer, chats,
-                             lambda s, spec=spec: WatermarkProcessor(spec, key, vocab, s, temperature),
-                             tokens, batch_size, prompt_ids=ids, seed=1, parts_dir=parts / f"s{number}-T{temperature:g}",
-                             progress=False)
-            marked = Detector(spec, key, vocab, device="cpu").detect(
-                [np.asarray(t, dtype=np.int64) for t in table["tokens"].to_list()])
-            sizes = {a: [getattr(r, a) for r in marked] for a in ("size", "size_valid", "size_anytime")}
-            detected = " / ".join(f"{np.mean([s is not None for s in v]):.2f}" for v in sizes.values())
-            cells = [_median_cell(v) for v in sizes.values()]
-            seconds = time.perf_counter() - t0
-            print(f"| {name} | {temperature:g} | {len(marked)} | {table['n_tokens'].mean():.0f} | {detected} | "
-                  + " | ".join(c[0] for c in cells) + f" | {seconds:.0f} |", flush=True)
-            record["rows"].append({"scheme": name, "temperature": temperature, "texts": len(marked),
-                                   "mean_tokens": float(table["n_tokens"].mean()), **sizes,
-                                   "median_E": cells[0][1], "median_valid": cells[1][1],
-                                   "median_anytime": cells[2][1], "seconds": seconds})
-            _record(out, record)
+          "median anytime |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in record["rows"]:
+        spec = SchemeSpec.from_params({**SCHEMES[row["scheme"]], "alpha": alpha})
+        texts = [np.asarray(t, dtype=np.int64) for t in row["tokens"]]
+        marked = Detector(spec, POWER_KEY, vocab, device="cpu").detect(texts)
+        sizes = {a: [getattr(r, a) for r in marked] for a in ("size", "size_valid", "size_anytime")}
+        detected = " / ".join(f"{np.mean([s is not None for s in v]):.2f}" for v in sizes.values())
+        cells = [_median_cell(v) for v in sizes.values()]
+        mean_tokens = float(np.mean([len(t) for t in texts]))
+        print(f"| {row['scheme']} | {row['temperature']:g} | {len(texts)} | {mean_tokens:.0f} | {detected} | "
+              + " | ".join(c[0] for c in cells) + " |", flush=True)
+        summary["rows"].append({"scheme": row["scheme"], "temperature": row["temperature"], "texts": len(texts),
+                                "mean_tokens": mean_tokens, **sizes, "median_E": cells[0][1],
+                                "median_valid": cells[1][1], "median_anytime": cells[2][1]})
+        _record(out, summary)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ class SamplerPart(Part):
     #: How the running sum S of its unit statistics moves under the watermark (``mmw.size``'s anytime e-process):
     #: "exp_up" -- each unit is -Exp(1) and the watermark makes Exp(1) draws large (C1, C2); "exp_down" -- each
     #: unit is +Exp(1) and shrinks when marked (C3, per tree node); "green" -- each unit is -1 (green, probability
-    #: gamma) or 0 (C4). None: no per-unit pivot.
+    #: gamma) or 0 (C4, reweight). None: no per-unit pivot.
     pivot: ClassVar[str | None] = None
     #: Whether ``choose`` accepts one seed per candidate (int64 [B, V], ``randomness=selfhash``) besides one per row:
     #: true where each candidate's draw is its own keyed value (C1's uniform, C4's green bit); false where one
