@@ -34,7 +34,8 @@ SCHEMES = {
 KEY = key_from_string("bench-reweight-power")
 
 
-def main(prompts: Path, gguf: Path, out: Path, device: str = "cpu", tokens: int = 200,
+def main(prompts: Path = typer.Option(...), gguf: Path = typer.Option(...), out: Path = typer.Option(...),
+         device: str = "cpu", tokens: int = 200,
          temperatures: str = "0.7,1.0", alpha: float = 0.02) -> None:
     spec_in = json.loads(prompts.read_text())
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name).to(device).eval()
