@@ -15,7 +15,7 @@ from functools import cache
 import numpy as np
 
 from mmw.errors import SpecError
-from mmw.kernels.stats import (BINARY, DISTRIBUTION_SHIFT, FIXED, PAIRWISE_BLOCK, SAMPLER_CODES,
+from mmw.kernels.stats import (BINARY, DISTRIBUTION_SHIFT, FIXED, PAIRWISE_BLOCK, REWEIGHT, SAMPLER_CODES,
                                SOURCE_CODES)
 from mmw.randomness import RandomnessSource
 from mmw.samplers.base import Sampler
@@ -75,7 +75,7 @@ class SamplerArrays:
                 raise SpecError("scheme.binary_code", f"code depth {code.max_depth} exceeds the kernels' "
                                 f"limit of {PAIRWISE_BLOCK}", "a code of depth <= 128, or detect.device=reference")
             nodes, bits, depth = code.path_nodes, code.path_bits, code.depth
-        gamma = sampler.spec.gamma if kind == DISTRIBUTION_SHIFT else 0.0
+        gamma = sampler.spec.gamma if kind in (DISTRIBUTION_SHIFT, REWEIGHT) else 0.0
         return cls(kind, float(gamma), float(sampler.vocab_size - 1), rank, np.ascontiguousarray(nodes),
                    np.ascontiguousarray(bits), np.ascontiguousarray(depth, dtype=np.int64))
 
@@ -159,7 +159,7 @@ class NumbaBackend:
         """texts: int64 token arrays -> per text (total float64 [N], n_units int64 [N])."""
         tokens, offsets = self._pack(texts)
         table = hash_table_offsets(tokens, offsets, self.source.context, self.arrays)
-        total, count = self.twin.run_sum(tokens, offsets, table, self.source_code, self.source.window, self.key,
+        total, count = self.twin.run_sum(tokens, offsets, table, self.source_code, self.source.context, self.key,
                                          self.arrays)
         return [(total[a:b], count[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
 

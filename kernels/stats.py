@@ -40,6 +40,12 @@ MINHASH = 2
 FIXED = 3
 SOURCE_CODES = {"window": WINDOW, "minhash": MINHASH, "fixed": FIXED}
 
+# Beyond the paper: reweighting (DiPmark) and self-seeding (SelfHash).
+REWEIGHT = 7
+SAMPLER_CODES["reweight"] = REWEIGHT
+SELFHASH = 4
+SOURCE_CODES["selfhash"] = SELFHASH
+
 # Numpy's pairwise summation (used by the reference's ``np.sum``) switches to recursion above this many terms.
 PAIRWISE_BLOCK = 128
 
@@ -49,6 +55,7 @@ TAG_FIXED = np.uint64(spec.FIXED)
 TAG_SCALAR = np.uint64(spec.SCALAR)
 TAG_NODE = np.uint64(spec.NODE)
 TAG_TRIAL = np.uint64(spec.TRIAL)
+TAG_SELFHASH = np.uint64(spec.SELFHASH)
 ONE_U64 = np.uint64(1)
 
 
@@ -63,9 +70,12 @@ def key_at(key, t):
 
 @register_jitable
 def source_base(source, key):
-    """The keyed starting value of a text-dependent source: ``prf(k, WINDOW)`` or ``prf(k, MINHASH)``."""
+    """The keyed starting value of a text-dependent source: ``prf(k, WINDOW)``, ``prf(k, MINHASH)`` or
+    ``prf(k, SELFHASH)``."""
     if source == MINHASH:
         return prf(key, TAG_MINHASH)
+    if source == SELFHASH:
+        return prf(key, TAG_SELFHASH)
     return prf(key, TAG_WINDOW)
 
 
@@ -74,7 +84,15 @@ def text_seed(source, tokens, pos, window, base):
     """Seed r_n of the token at absolute index ``pos`` of ``tokens`` (int64); needs ``window`` tokens before it.
 
     Window: ``a = base; a = prf(a, T[n-1]); a = prf(a, T[n-2]) ...``; min-hash: unsigned min of ``prf(base, T[n-j])``;
-    window 0: the constant ``base``."""
+    window 0: the constant ``base``. SelfHash (``window`` = its context, H - 1): unsigned min of ``prf(base, T[n-j])``
+    for j = 0..window, the token itself included."""
+    if source == SELFHASH:
+        best = prf(base, tokens[pos])
+        for j in range(1, window + 1):
+            h = prf(base, tokens[pos - j])
+            if h < best:
+                best = h
+        return best
     if window == 0:
         return base
     if source == MINHASH:
@@ -107,6 +125,14 @@ def exponential_value(u):
 def green_value(u, gamma):
     """C4: -1 for a green token, else -0 (the reference negates a 0/1 float, hence the signed zero)."""
     if u < gamma:
+        return -1.0
+    return -0.0
+
+
+@register_jitable
+def reweight_value(u, gamma):
+    """Reweighting: -1 for a token in the last gamma of the keyed order (``u >= 1 - gamma``), else -0."""
+    if u >= 1.0 - gamma:
         return -1.0
     return -0.0
 
@@ -185,6 +211,8 @@ def token_statistic(kind, token, seed, gamma, rank, denominator, path_nodes, pat
     u = unit(prf(seed, token))
     if kind == EXPONENTIAL:
         return exponential_value(u)
+    if kind == REWEIGHT:
+        return reweight_value(u, gamma)
     return green_value(u, gamma)
 
 
@@ -202,7 +230,7 @@ def unit_count(kind, token, path_nodes):
 @register_jitable
 def token_unit(kind, token, seed, k, gamma, rank, denominator, path_nodes, path_bits):
     """Draw k of a token -> (unit id uint64, statistic float64), as the samplers' ``units``: id prf(r, T) for
-    C1/C4, the seed r for C2, prf(r, NODE + m) for node m of C3."""
+    C1/C4/reweighting, the seed r for C2, prf(r, NODE + m) for node m of C3."""
     if kind == BINARY:
         node = path_nodes[token, k]
         h = prf(seed, np.uint64(node) + TAG_NODE)
@@ -212,6 +240,8 @@ def token_unit(kind, token, seed, k, gamma, rank, denominator, path_nodes, path_
     h = prf(seed, token)
     if kind == EXPONENTIAL:
         return h, exponential_value(unit(h))
+    if kind == REWEIGHT:
+        return h, reweight_value(unit(h), gamma)
     return h, green_value(unit(h), gamma)
 
 

@@ -36,6 +36,7 @@ TRIAL = _tag("TRIL")
 SHIFT = _tag("SHFT")
 SKIP = _tag("SKIP")
 SAMPLE = _tag("SMPL")
+SELFHASH = _tag("SELF")
 
 
 def key_from_string(key: str) -> int:

@@ -111,7 +111,10 @@ class WatermarkStep:
             self._device = device
 
     def seeds(self, context: torch.Tensor, steps: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        """int64 [B] seeds r_n of the tokens being generated (uint64 bits), as the detector recomputes them."""
+        """int64 [B] seeds r_n of the tokens being generated (uint64 bits), as the detector recomputes them; int64
+        [B, V], every candidate's own seed, for a per-candidate source (the detector recomputes the chosen one's)."""
+        if self.source.per_candidate:
+            return self.source.candidate_seeds_t(context, self.key, self.sampler.token_ids(context.device))
         if self._key_seq is not None:
             return self._key_seq[(shift + steps) % self._key_seq.shape[0]]
         return self.source.seeds_t(context, self.key, 0, shift)

@@ -3,6 +3,10 @@
 - R1 ``window``: keyed hash of the H previous tokens.
 - R2 ``minhash``: minimum over the H previous tokens of their keyed hashes.
 - R3 ``fixed``: a key sequence of length L, read at ``(n + shift) mod L`` with a per-generation shift.
+- ``selfhash`` (Kirchenbauer et al., "On the Reliability of Watermarks"): minimum of the keyed hashes over the H
+  tokens that end with the candidate itself — one seed per (position, candidate), so the source gives the context's
+  part and the samplers that accept per-candidate seeds (``SamplerPart.candidate_seeds``)
+  combine it with every candidate (``candidate_seeds_t``); the detector needs only the observed token's seed.
 
 Each source has a numpy twin (detector reference) and a torch twin (generation); both give the same uint64 bits.
 torch is imported where the torch twin runs (as in ``mmw.prf``), so validation and detection stay torch-free.
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from mmw import prf
+from mmw.samplers.parts import DECLARED, WATERMARKING
 from mmw.validation import Key, Part, Refuse, Unused
 
 if TYPE_CHECKING:
@@ -33,6 +38,8 @@ class RandomnessSource(Part):
     chosen = "with randomness={name}"
     #: Whether the seeds depend on the text (R1, R2) or only on the position (R3).
     text_dependent: ClassVar[bool] = True
+    #: Whether the seed depends on the candidate token itself (one seed per candidate at generation).
+    per_candidate: ClassVar[bool] = False
 
     kind: str
     window: int = 0
@@ -42,6 +49,8 @@ class RandomnessSource(Part):
     def from_spec(cls, spec: SchemeSpec) -> "RandomnessSource":
         if spec.randomness == "fixed":
             return FixedKey(kind="fixed", key_length=spec.key_length)
+        if spec.randomness == "selfhash":
+            return SelfHash(kind="selfhash", window=spec.window)
         if spec.randomness == "minhash" and spec.window > 1:
             return MinHash(kind="minhash", window=spec.window)
         return SlidingWindow(kind="window", window=spec.window)  # min-hash over one token == window of one
@@ -137,8 +146,64 @@ class FixedKey(RandomnessSource):
         return np.array([prf.prf_int(s, prf.SHIFT) % self.key_length for s in row_seeds], dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class SelfHash(RandomnessSource):
+    """Self-seeding: ``r_n(c) = min(prf(b, T[n-H+1]), ..., prf(b, T[n-1]), prf(b, c))`` (unsigned), ``b = prf(k,
+    SELFHASH)``, for candidate c at position n: the min-hash over the window of H tokens that ends with the candidate
+    (H - 1 tokens of context). The detector's seed is the observed token's, ``r_n(T[n])``."""
+
+    name = "selfhash"
+    per_candidate = True
+    scheme_keys = SlidingWindow.scheme_keys
+    refuses = (Refuse("window", lambda v: v["window"] == 0, "randomness=selfhash hashes a window that includes the "
+                      "candidate, so it needs window >= 1", "an integer >= 1"),
+               Refuse("sampler", lambda v: not DECLARED[v["sampler"]].candidate_seeds,
+                      "randomness=selfhash gives every candidate its own seed; sampler={sampler} needs one seed per "
+                      "position (one permutation, uniform or tree walk shared by all candidates)",
+                      ", ".join(cls.name for cls in WATERMARKING if cls.candidate_seeds)),
+               Refuse("score", lambda v: v["score"] != "sum", "randomness=selfhash is detected by the sum score only "
+                      "(the align and edit scores pair a token with other positions' seeds, which here depend on "
+                      "those positions' own tokens)", ("sum",)))
+
+    @property
+    def context(self) -> int:
+        return self.window - 1
+
+    def seeds_np(self, tokens: np.ndarray, key: int) -> np.ndarray:
+        n = len(tokens) - self.context
+        if n <= 0:
+            return np.zeros(0, dtype=np.uint64)
+        hashes = prf.prf_np(np.uint64(prf.prf_int(key, prf.SELFHASH)), tokens)
+        return np.lib.stride_tricks.sliding_window_view(hashes, self.window)[:n].min(axis=1)
+
+    def candidate_seeds_t(self, context_ids: torch.Tensor, key: int, vocab: torch.Tensor) -> torch.Tensor:
+        """Every candidate's seed: context_ids int64 [B, S] (S >= H - 1), vocab int64 [V] (the token ids) -> int64
+        [B, V]."""
+        import torch
+
+        base = torch.full((1, 1), prf.to_signed(prf.prf_int(key, prf.SELFHASH)), dtype=torch.int64,
+                          device=context_ids.device)
+        return self.combine_t(base, context_ids, vocab)
+
+    def combine_t(self, base: torch.Tensor, context_ids: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
+        """The seeds from the keyed base ``prf(k, SELFHASH)`` (int64 [B, 1], or [1, 1] for one key): the unsigned
+        min of the context's part (the H - 1 previous tokens' hashes) and each candidate's own hash.
+        context_ids int64 [B, S], vocab int64 [V] -> int64 [B, V]."""
+        import torch
+
+        seeds = prf.prf_t(base, vocab.unsqueeze(0))
+        if self.context == 0:
+            return seeds.expand(context_ids.shape[0], -1)
+        context = prf.unsigned_min_t(prf.prf_t(base, context_ids[:, -self.context:]), dim=1).unsqueeze(-1)
+        flip = -(1 << 63)  # signed order of the flipped bits = unsigned order
+        return torch.where((seeds ^ flip) < (context ^ flip), seeds, context)
+
+    def seeds_t(self, context_ids, key, step, shifts):
+        raise TypeError("randomness=selfhash has one seed per candidate: use candidate_seeds_t")
+
+
 #: The randomness sources by name (the values of the scheme's ``randomness``).
-SOURCES: dict[str, type[RandomnessSource]] = {cls.name: cls for cls in (SlidingWindow, MinHash, FixedKey)}
+SOURCES: dict[str, type[RandomnessSource]] = {cls.name: cls for cls in (SlidingWindow, MinHash, FixedKey, SelfHash)}
 
 
 def trial_keys(key: int, trials: int) -> list[int]:

@@ -56,6 +56,7 @@ class SchemeSpec(Section):
     trials: Integer | None = allowed("an integer >= 1", default=None, ge=1, le=1 << 20)
     alpha: float = allowed("a number in (0, 1)", default=0.02, gt=0.0, lt=1.0)
     binary_code: Literal[CODES] | None = allowed(", ".join(CODES), default=None)  # type: ignore[valid-type]
+    reweight_alpha: float | None = allowed("a number in (0, 0.5]", default=None, gt=0.0, le=0.5)
     plugin: str | None = allowed("an installed plugin's name (entry-point group mmw.watermarks)", default=None)
     plugin_params: dict[str, Any] | None = allowed("a mapping the plugin's own model accepts", default=None)
 
@@ -126,6 +127,8 @@ class SchemeSpec(Section):
         parts.append(f"H={self.window}" if self.text_dependent else f"L={self.key_length}")
         if self.delta is not None:
             parts.append(f"delta={self.delta:g} gamma={self.gamma:g}")
+        if self.reweight_alpha is not None:
+            parts.append(f"alpha={self.reweight_alpha:g} gamma={self.gamma:g}")
         if self.skip_prob:
             parts.append(f"skip={self.skip_prob:g}")
         parts.append(self.score + (f"(psi={self.psi:g})" if self.psi is not None else ""))

@@ -120,7 +120,7 @@ def anytime_bets(spec, grid: tuple[float, ...] = ANYTIME_GRID) -> Bets:
 
     - exp_up (C1, C2; X = -unit ~ Exp(1)): Exp(rate 1 - rho) against Exp(1), factor (1 - rho) e^{rho X};
     - exp_down (C3; X = unit ~ Exp(1)): Exp(rate 1 / (1 - rho)), factor e^{-(r - 1) X} r with r = 1 / (1 - rho);
-    - green (C4; G = -unit ~ Bernoulli(gamma)): Bernoulli(q), q = gamma + rho (1 - gamma).
+    - green (C4, reweight; G = -unit ~ Bernoulli(gamma)): Bernoulli(q), q = gamma + rho (1 - gamma).
 
     A product of constant factors depends only on (C_n, S_n), so the mixture needs no per-unit state. Align and
     edit scores have no per-unit pivot (their nulls are permutation tests): asking raises ``SpecError``.

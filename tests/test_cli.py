@@ -97,6 +97,25 @@ def test_bad_params_exit_2_for_every_stage(workdir: Path, command: list[str]) ->
     only_inputs_left(workdir)
 
 
+@pytest.mark.parametrize("scheme,key,allowed", [
+    ({"sampler": "reweight", "reweight_alpha": 0.75, "delta": None}, "scheme.reweight_alpha", "(0, 0.5]"),
+    ({"randomness": "selfhash", "window": 4, "key_length": 16}, "scheme.key_length", None),
+    ({"sampler": "inverse_transform", "randomness": "selfhash", "window": 4, "delta": None, "gamma": None},
+     "scheme.sampler", "distribution_shift"),
+], ids=["reweight-alpha", "selfhash-fixed-key", "selfhash-shared-draws"])
+def test_bad_reweight_and_selfhash_schemes_exit_2(workdir: Path, scheme: dict, key: str, allowed) -> None:
+    """Out-of-range reweighting strength and SelfHash with a fixed key or a sampler that needs one seed per
+    position: one line naming the key, before any work."""
+    for name, value in scheme.items():
+        set_param(workdir / "params.yaml", f"scheme.{name}", value)
+    result = invoke(["generate", "watermarked"])
+    assert result.exit_code == 2, result.output
+    line = one_error_line(result)
+    assert line.startswith(f"error: {key}: "), line
+    assert allowed is None or allowed in line.split("allowed:")[1], line
+    only_inputs_left(workdir)
+
+
 # ---------------------------------------------------------------------------------------------- the key: 2
 @pytest.mark.parametrize("command", NEEDS_KEY, ids=cmd_id)
 def test_missing_key_exits_2_naming_key(workdir: Path, command: list[str]) -> None:

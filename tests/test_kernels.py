@@ -54,6 +54,7 @@ SAMPLERS = {
     "binary_huffman": {"sampler": "binary", "binary_code": "huffman"},
     "binary_fixed": {"sampler": "binary", "binary_code": "fixed"},
     "distribution_shift": {"sampler": "distribution_shift", "delta": 2.0, "gamma": 0.3},
+    "reweight": {"sampler": "reweight", "reweight_alpha": 0.3, "gamma": 0.3},
 }
 # Every score x randomness combination that SchemeSpec allows (window 0 = constant randomness).
 SCHEMES = {
@@ -68,10 +69,12 @@ SCHEMES = {
     "edit_fixed_L40": {"score": "edit", "randomness": "fixed", "key_length": 40, "psi": 0.0},
     "edit_window1": {"score": "edit", "randomness": "window", "window": 1, "psi": 0.7},
     "edit_minhash1": {"score": "edit", "randomness": "minhash", "window": 1, "psi": 2.0},
+    "sum_selfhash1": {"score": "sum", "randomness": "selfhash", "window": 1},
+    "sum_selfhash4": {"score": "sum", "randomness": "selfhash", "window": 4},
 }
 if SIMULATOR:  # keep the simulated kernels small: one scheme of each kernel family
     SCHEMES = {k: SCHEMES[k] for k in ("sum_window0", "sum_window1", "sum_minhash3", "align_L7", "edit_fixed_L5",
-                                       "edit_window1")}
+                                       "edit_window1", "sum_selfhash4")}
 
 
 def accepted(sampler: str, scheme: str) -> bool:
@@ -151,7 +154,7 @@ def test_dedup_counts_each_draw_once():
 
 @pytest.mark.skipif(SIMULATOR, reason="CPU-only check")
 @pytest.mark.parametrize("sampler,scheme", grid(SAMPLERS, ["sum_window1", "sum_minhash3", "align_L7",
-                                                             "edit_fixed_L5", "edit_window1"]))
+                                                             "edit_fixed_L5", "edit_window1", "sum_selfhash4"]))
 def test_detector_cpu_matches_reference(sampler, scheme):
     spec = make_spec(sampler, scheme)
     texts = random_batch(7)
@@ -475,7 +478,7 @@ def test_anytime_twin_matches_the_reference(sampler):
     outs = []
     for n in lengths:
         units = max(int(n) - 2, 0)  # the first two tokens carry no unit, as a window's unscored context
-        draws = (rng.random(units) < 0.3) * 1.0 if sampler == "distribution_shift" else rng.exponential(size=units)
+        draws = (rng.random(units) < 0.3) * 1.0 if sampler in ("distribution_shift", "reweight") else rng.exponential(size=units)
         # null draws with a watermark-like downward drift of 0.5 per unit, so that some texts cross
         sign = 1.0 if sampler.startswith("binary") else -1.0  # C4 units are -green, C1/C2 -Exp(1), C3 +Exp(1)
         total = np.concatenate([np.zeros(n - units), np.cumsum(sign * draws - 0.5)])
@@ -506,7 +509,7 @@ def test_cuda_twin_in_simulator():
 @pytest.mark.cuda
 @pytest.mark.skipif(SIMULATOR, reason="needs a real GPU")
 @pytest.mark.parametrize("sampler,scheme", grid(SAMPLERS, ["sum_window1", "sum_minhash3", "align_L7",
-                                                             "edit_fixed_L40", "edit_window1"]))
+                                                             "edit_fixed_L40", "edit_window1", "sum_selfhash4"]))
 def test_gpu_matches_cpu_twin(sampler, scheme):
     from mmw.kernels.backend import cuda_available
 

@@ -55,7 +55,10 @@ SCHEMES = [dict(sampler="distribution_shift", delta=2.0, randomness="window", wi
            dict(sampler="inverse_transform", randomness="window", window=1, score="sum"),
            dict(sampler="binary", randomness="window", window=2, score="sum"),
            dict(sampler="exponential", randomness="fixed", key_length=64, score="align", trials=99),
-           dict(sampler="exponential", randomness="window", window=1, skip_prob=0.3, score="sum"), None]
+           dict(sampler="exponential", randomness="window", window=1, skip_prob=0.3, score="sum"), None,
+           # beyond the paper: per-candidate seeds (SelfHash) and DiPmark's sort and reweighted mass
+           dict(sampler="distribution_shift", delta=2.0, randomness="selfhash", window=4, score="sum"),
+           dict(sampler="reweight", reweight_alpha=0.3, randomness="window", window=1, score="sum")]
 
 
 @pytest.mark.heavy

@@ -53,3 +53,31 @@ def test_the_spec_builds_the_source_it_names() -> None:
     source = RandomnessSource.from_spec(fixed)
     assert isinstance(source, FixedKey) and source.key_length == 7
     assert [int(s) for s in source.key_sequence(kat["key"])] == kat["fixed"]["sequence"]
+
+
+@pytest.mark.parametrize("window", [1, 3])
+@pytest.mark.parametrize("length", range(0, 7))
+def test_selfhash_seed_is_the_min_hash_over_the_window_that_ends_with_the_candidate(window: int, length: int) -> None:
+    """The detector's seed of the token at position n (numpy) is the generator's seed of that candidate (torch, one
+    seed per candidate), and both are the unsigned min of prf(prf(k, SELFHASH), t) over T[n-H+1..n], hand-computed
+    with python ints. Positions before H - 1 have no seed."""
+    from mmw import prf
+    from mmw.randomness import SelfHash
+
+    source = SelfHash("selfhash", window=window)
+    vocab = torch.arange(300, dtype=torch.int64)
+    tokens = np.array([17, 4, 99, 4, 17, 250][:length], dtype=np.int64)
+    seeds = source.seeds_np(tokens, KEY)
+    assert seeds.dtype == np.uint64 and len(seeds) == max(length - window + 1, 0)
+    base = prf.prf_int(KEY, prf.SELFHASH)
+    for i, seed in enumerate(seeds):
+        position = window - 1 + i
+        hand = min(prf.prf_int(base, int(t)) for t in tokens[position - window + 1: position + 1])
+        context = torch.from_numpy(tokens[i:position]).reshape(1, -1)
+        candidates = source.candidate_seeds_t(context, KEY, vocab)
+        assert candidates.shape == (1, len(vocab))
+        assert int(seed) == hand == int(candidates[0, tokens[position]]) & MASK64, (length, i)
+    if length == 6 and window == 3:  # a candidate whose own hash is below the context's takes its own seed
+        own = [prf.prf_int(base, c) for c in range(300)]
+        floor = min(prf.prf_int(base, int(t)) for t in tokens[3:5])
+        assert {int(s) & MASK64 for s in candidates[0]} == {min(h, floor) for h in own}

@@ -22,6 +22,12 @@ OK = [
     dict(sampler="binary", randomness="fixed", key_length=256, score="align", binary_code="fixed"),
     dict(sampler="exponential", randomness="window", window=1, score="edit", psi=0.0, trials=200),
     dict(sampler="distribution_shift", randomness="window", window=1, delta=2.0, score="sum", psi=None, trials=None),
+    # beyond the paper: SelfHash (per-candidate seeds) and DiPmark reweighting
+    dict(sampler="distribution_shift", randomness="selfhash", window=4, delta=2.0, score="sum"),
+    dict(sampler="exponential", randomness="selfhash", window=1, score="sum"),
+    dict(sampler="reweight", randomness="window", window=1, score="sum"),
+    dict(sampler="reweight", randomness="minhash", window=3, reweight_alpha=0.25, gamma=0.4, score="sum"),
+    dict(sampler="reweight", randomness="fixed", key_length=8, score="align"),
 ]
 
 BAD = [
@@ -62,6 +68,24 @@ BAD = [
     # constant randomness: C2 has one draw per text, C3 one per tree node shared by every token
     (dict(sampler="inverse_transform", randomness="window", window=0, score="sum"), "scheme.window", ">= 1"),
     (dict(sampler="binary", randomness="window", window=0, score="sum"), "scheme.window", ">= 1"),
+    # SelfHash: per-candidate seeds only where each candidate's draw is its own; never a fixed key; sum score only
+    (dict(sampler="distribution_shift", delta=2, randomness="selfhash", window=4, key_length=8, score="sum"),
+     "scheme.key_length", None),
+    (dict(sampler="exponential", randomness="selfhash", window=0, score="sum"), "scheme.window", ">= 1"),
+    (dict(sampler="inverse_transform", randomness="selfhash", window=4, score="sum"), "scheme.sampler",
+     "distribution_shift, exponential"),
+    (dict(sampler="binary", randomness="selfhash", window=4, score="sum"), "scheme.sampler", "exponential"),
+    (dict(sampler="reweight", randomness="selfhash", window=4, score="sum"), "scheme.sampler", "exponential"),
+    (dict(sampler="exponential", randomness="selfhash", window=1, score="edit", psi=0.5), "scheme.score", "sum"),
+    # reweighting: alpha in (0, 0.5] (0.5 = gamma-reweight); it takes no skip and no delta
+    (dict(sampler="reweight", randomness="window", window=1, reweight_alpha=0.6, score="sum"),
+     "scheme.reweight_alpha", "(0, 0.5]"),
+    (dict(sampler="reweight", randomness="window", window=1, reweight_alpha=0.0, score="sum"),
+     "scheme.reweight_alpha", "(0, 0.5]"),
+    (dict(sampler="reweight", randomness="window", window=1, skip_prob=0.1, score="sum"), "scheme.skip_prob", None),
+    (dict(sampler="reweight", randomness="window", window=1, delta=2.0, score="sum"), "scheme.delta", None),
+    (dict(sampler="exponential", randomness="window", window=1, reweight_alpha=0.3, score="sum"),
+     "scheme.reweight_alpha", None),
 ]
 
 

@@ -49,6 +49,12 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return (cdf < target).sum(-1).clamp_(max=probs.shape[-1] - 1)
 
 
+def per_candidate(seeds: torch.Tensor) -> torch.Tensor:
+    """Seeds broadcastable against the vocabulary: int64 [B] (one per row) -> [B, 1]; [B, V] (one per candidate,
+    ``randomness=selfhash``) unchanged."""
+    return seeds.unsqueeze(-1) if seeds.dim() == 1 else seeds
+
+
 class Sampler(SamplerPart, ABC):
     """The implementation of a sampling strategy: generation (torch) and its statistic (numpy). A concrete sampler
     also subclasses its declaration, e.g. ``class Exponential(Sampler, ExponentialPart)``."""
@@ -75,8 +81,9 @@ class Sampler(SamplerPart, ABC):
     @abstractmethod
     def choose(self, logits: torch.Tensor, seeds: torch.Tensor, temperature: float,
                plain_u: torch.Tensor) -> torch.Tensor:
-        """Pick the next token. logits: float [B, V]; seeds: int64 [B] (uint64 bits); plain_u: float64 [B]
-        uniforms for any ordinary sampling the scheme needs -> int64 [B]."""
+        """Pick the next token. logits: float [B, V]; seeds: int64 [B] (uint64 bits), or int64 [B, V] (one per
+        candidate) where the sampler declares ``candidate_seeds``; plain_u: float64 [B] uniforms for any ordinary
+        sampling the scheme needs -> int64 [B]."""
 
     # ---------------------------------------------------------------- detection (numpy reference)
     @abstractmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from mmw import nulls, prf
-from mmw.samplers.base import Sampler, inverse_cdf, probabilities
+from mmw.samplers.base import Sampler, inverse_cdf, per_candidate, probabilities
 from mmw.samplers.parts import DistributionShiftPart
 
 
@@ -18,9 +18,9 @@ class DistributionShift(Sampler, DistributionShiftPart):
         self.token_ids(device)
 
     def green_t(self, seeds: torch.Tensor) -> torch.Tensor:
-        """seeds int64 [B] -> bool [B, V]."""
+        """seeds int64 [B] or [B, V] (per candidate) -> bool [B, V]."""
         vocab = self.token_ids(seeds.device)
-        return prf.unit_t(prf.prf_t(seeds.unsqueeze(-1), vocab.unsqueeze(0))) < self.spec.gamma
+        return prf.unit_t(prf.prf_t(per_candidate(seeds), vocab.unsqueeze(0))) < self.spec.gamma
 
     def choose(self, logits, seeds, temperature, plain_u):
         shifted = logits.to(torch.float64) + self.spec.delta * self.green_t(seeds)

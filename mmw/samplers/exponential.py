@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from mmw import prf
-from mmw.samplers.base import Sampler, probabilities
+from mmw.samplers.base import Sampler, per_candidate, probabilities
 from mmw.samplers.parts import ExponentialPart
 
 
@@ -16,9 +16,9 @@ class Exponential(Sampler, ExponentialPart):
         self.token_ids(device)
 
     def uniforms_t(self, seeds: torch.Tensor) -> torch.Tensor:
-        """u_i = unit(prf(r, i)) for every token id. seeds int64 [B] -> float64 [B, V]."""
+        """u_i = unit(prf(r, i)) for every token id. seeds int64 [B] or [B, V] (per candidate) -> float64 [B, V]."""
         vocab = self.token_ids(seeds.device)
-        return prf.unit_t(prf.prf_t(seeds.unsqueeze(-1), vocab.unsqueeze(0)))
+        return prf.unit_t(prf.prf_t(per_candidate(seeds), vocab.unsqueeze(0)))
 
     def choose(self, logits, seeds, temperature, plain_u):
         if temperature == 0:

@@ -37,8 +37,12 @@ class SamplerPart(Part):
     #: How the running sum S of its unit statistics moves under the watermark (``mmw.size``'s anytime e-process):
     #: "exp_up" -- each unit is -Exp(1) and the watermark makes Exp(1) draws large (C1, C2); "exp_down" -- each
     #: unit is +Exp(1) and shrinks when marked (C3, per tree node); "green" -- each unit is -1 (green, probability
-    #: gamma) or 0 (C4). None: no per-unit pivot.
+    #: gamma) or 0 (C4, reweight). None: no per-unit pivot.
     pivot: ClassVar[str | None] = None
+    #: Whether ``choose`` accepts one seed per candidate (int64 [B, V], ``randomness=selfhash``) besides one per row:
+    #: true where each candidate's draw is its own keyed value (C1's uniform, C4's green bit); false where one
+    #: permutation, uniform or tree walk per position is shared by all candidates.
+    candidate_seeds: ClassVar[bool] = False
     # A distortion-free sampler is deterministic given the key, so it may sample plainly with probability skip_prob.
     scheme_keys = (Key("skip_prob", default=0.0),)
 
@@ -59,6 +63,7 @@ class DistributionShiftPart(SamplerPart):
     implementation = "mmw.samplers.distribution_shift"
     distortion_free = False
     pivot = "green"
+    candidate_seeds = True
     scheme_keys = (Unused("skip_prob", "by the distribution-shift sampler (it is not deterministic given the key)"),
                    Key("delta", required=True, purpose="the distribution-shift bias"),
                    Key("gamma", default=0.5, purpose="the distribution-shift green-list fraction"))
@@ -71,6 +76,7 @@ class ExponentialPart(SamplerPart):
     label = "Exponential"
     implementation = "mmw.samplers.exponential"
     pivot = "exp_up"
+    candidate_seeds = True
 
 
 class InverseTransformPart(SamplerPart):
@@ -102,6 +108,23 @@ class BinaryPart(SamplerPart):
                refuse_constant_randomness("only the tree nodes' draws, shared by all tokens"))
 
 
+# ---------------------------------------------------------------- beyond the paper: reweighting (DiPmark)
+class ReweightPart(SamplerPart):
+    """DiPmark reweighting (Wu et al. 2023; gamma-reweight of Hu et al. 2023 at reweight_alpha = 0.5): the
+    cumulative mass in a keyed permutation order is mapped by ``F -> max(F - a, 0) + max(F - (1 - a), 0)``, which
+    moves mass towards the end of the order; distortion-free over keys. Detected by the share of tokens in the last
+    ``gamma`` of the order (the green list)."""
+
+    name = "reweight"
+    label = "Reweight (DiPmark)"
+    implementation = "mmw.samplers.reweight"
+    pivot = "green"
+    scheme_keys = (Unused("skip_prob", "by the reweighting sampler (it samples with fresh randomness already, so "
+                          "skipping only weakens it)"),
+                   Key("reweight_alpha", default=0.5, purpose="the reweighting strength"),
+                   Key("gamma", default=0.5))
+
+
 class PluginPart(SamplerPart):
     """An outside watermark through its plugin (``mmw.plugins``, entry-point group ``mmw.watermarks``): the plugin
     brings its own randomness, sampling and detection; ``plugin`` names it, ``plugin_params`` are validated by the
@@ -117,7 +140,7 @@ class PluginPart(SamplerPart):
 
 #: The watermarking samplers, in the paper's order: the values of the scheme's ``sampler``.
 WATERMARKING: tuple[type[SamplerPart], ...] = (DistributionShiftPart, ExponentialPart, InverseTransformPart,
-                                               BinaryPart, PluginPart)
+                                               BinaryPart, ReweightPart, PluginPart)
 #: Every sampler's declaration by name, plain sampling (``none``) included.
 DECLARED: dict[str, type[SamplerPart]] = {cls.name: cls for cls in (*WATERMARKING, PlainPart)}
 #: Display names of the built-in watermarking samplers (the report's families), in the paper's order.
