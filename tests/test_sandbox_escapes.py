@@ -160,7 +160,8 @@ def attempts(a: Arena) -> dict[str, str]:
         "allocate-4gb": "x = bytearray(4 * 1024**3)\nx[::4096] = b'x' * len(range(0, len(x), 4096))\nprint('ESCAPED')",
         "busy-loop": "while True:\n    pass",
         "sleep": "import time\ntime.sleep(60)\nprint('ESCAPED')",
-        "kill-parent": "import os, signal, time\nparent = os.getppid()\nos.kill(parent, signal.SIGKILL)\n"
+        "kill-parent": "import os, signal, time\nparent = os.getppid()\n"
+                       "assert parent > 0, 'no parent in view (PID 1)'\nos.kill(parent, signal.SIGKILL)\n"
                        "time.sleep(0.5)\nassert not os.path.exists(f'/proc/{parent}')\nprint('ESCAPED')",
         "kill-victim": f"import os, signal\nos.kill({a.victim.pid}, signal.SIGKILL)\nprint('ESCAPED')",
         "kill-everything": "import os, signal\nos.kill(-1, signal.SIGKILL)\nimport time\ntime.sleep(0.5)\n"
@@ -235,9 +236,6 @@ DRIVER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from dataclasses import asdict
-from mmw.quality.task_measures import humaneval_program, humaneval_tests
-from mmw.sandbox import SandboxLimits, isolation, run_python, run_tests
-from mmw.tasks import humaneval_problems
 limits = SandboxLimits(**json.loads(sys.argv[2]))
 print(json.dumps({"isolation": isolation(limits.mode).describe(), "uid": __import__("os").getuid(),
                   **asdict(run_python(sys.stdin.read(), limits))}))
