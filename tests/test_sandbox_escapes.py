@@ -236,9 +236,13 @@ DRIVER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from dataclasses import asdict
+from mmw.sandbox import SandboxLimits, isolation, run_python, run_tests
 limits = SandboxLimits(**json.loads(sys.argv[2]))
+call = json.loads(sys.stdin.read())
+result = run_tests(call["source"], call["tests"], call["entry"], limits) if call["tests"] else \\
+    run_python(call["source"], limits)
 print(json.dumps({"isolation": isolation(limits.mode).describe(), "uid": __import__("os").getuid(),
-                  **asdict(run_python(sys.stdin.read(), limits))}))
+                  **asdict(result)}))
 """
 
 
