@@ -547,14 +547,17 @@ def _read_info(fd: int) -> dict:
 
 
 def processes_in(pid_namespace: int) -> list[int]:
-    """Host pids of the live processes in ``pid_namespace`` (by their ``/proc/PID/ns/pid`` link)."""
+    """Host pids of the live processes in ``pid_namespace`` (by their ``/proc/PID/ns/pid`` link); zombies, which
+    run nothing and hold nothing but their pid until the host's init reaps them, do not count."""
     link, found = f"pid:[{pid_namespace}]", []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 if os.readlink(f"/proc/{entry.name}/ns/pid") == link:
-                    found.append(int(entry.name))
-            except OSError:
+                    with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                        if stat.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
+                            found.append(int(entry.name))
+            except (OSError, IndexError):
                 pass  # gone meanwhile
     return found
 
