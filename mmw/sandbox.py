@@ -13,7 +13,9 @@ The boundary is the operating system, not the program's cooperation (``MODES``, 
   no ``/tmp``. Its only writable place is ``/sandbox``, a private tmpfs of at most ``disk_mb`` MiB and
   ``max_files`` files, mounted by ``unshare --mount`` just before bubblewrap starts and gone when the program
   ends. The program runs as ``nobody`` (as root, the whole chain drops to the host's ``nobody`` first), with
-  ``no_new_privs``, no capabilities, its own session, and bubblewrap dies with the caller.
+  ``no_new_privs``, no capabilities, its own session, and bubblewrap dies with the caller. The program is the
+  namespace's PID 1, the root is read-only, nested user namespaces are off, a seccomp filter
+  (``DENIED_SYSCALLS``) is loaded before it starts, and after the run nothing may be left in its PID namespace.
 * ``unsafe``: an explicit opt-in for machines without bubblewrap (recorded in reports/quality.json): the older
   layers only (``unshare`` network and PID namespaces and ``nobody`` where they work, rlimits, the audit hook).
   The program can then read every file its user can read. Without the opt-in, a machine where bubblewrap does
