@@ -70,9 +70,34 @@ def escapes() -> dict[str, tuple[int, int, list[str]]]:
     return counts
 
 
+#: Writes 1 MiB files into every directory it can until 480 MiB or 5,000 files, then reports what went where.
+FILL = """import os
+written = {}
+for d in ['/', '/etc', '/tmp', '/var/tmp', '/dev/shm', '/run', '/sandbox']:
+    for i in range(5000):
+        try:
+            with open(os.path.join(d, f'fill{i}'), 'wb') as fh:
+                fh.write(b'x' * (1 << 20))
+            written[d] = written.get(d, 0) + 1
+        except OSError:
+            break
+        if sum(written.values()) >= 480:
+            break
+print(written)
+"""
+
+
+def fill() -> str:
+    """The filesystem-fill check: MiB (files of 1 MiB) that landed per directory, under the quality stage's
+    limits with the hook switched off."""
+    result = run_python(BYPASS + FILL, replace(LIMITS, mode="bwrap"))
+    return result.stdout.strip() or result.stderr[-300:]
+
+
 def main(runs: int = typer.Option(40, help="programs per mode for the overhead")) -> None:
     for mode, (tried, through, names) in escapes().items():
         print(f"escapes {mode}: {through}/{tried} got through: {', '.join(names) or 'none'}")
+    print(f"filesystem fill (MiB written per directory, 1 MiB files): {fill()}")
     for mode, values in overhead(runs).items():
         q1, median, q3 = statistics.quantiles(values, n=4)
         print(f"overhead {mode}: median {median * 1000:.0f} ms, IQR {q1 * 1000:.0f}-{q3 * 1000:.0f} ms "

@@ -13,7 +13,9 @@ The boundary is the operating system, not the program's cooperation (``MODES``, 
   no ``/tmp``. Its only writable place is ``/sandbox``, a private tmpfs of at most ``disk_mb`` MiB and
   ``max_files`` files, mounted by ``unshare --mount`` just before bubblewrap starts and gone when the program
   ends. The program runs as ``nobody`` (as root, the whole chain drops to the host's ``nobody`` first), with
-  ``no_new_privs``, no capabilities, its own session, and bubblewrap dies with the caller.
+  ``no_new_privs``, no capabilities, its own session, and bubblewrap dies with the caller. The program is the
+  namespace's PID 1, the root is read-only, nested user namespaces are off, a seccomp filter
+  (``DENIED_SYSCALLS``) is loaded before it starts, and after the run nothing may be left in its PID namespace.
 * ``unsafe``: an explicit opt-in for machines without bubblewrap (recorded in reports/quality.json): the older
   layers only (``unshare`` network and PID namespaces and ``nobody`` where they work, rlimits, the audit hook).
   The program can then read every file its user can read. Without the opt-in, a machine where bubblewrap does
@@ -32,7 +34,10 @@ program sees the standard library only, as HumanEval expects.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
+import json
 import os
 import pwd
 import shutil
@@ -47,6 +52,14 @@ from typing import BinaryIO
 
 from mmw.errors import SpecError
 
+try:  # libseccomp's own Python binding (Debian python3-seccomp) where the interpreter has it
+    import seccomp
+except ImportError:  # the same API over ctypes and the system's libseccomp (PyPI pyseccomp)
+    try:
+        import pyseccomp as seccomp
+    except ImportError:
+        seccomp = None
+
 #: Values of ``quality.sandbox``: OS isolation through bubblewrap, or the explicit opt-in to weaker layers.
 MODES = ("bwrap", "unsafe")
 SETTING = "quality.sandbox"
@@ -54,17 +67,18 @@ INSTALL = "apt-get install bubblewrap (as root), or your distribution's bubblewr
 
 #: The runner: executed by the sandboxed interpreter with argv = [memory_bytes, cpu_s, file_bytes]. It limits
 #: itself, installs the audit hook, then runs ``program.py`` from its working directory as ``__main__``.
-RUNNER = r"""
+PRELUDE = r"""
 import os, resource, sys
 def _limit(which, value):
     resource.setrlimit(which, (value, value))
 memory, cpu, fsize = (int(v) for v in sys.argv[1:4])
-_limit(resource.RLIMIT_AS, memory)
-_limit(resource.RLIMIT_CPU, cpu)
-_limit(resource.RLIMIT_FSIZE, fsize)
-_limit(resource.RLIMIT_CORE, 0)
-_limit(resource.RLIMIT_NOFILE, 64)
-_limit(resource.RLIMIT_NPROC, 0)
+def _limit_all():
+    _limit(resource.RLIMIT_AS, memory)
+    _limit(resource.RLIMIT_CPU, cpu)
+    _limit(resource.RLIMIT_FSIZE, fsize)
+    _limit(resource.RLIMIT_CORE, 0)
+    _limit(resource.RLIMIT_NOFILE, 64)
+    _limit(resource.RLIMIT_NPROC, 0)
 ROOT = os.getcwd()
 BLOCKED = ("socket.", "subprocess.", "os.fork", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.kill",
            "os.killpg", "os.pidfd_open", "pty.", "ctypes.", "signal.pthread_kill", "_posixsubprocess.")
@@ -89,13 +103,115 @@ def _hook(event, args):
         for arg in args:
             if isinstance(arg, (str, bytes, os.PathLike)) and not _inside(arg):
                 raise PermissionError(f"sandbox: {event} on {arg!r} outside the sandbox directory")
-with open("program.py", encoding="utf-8") as _fh:
-    _source = _fh.read()
-sys.addaudithook(_hook)
-del _fh
-exec(compile(_source, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+def _program():
+    with open("program.py", encoding="utf-8") as fh:
+        source = fh.read()
+    sys.addaudithook(_hook)
+    names = {"__name__": "__main__", "__builtins__": __builtins__}
+    exec(compile(source, "program.py", "exec"), names)
+    return names
 """
 
+#: The runner of :func:`run_python` (argv = [memory_bytes, cpu_s, file_bytes]): it limits itself, installs the
+#: audit hook, then runs ``program.py`` from its working directory as ``__main__``.
+RUNNER = PRELUDE + r"""
+_limit_all()
+_program()
+"""
+
+#: The runner of :func:`run_tests` (argv = [memory_bytes, cpu_s, file_bytes, tests_fd, entry_point]). The sandbox's
+#: PID 1 is the trusted harness: it reads the tests from a descriptor (never a file the program can open), makes
+#: itself non-dumpable (so its own user cannot open /proc/1/mem or /proc/1/fd), forks the program's process, and
+#: runs ``check(candidate)`` with a ``candidate`` that forwards each call there. Arguments go as marshal; results
+#: come back as their repr, read with ``ast.literal_eval``: only literals of builtin types cross, so a result
+#: cannot carry an ``__eq__`` of its own. The verdict is the harness's exit status; the program's process can make
+#: it fail (crash, hang, answer wrongly) but cannot make it exit 0.
+TEST_RUNNER = PRELUDE + r"""
+import ast, ctypes, marshal, struct
+tests_fd, entry = int(sys.argv[4]), sys.argv[5]
+with os.fdopen(tests_fd, encoding="utf-8") as fh:
+    tests = fh.read()
+if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 0
+    raise SystemExit("sandbox: the harness could not make itself non-dumpable")
+calls_r, calls_w = os.pipe()
+answers_r, answers_w = os.pipe()
+def _send(fd, data):
+    data = struct.pack("<Q", len(data)) + data
+    while data:
+        data = data[os.write(fd, data):]
+def _receive(fd):
+    def exactly(n):
+        parts = []
+        while n:
+            part = os.read(fd, min(n, 1 << 20))
+            if not part:
+                raise EOFError("the program's process ended")
+            parts.append(part)
+            n -= len(part)
+        return b"".join(parts)
+    return exactly(struct.unpack("<Q", exactly(8))[0])
+if os.fork() == 0:
+    os.close(calls_w); os.close(answers_r)
+    _limit_all()
+    try:
+        names = _program()
+        function = names[entry]
+        while True:
+            args, kwargs = marshal.loads(_receive(calls_r))
+            try:
+                reply = b"=" + repr(function(*args, **kwargs)).encode("utf-8", "surrogatepass")
+            except Exception as error:
+                reply = b"!" + type(error).__name__.encode()
+            _send(answers_w, reply)
+    except EOFError:
+        os._exit(0)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+os.close(calls_r); os.close(answers_w)
+_limit_all()
+class CandidateError(Exception):
+    pass
+def candidate(*args, **kwargs):
+    _send(calls_w, marshal.dumps((args, kwargs)))
+    reply = _receive(answers_r)
+    if reply[:1] == b"!":
+        raise CandidateError(reply[1:].decode())
+    return ast.literal_eval(reply[1:].decode("utf-8", "surrogatepass"))
+try:
+    names = {"__name__": "__harness__"}
+    exec(compile(tests, "tests.py", "exec"), names)
+    names[entry] = candidate
+    names["check"](candidate)
+except BaseException:
+    import traceback
+    traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(1)
+sys.stdout.flush()
+os._exit(0)
+"""
+
+#: System calls generated code never needs, refused (EPERM) by the seccomp filter bubblewrap loads before it
+#: starts the program: tracing and reading other processes, the kernel keyrings, new namespaces and mounts,
+#: kernel-side programs and modules, memory outside the address-space limit (memfd, System V shared memory and
+#: message queues), io_uring (whose operations bypass seccomp), execution-domain tricks, and machine-wide switches.
+DENIED_SYSCALLS = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
+    "keyctl", "add_key", "request_key",
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick",
+    "move_mount", "open_tree", "mount_setattr", "open_by_handle_at", "name_to_handle_at",
+    "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
+    "delete_module", "memfd_create", "memfd_secret", "shmget", "msgget", "semget",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "personality", "modify_ldt", "iopl", "ioperm",
+    "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "uselib", "vhangup",
+)
+#: ``clone`` flags that would make a new namespace (refused like ``unshare``).
+CLONE_NAMESPACES = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
+                    0x40000000)
+PR_SET_PDEATHSIG = 1
 #: What an ordinary standard-library program imports; the interpreter probe checks they load in the sandbox (as
 #: ``nobody`` and, under bubblewrap, with only ``/usr`` and the interpreter's prefix visible).
 PROBE = "import math, re, collections, itertools, functools, hashlib, heapq, string, typing, fractions, resource"
@@ -158,14 +274,39 @@ class Isolation:
         # lands in quality.json, which must not change with where the repository was cloned.
         interpreter = f"interpreter {os.path.realpath(self.python)}"
         if self.mode == "bwrap":
-            return ("bubblewrap: user, mount, pid, network, ipc, uts namespaces, private /proc, read-only /usr, "
-                    "private tmpfs directory (size and file-count limits), user nobody, no_new_privs, "
-                    f"rlimits AS/CPU/FSIZE/NOFILE/NPROC, audit hook, {interpreter}")
+            return ("bubblewrap: user, mount, pid, network, ipc, uts namespaces, no nested user namespaces, "
+                    "program as PID 1, private /proc, read-only root and /usr, private tmpfs directory (size and "
+                    "file-count limits), user nobody, no_new_privs, seccomp filter, "
+                    f"rlimits AS/CPU/FSIZE/NOFILE/NPROC, audit hook, leftover check, {interpreter}")
         network = "network namespace" if "--net" in self.prefix else "audit hook only (no network namespace)"
         user = "user nobody" if self.as_nobody else "the caller's user"
         return f"UNSAFE ({SETTING}: unsafe): {network}, " \
                f"{'pid namespace' if '--pid' in self.prefix else 'no pid namespace'}, {user}, " \
                f"rlimits AS/CPU/FSIZE/NOFILE/NPROC, audit hook, {interpreter}"
+
+
+@functools.cache
+def seccomp_filter() -> bytes:
+    """The compiled BPF program (libseccomp) that refuses ``DENIED_SYSCALLS``, namespace flags of ``clone``,
+    ``clone3`` (ENOSYS, so the C library falls back to ``clone``, whose flags the filter can see) and clearing the
+    parent-death signal (which would let the program outlive a killed bubblewrap). Raises :class:`SpecError` naming
+    ``quality.sandbox`` when no libseccomp binding is importable: no filter, no run."""
+    if seccomp is None:
+        raise SpecError(SETTING, "no libseccomp binding (pyseccomp or python3-seccomp) is importable, so the "
+                                 "sandbox's system-call filter cannot be built; pip install pyseccomp (the "
+                                 f"project's extras do), or set {SETTING}: unsafe", MODES)
+    rules = seccomp.SyscallFilter(seccomp.ALLOW)
+    refuse = seccomp.ERRNO(errno.EPERM)
+    for name in DENIED_SYSCALLS:
+        rules.add_rule(refuse, name)
+    for flag in CLONE_NAMESPACES:
+        rules.add_rule(refuse, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    rules.add_rule(refuse, "prctl", seccomp.Arg(0, seccomp.EQ, PR_SET_PDEATHSIG))
+    with tempfile.TemporaryFile() as compiled:
+        rules.export_bpf(compiled)
+        compiled.seek(0)
+        return compiled.read()
 
 
 def _run_quiet(command: list[str], cwd: str = "/", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -210,16 +351,38 @@ def _system_binds(python: str) -> list[str]:
     return args
 
 
-def command(where: Isolation, workdir: Path, limits: SandboxLimits, argv: list[str]) -> list[str]:
+@dataclass(frozen=True)
+class Descriptors:
+    """Descriptors a run hands down the chain to bubblewrap: the seccomp program to load (``seccomp``), where
+    bubblewrap writes its child's host pid and namespaces (``info``), and extra ones for the program (the tests)."""
+
+    seccomp: int
+    info: int
+    extra: tuple[int, ...] = ()
+
+    @property
+    def all(self) -> tuple[int, ...]:
+        return (self.seccomp, self.info, *self.extra)
+
+
+def command(where: Isolation, workdir: Path, limits: SandboxLimits, argv: list[str],
+            fds: Descriptors | None = None) -> list[str]:
     """The full command that runs ``python argv`` for ``where`` with ``workdir`` (holding ``program.py`` and the
-    empty mount point ``box``) as the program's directory."""
+    empty mount point ``box``) as the program's directory; ``fds`` are required under bubblewrap."""
     if where.mode != "bwrap":
         return [*where.prefix, where.python, *argv]
+    if fds is None:
+        raise ValueError("bubblewrap needs the seccomp and info descriptors")
     box = workdir / "box"
+    # The program is the namespace's PID 1 (no bubblewrap init it could trace and take over; when it exits the
+    # kernel kills everything it left); the root is read-only after the mounts, so /sandbox is the only place it
+    # can write; no further user namespaces; the seccomp program is loaded just before the exec.
     bwrap = [
-        where.prefix[0], "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        where.prefix[0], "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1", "--die-with-parent",
+        "--new-session", "--cap-drop", "ALL",
         *_system_binds(where.python), "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
         "--bind", str(box), INSIDE, "--ro-bind", str(workdir / "program.py"), f"{INSIDE}/program.py",
+        "--remount-ro", "/", "--seccomp", str(fds.seccomp), "--info-fd", str(fds.info),
         "--chdir", INSIDE, "--uid", str(pwd.getpwnam(NOBODY).pw_uid), "--gid", str(pwd.getpwnam(NOBODY).pw_gid),
         where.python, *argv,
     ]
@@ -251,27 +414,21 @@ def _prepare(where: Isolation, source: str) -> Path:
 
 def probe_bwrap(bwrap: str | None) -> Isolation:
     """The bubblewrap isolation with the first interpreter that runs ``PROBE`` in it; a :class:`SpecError`
-    naming ``quality.sandbox`` when bubblewrap is missing or does not work here."""
+    naming ``quality.sandbox`` when bubblewrap or the seccomp filter is missing or does not work here."""
     if not bwrap:
         raise SpecError(SETTING, f"bubblewrap (bwrap) is not installed, so generated code cannot be isolated; "
                                  f"{INSTALL}, or set {SETTING}: unsafe to run it without OS isolation", MODES)
+    seccomp_filter()
     problem = "no interpreter could be started"
     # As root, the chain drops to the host's nobody before bubblewrap, which then needs unprivileged user
     # namespaces. Where the kernel forbids them this refuses rather than run bubblewrap as root: the program would
     # then be host root outside its namespaces, which RLIMIT_NPROC does not limit (50 forks got through).
     for python in _interpreters():
         where = Isolation((bwrap,), python, os.geteuid() == 0, "bwrap")
-        workdir = _prepare(where, PROBE)
-        try:
-            done = _run_quiet(command(where, workdir, SandboxLimits(), ["-I", "-S", "program.py"]),
-                              cwd=str(workdir), env=_environment(INSIDE))
-            if done.returncode == 0:
-                return where
-            problem = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        except (OSError, subprocess.SubprocessError) as error:
-            problem = f"{type(error).__name__}: {error}"
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        done = _execute(where, PROBE, SandboxLimits(timeout_s=30), ["-I", "-S", "program.py"])
+        if done.passed:
+            return where
+        problem = (done.stderr.strip().splitlines() or [f"status {done.status}"])[-1]
     raise SpecError(SETTING, f"bubblewrap ({bwrap}) does not work on this machine ({problem}), so generated code "
                              f"cannot be isolated; allow user namespaces or run as root, or set {SETTING}: unsafe "
                              "to run it without OS isolation", MODES)
@@ -308,21 +465,63 @@ def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxR
     """Run ``source`` as a program in the sandbox; never raises for anything the program does (only
     :func:`isolation`'s refusal, before any program runs, is an exception)."""
     where = isolation(limits.mode)
+    return _execute(where, source, limits, ["-I", "-S", "-c", RUNNER, *_limit_argv(limits)])
+
+
+def run_tests(program: str, tests: str, entry_point: str,
+              limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+    """Run ``check(entry_point)`` of the trusted ``tests`` source against ``program`` (see ``TEST_RUNNER``):
+    ``passed`` iff the harness, a process the program cannot write to, trace or signal to exit 0, saw every test
+    pass. The tests reach the harness through a descriptor it closes before the program starts, so the program
+    cannot read them. Never raises for anything the program does."""
+    where = isolation(limits.mode)
+    with tempfile.TemporaryFile() as handed:
+        handed.write(tests.encode("utf-8"))
+        handed.flush()
+        handed.seek(0)
+        argv = ["-I", "-S", "-c", TEST_RUNNER, *_limit_argv(limits), str(handed.fileno()), entry_point]
+        return _execute(where, program, limits, argv, (handed.fileno(),))
+
+
+def _limit_argv(limits: SandboxLimits) -> list[str]:
+    cpu_s = max(1, int(-(-limits.timeout_s // 1)))
+    return [str(limits.memory_mb << 20), str(cpu_s), str(limits.file_mb << 20)]
+
+
+def _execute(where: Isolation, source: str, limits: SandboxLimits, argv: list[str],
+             extra_fds: tuple[int, ...] = ()) -> SandboxResult:
+    """Run ``python argv`` on ``source`` under ``where``; under bubblewrap, afterwards, kill whatever of the run is
+    still alive in its PID namespace and record such a run as ``failed``."""
     started = time.perf_counter()
     workdir = _prepare(where, source)
+    pipes: list[int] = []
     try:
-        cpu_s = max(1, int(-(-limits.timeout_s // 1)))
-        argv = ["-I", "-S", "-c", RUNNER, str(limits.memory_mb << 20), str(cpu_s), str(limits.file_mb << 20)]
         home = INSIDE if where.mode == "bwrap" else str(workdir)
+        fds = None
+        if where.mode == "bwrap":
+            seccomp_read, seccomp_write = os.pipe()
+            info_read, info_write = os.pipe()
+            pipes += [seccomp_read, seccomp_write, info_read, info_write]
+            os.write(seccomp_write, seccomp_filter())
+            os.close(seccomp_write)
+            pipes.remove(seccomp_write)
+            os.set_blocking(info_read, False)
+            fds = Descriptors(seccomp_read, info_write, extra_fds)
         # Output goes to unnamed files under the file-size limit, so a program printing forever cannot fill the
         # parent's memory through a pipe, and the program cannot reach or replace them.
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
-                process = subprocess.Popen(command(where, workdir, limits, argv), cwd=workdir,
+                process = subprocess.Popen(command(where, workdir, limits, argv, fds), cwd=workdir,
                                            stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                           start_new_session=True, env=_environment(home))
+                                           start_new_session=True, env=_environment(home),
+                                           pass_fds=fds.all if fds else ())
             except OSError as error:
                 return SandboxResult("error", None, time.perf_counter() - started, "", f"cannot start: {error}")
+            finally:
+                if fds:
+                    for fd in (fds.seccomp, fds.info):
+                        os.close(fd)
+                        pipes.remove(fd)
             try:
                 returncode = process.wait(timeout=limits.timeout_s)
                 status = "passed" if returncode == 0 else "failed"
@@ -330,10 +529,61 @@ def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxR
                 returncode, status = None, "timeout"
             finally:
                 _kill_group(process)
+            note = ""
+            if fds:
+                status, note = _end_of_run(status, _read_info(info_read))
             stdout, stderr = (_tail(handle) for handle in (out, err))
-        return SandboxResult(status, returncode, time.perf_counter() - started, stdout, stderr)
+        return SandboxResult(status, returncode, time.perf_counter() - started, stdout, stderr + note)
     finally:
+        for fd in pipes:
+            os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _read_info(fd: int) -> dict:
+    """bubblewrap's ``--info-fd`` JSON (its child's host pid and namespaces); empty when it never got that far."""
+    try:
+        return json.loads(os.read(fd, 1 << 16) or b"{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def processes_in(pid_namespace: int) -> list[int]:
+    """Host pids of the live processes in ``pid_namespace`` (by their ``/proc/PID/ns/pid`` link); zombies, which
+    run nothing and hold nothing but their pid until the host's init reaps them, do not count."""
+    link, found = f"pid:[{pid_namespace}]", []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry.name}/ns/pid") == link:
+                    with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                        if stat.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
+                            found.append(int(entry.name))
+            except (OSError, IndexError):
+                pass  # gone meanwhile
+    return found
+
+
+def _end_of_run(status: str, info: dict) -> tuple[str, str]:
+    """The run's status after the check that nothing of it is left: leftovers in its PID namespace are killed and
+    make the run ``failed`` (a ``timeout`` stays one); a run bubblewrap never reported on cannot have passed."""
+    namespace = info.get("pid-namespace")
+    if namespace is None:
+        return ("error", "\nsandbox: bubblewrap reported no namespace") if status == "passed" else (status, "")
+    left = processes_in(namespace)
+    if status == "timeout":  # the parent-death signal is on its way to PID 1; make sure
+        left = []
+    deadline = time.monotonic() + 5.0
+    while remaining := processes_in(namespace):
+        for pid in remaining:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            return "error", f"\nsandbox: {len(remaining)} process(es) of the run could not be killed"
+        time.sleep(0.01)
+    if left:
+        return "failed", f"\nsandbox: {len(left)} process(es) of the run were left after it ended; killed"
+    return status, ""
 
 
 def _tail(handle: BinaryIO) -> str:

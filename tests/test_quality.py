@@ -16,7 +16,14 @@ import torch
 
 from mmw.errors import SpecError
 from mmw.quality.repetition import repeated_share, repetition, words
-from mmw.quality.task_measures import extract_code, humaneval_program, parse_choice, run_humaneval, score_choice
+from mmw.quality.task_measures import (
+    extract_code,
+    humaneval_program,
+    humaneval_tests,
+    parse_choice,
+    run_humaneval,
+    score_choice,
+)
 from mmw.sandbox import SandboxLimits
 from mmw.tasks import humaneval_file, humaneval_problems
 
@@ -75,7 +82,7 @@ def test_wrong_hanging_or_early_exiting_solutions_fail(problems_with_solutions):
     hang = run_humaneval(problem, f"```python\ndef {name}(*args):\n    while True:\n        pass\n```",
                          SandboxLimits(timeout_s=1.5))
     assert hang.score == 0.0 and hang.status in ("timeout", "failed")
-    # exit(0) before the tests: exit status 0, but the marker printed after check() never appears.
+    # exit(0) before the tests: the program's process ends, the harness's check() does not complete.
     early = run_humaneval(problem, f"```python\nimport sys\nsys.exit(0)\ndef {name}(*args):\n    pass\n```", LIMITS)
     assert early.score == 0.0
     garbage = run_humaneval(problem, "I cannot write code, sorry.", LIMITS)
@@ -83,11 +90,14 @@ def test_wrong_hanging_or_early_exiting_solutions_fail(problems_with_solutions):
 
 
 def test_program_layout_keeps_helpers_of_the_prompt(problems_with_solutions):
-    # HumanEval/10's prompt defines is_palindrome, which make_palindrome's solution calls.
+    # HumanEval/10's prompt defines is_palindrome, which make_palindrome's solution calls; the tests stay out of
+    # the program (the sandbox's harness runs them) but keep the prompt's helpers.
     problem, solution = problems_with_solutions[10]
-    program = humaneval_program(problem, f"```python\ndef {problem.entry_point}(string):\n{solution}```", "M")
-    assert program.index("def is_palindrome") < program.index(f"check({problem.entry_point})")
-    assert program.rstrip().endswith("print('M')")
+    program = humaneval_program(problem, f"```python\ndef {problem.entry_point}(string):\n{solution}```")
+    assert program.index("def is_palindrome") < program.index(f"def {problem.entry_point}(string):\n")
+    assert "def check" not in program
+    tests = humaneval_tests(problem)
+    assert "def is_palindrome" in tests and "def check" in tests
 
 
 # --- multiple choice -------------------------------------------------------------------------------------------

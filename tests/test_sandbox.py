@@ -17,6 +17,7 @@ import pytest
 
 from mmw.errors import SpecError
 from mmw.quality.params import QualityParams
+from mmw import sandbox
 from mmw.sandbox import SandboxLimits, isolation, probe_bwrap, run_python
 
 FAST = SandboxLimits(timeout_s=3.0, memory_mb=256, file_mb=1)
@@ -215,3 +216,24 @@ def test_the_provenance_names_the_interpreter_not_the_checkout(tmp_path):
         described.add(Isolation((), str(link), False).describe())
     assert described == {Isolation((), real, False).describe()}
     assert described.pop().endswith(f"interpreter {real}")
+
+
+def test_the_leftover_check_finds_kills_and_fails_a_run_that_left_a_process():
+    """A run's PID namespace that still holds a process after the run: the check finds it, kills it, and turns a
+    pass into a failure (under bubblewrap the program is PID 1, so this backstop should never fire on its own)."""
+    outer = subprocess.Popen(["unshare", "--map-root-user", "--pid", "--fork", "sleep", "60"])
+    try:
+        children = Path(f"/proc/{outer.pid}/task/{outer.pid}/children")
+        deadline = time.monotonic() + 5
+        while not children.read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        child = int(children.read_text().split()[0])
+        namespace = int(os.readlink(f"/proc/{child}/ns/pid").split("[")[1].rstrip("]"))
+        assert sandbox.processes_in(namespace) == [child]
+        status, note = sandbox._end_of_run("passed", {"pid-namespace": namespace})
+        assert status == "failed" and "1 process(es)" in note
+        assert sandbox.processes_in(namespace) == []
+        assert sandbox._end_of_run("passed", {})[0] == "error"  # bubblewrap never said where the run was
+    finally:
+        outer.kill()
+        outer.wait()

@@ -12,6 +12,7 @@ listener, a dead victim or parent process, a program still running after the tim
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import pwd
@@ -28,12 +29,24 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import pyseccomp
 import pytest
 
-from mmw.sandbox import SandboxLimits, isolation, run_python
+from mmw.quality.task_measures import humaneval_program, humaneval_tests
+from mmw.sandbox import SandboxLimits, isolation, run_python, run_tests
+from mmw.tasks import humaneval_problems
 
 REPO = Path(__file__).resolve().parents[1]
-LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=512, file_mb=1, disk_mb=8, max_files=64)
+#: The quality stage's limits (its defaults: 1 GiB, 16 MiB files, a 32 MiB / 256-file directory) with a shorter
+#: wall clock, so the attempts that hang cost 3 s each.
+LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=1024)
+#: Prefix of the attempts that call the C library (after the bypass: the hook refuses ctypes).
+LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_SEARCH, KEYCTL_READ, KEY_SPEC_SESSION_KEYRING = 250, 1, 10, 11, -3
+SYS_ADD_KEY = 248
+KEY_NAME = b"mmw-escape-key"
+#: In the command line of a daemon an attempt tries to leave behind.
+DAEMON = "mmw-escape-daemon"
 BYPASS = "import sys\nm = sys.modules['__main__']\nm.BLOCKED = ()\nm.ROOT = ''\nm.PATH_EVENTS = ()\n"
 #: A program proves the hook is off before its attempt: it may now open a socket (the hook refused that before).
 PROVE_BYPASS = "import socket\nsocket.socket().close()\n"
@@ -53,6 +66,7 @@ class Arena:
     accepted: list         # connections the listener accepted
     victim: subprocess.Popen  # a process owned by the program's user, which it must not be able to kill
     token: str             # in the victim's command line, for the /proc attempts
+    keyring: bool = False  # the secret is also a key in a fresh session keyring of the test process
 
 
 def _owned_by_sandbox_user(path: Path) -> None:
@@ -97,11 +111,22 @@ def make_arena() -> Iterator[Arena]:
         if os.geteuid() == 0 else []
     victim = subprocess.Popen([*as_nobody, "/bin/sh", "-c", f"sleep 600 # {token}", token])
     yield Arena(outside, Path("/dev/shm") / f"mmw-escape-{uuid.uuid4().hex}", public, ssh_key, secret,
-                listener.getsockname()[1], accepted, victim, token)
+                listener.getsockname()[1], accepted, victim, token, _plant_key(secret))
     victim.kill()
     victim.wait()
     listener.close()
     shutil.rmtree(root, ignore_errors=True)
+
+
+def _plant_key(secret: str) -> bool:
+    """Join a fresh session keyring (which every process this test starts inherits, as a login session's would be)
+    and put ``secret`` there as a user key; False where the kernel has no keyrings."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, f"mmw-escape-{uuid.uuid4().hex}".encode()) < 0:
+        return False
+    payload = secret.encode()
+    return libc.syscall(SYS_ADD_KEY, b"user", KEY_NAME, payload, len(payload), KEY_SPEC_SESSION_KEYRING) > 0
 
 
 @pytest.fixture(scope="module")
@@ -135,13 +160,47 @@ def attempts(a: Arena) -> dict[str, str]:
         "allocate-4gb": "x = bytearray(4 * 1024**3)\nx[::4096] = b'x' * len(range(0, len(x), 4096))\nprint('ESCAPED')",
         "busy-loop": "while True:\n    pass",
         "sleep": "import time\ntime.sleep(60)\nprint('ESCAPED')",
-        "kill-parent": "import os, signal, time\nparent = os.getppid()\nos.kill(parent, signal.SIGKILL)\n"
+        "kill-parent": "import os, signal, time\nparent = os.getppid()\n"
+                       "assert parent > 0, 'no parent in view (PID 1)'\nos.kill(parent, signal.SIGKILL)\n"
                        "time.sleep(0.5)\nassert not os.path.exists(f'/proc/{parent}')\nprint('ESCAPED')",
         "kill-victim": f"import os, signal\nos.kill({a.victim.pid}, signal.SIGKILL)\nprint('ESCAPED')",
         "kill-everything": "import os, signal\nos.kill(-1, signal.SIGKILL)\nimport time\ntime.sleep(0.5)\n"
                            "print('ESCAPED')",
         "many-small-files": "for i in range(100_000):\n    open(f'f{i}', 'w').write('x')\nprint('ESCAPED')",
         "many-bytes": "for i in range(64):\n    open(f'b{i}', 'wb').write(b'x' * 1_000_000)\nprint('ESCAPED')",
+        # Take over the sandbox's PID 1 (the program's own process when it is PID 1; bubblewrap's init otherwise).
+        "ptrace-pid-1": LIBC + "assert libc.ptrace(16, 1, 0, 0) == 0 or libc.ptrace(0x4206, 1, 0, 0) == 0, "
+                               "ctypes.get_errno()\nos.waitpid(1, 0)\n"
+                               "assert libc.ptrace(5, 1, ctypes.c_void_p(0x400000), 0) == 0\nprint('ESCAPED')",
+        "ptrace-traceme-exec": LIBC + "assert libc.ptrace(0, 0, 0, 0) == 0, ctypes.get_errno()\nprint('ESCAPED')",
+        "daemon-double-fork": "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                              f"        os.execv('/bin/sh', ['sh', '-c', 'sleep 600 # {DAEMON}'])\n"
+                              "    os._exit(0)\nprint('ESCAPED')",
+        "outlive-by-clearing-pdeathsig": LIBC + "assert libc.prctl(1, 0, 0, 0, 0) == 0, ctypes.get_errno()\n"
+                                         f"os.execv('/bin/sh', ['sh', '-c', 'sleep 600 # {DAEMON}'])",
+        "fill-root-filesystem": "import os\nwrote = []\n"
+                                "for d in ['/', '/etc', '/tmp', '/var/tmp', '/usr', '/dev', '/dev/shm', '/run', "
+                                "'/home', '/root']:\n    try:\n"
+                                "        with open(os.path.join(d, 'fill'), 'wb') as fh:\n"
+                                "            fh.write(b'x' * 1_000_000)\n        wrote.append(d)\n"
+                                "    except OSError:\n        pass\nassert wrote\nprint('ESCAPED', wrote)",
+        "read-session-keyring": LIBC + f"key = libc.syscall({SYS_KEYCTL}, {KEYCTL_SEARCH}, "
+                                       f"{KEY_SPEC_SESSION_KEYRING}, b'user', {KEY_NAME!r}, 0)\n"
+                                       "assert key > 0, ctypes.get_errno()\n"
+                                       "buf = ctypes.create_string_buffer(4096)\n"
+                                       f"n = libc.syscall({SYS_KEYCTL}, {KEYCTL_READ}, key, buf, 4096)\n"
+                                       "print('ESCAPED', buf.raw[:n].decode())",
+        "nested-user-namespace": LIBC + "assert libc.unshare(0x10000000 | 0x00020000) == 0, ctypes.get_errno()\n"
+                                        "print('ESCAPED')",
+        "memfd-beyond-the-limit": "import os\nfds = [os.memfd_create('m') for _ in range(60)]\n"
+                                  "for fd in fds:\n    os.write(fd, b'x' * (16 << 20))\n"
+                                  "heap = bytearray(900 << 20)\nprint('ESCAPED')",
+        "sysv-shm-beyond-the-limit": LIBC + "libc.shmat.restype = ctypes.c_void_p\nfor _ in range(6):\n"
+                                            "    sid = libc.shmget(0, 256 << 20, 0o1600)\n"
+                                            "    assert sid >= 0, ctypes.get_errno()\n"
+                                            "    at = libc.shmat(sid, None, 0)\n"
+                                            "    ctypes.memset(at, 1, 256 << 20)\n    libc.shmdt(ctypes.c_void_p(at))\n"
+                                            "heap = bytearray(900 << 20)\nprint('ESCAPED')",
     }
 
 
@@ -167,6 +226,7 @@ def nobody_package():
     (root / "mmw" / "__init__.py").write_text("")
     for name in ("errors.py", "sandbox.py"):
         shutil.copy(REPO / "mmw" / name, root / "mmw" / name)
+    shutil.copy(pyseccomp.__file__, root)  # the libseccomp binding the sandbox compiles its filter with
     subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
     yield root
     shutil.rmtree(root, ignore_errors=True)
@@ -176,10 +236,13 @@ DRIVER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from dataclasses import asdict
-from mmw.sandbox import SandboxLimits, isolation, run_python
+from mmw.sandbox import SandboxLimits, isolation, run_python, run_tests
 limits = SandboxLimits(**json.loads(sys.argv[2]))
+call = json.loads(sys.stdin.read())
+result = run_tests(call["source"], call["tests"], call["entry"], limits) if call["tests"] else \\
+    run_python(call["source"], limits)
 print(json.dumps({"isolation": isolation(limits.mode).describe(), "uid": __import__("os").getuid(),
-                  **asdict(run_python(sys.stdin.read(), limits))}))
+                  **asdict(result)}))
 """
 
 
@@ -191,13 +254,14 @@ def _nobody_can_run_the_sandbox() -> bool:
     return subprocess.run(probe, capture_output=True).returncode == 0
 
 
-def _run_as_nobody(package: Path, source: str) -> Outcome:
+def _run_as_nobody(package: Path, source: str, tests: str = "", entry: str = "") -> Outcome:
     """The same call from a process of the host's ``nobody`` (a non-root caller: no setuid step, a user namespace
     for the mount); the caller's own death (kill-parent) counts as an escape."""
     limits = json.dumps(asdict(LIMITS))
     done = subprocess.run(["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups",
                            "/usr/bin/python3", "-I", "-c", DRIVER, str(package), limits],
-                          input=source, capture_output=True, text=True, cwd=package, timeout=60)
+                          input=json.dumps({"source": source, "tests": tests, "entry": entry}),
+                          capture_output=True, text=True, cwd=package, timeout=60)
     if done.returncode != 0:
         return Outcome("caller-died", 0.0, done.stdout, done.stderr, caller_alive=False)
     reply = json.loads(done.stdout)
@@ -206,8 +270,9 @@ def _run_as_nobody(package: Path, source: str) -> Outcome:
 
 
 def _leftovers(token: str) -> list[str]:
-    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in listing.splitlines() if token in line and "ps -eo" not in line]
+    """Live processes whose command line holds ``token`` (as "pid args")."""
+    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in listing.splitlines() if token in line and "ps -eo" not in line]
 
 
 def escaped(name: str, outcome: Outcome, arena: Arena, before: int) -> list[str]:
@@ -227,8 +292,12 @@ def escaped(name: str, outcome: Outcome, arena: Arena, before: int) -> list[str]
         signs.append("the victim process was killed")
     if outcome.wall_s > LIMITS.timeout_s + 5:
         signs.append(f"the call ran {outcome.wall_s:.1f} s, past the {LIMITS.timeout_s} s limit")
-    if _leftovers("sys.addaudithook(_hook)"):
-        signs.append(f"processes left behind: {_leftovers('sys.addaudithook(_hook)')}")
+    for token in ("sys.addaudithook(_hook)", DAEMON):
+        if left := _leftovers(token):
+            signs.append(f"processes left behind: {left}")
+            for line in left:  # so that the next attempt starts clean
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(line.split()[0]), signal.SIGKILL)
     if arena.secret in outcome.stdout + outcome.stderr:
         signs.append("the secret appeared in the program's output")
     return signs
@@ -288,9 +357,65 @@ def test_processes_outside_are_not_even_visible():
     assert result.status == "failed" and "ProcessLookupError" in result.stderr
 
 
-@pytest.mark.parametrize("name", ["read-world-readable-file", "read-other-proc", "list-host-processes"])
+@pytest.mark.parametrize("name", ["read-world-readable-file", "read-other-proc", "list-host-processes",
+                                  "fill-root-filesystem", "read-session-keyring", "nested-user-namespace",
+                                  "ptrace-traceme-exec"])
 def test_the_suite_sees_an_escape_where_the_os_boundary_is_missing(name, arena):
     """The detector can fail: under the explicit ``unsafe`` mode (no mount namespace, host /proc) these attempts
     get through once the hook is off, and the suite says so."""
     outcome = run_as_caller(BYPASS + attempts(arena)[name], replace(LIMITS, mode="unsafe"))
     assert escaped(name, outcome, arena, len(arena.accepted)) != []
+
+
+# --- Forged verdicts: the HumanEval harness runs check() outside the program's process -------------------------
+
+#: A wrong solution of HumanEval/0 (has_close_elements) plus an attempt to pass anyway; each must score 0.
+FORGERIES = {
+    "print-marker-from-source": "import os\nprint(open('program.py').read()[-300:])\n"
+                                "print('mmw-tests-passed-0000000000000000')\nos._exit(0)",
+    "exit-zero-early": "import os\nos._exit(0)",
+    "always-equal-object": "class Equal:\n    def __eq__(self, other):\n        return True\n"
+                           "    def __ne__(self, other):\n        return False\n    def __bool__(self):\n        return True\n"
+                           "def has_close_elements(*args):\n    return Equal()",
+    "bool-subclass-equal": "class B(int):\n    def __eq__(self, other):\n        return True\n"
+                           "def has_close_elements(*args):\n    return B(1)",
+    "kill-the-harness": "import os, signal\nfor s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):\n"
+                        "    try:\n        os.kill(1, s)\n    except OSError:\n        pass",
+    "write-harness-memory": "fh = open('/proc/1/mem', 'r+b')\nprint('ESCAPED')",
+    "ptrace-the-harness": LIBC + "assert libc.ptrace(16, 1, 0, 0) == 0, ctypes.get_errno()\nprint('ESCAPED')",
+    "read-the-tests": "import os\nfound = []\nfor fd in os.listdir('/proc/1/fd'):\n    try:\n"
+                      "        found.append(open(f'/proc/1/fd/{fd}').read())\n    except OSError:\n        pass\n"
+                      "assert any('def check' in f for f in found)\nprint('ESCAPED')",
+}
+
+
+def _forge(name: str) -> tuple[str, str, str]:
+    """(program, tests, entry point) of a forgery against HumanEval/0, built as the quality stage builds them."""
+    problem = humaneval_problems()[0]
+    program = humaneval_program(problem, f"```python\n{BYPASS}{FORGERIES[name]}\n```")
+    return program, humaneval_tests(problem), problem.entry_point
+
+
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_a_forged_verdict_does_not_pass(name):
+    result = run_tests(*_forge(name), LIMITS)
+    assert not result.passed and "ESCAPED" not in result.stdout, (result.status, result.stderr[-300:])
+
+
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_a_forged_verdict_does_not_pass_for_a_non_root_caller(name, nobody_package):
+    if not _nobody_can_run_the_sandbox():
+        pytest.skip("this machine cannot switch to nobody or give it a user namespace")
+    program, tests, entry = _forge(name)
+    outcome = _run_as_nobody(nobody_package, program, tests=tests, entry=entry)
+    assert outcome.status != "passed" and "ESCAPED" not in outcome.stdout, outcome.stderr[-300:]
+
+
+def test_the_harness_passes_a_correct_solution_and_sees_a_wrong_one():
+    """The forgery test can fail: the same harness passes the canonical solution of HumanEval/0."""
+    problem = humaneval_problems()[0]
+    solution = ("    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
+                "            if i != j and abs(a - b) < threshold:\n                return True\n    return False\n")
+    assert run_tests(humaneval_program(problem, solution), humaneval_tests(problem), problem.entry_point,
+                     LIMITS).passed
+    assert not run_tests(*_forge("exit-zero-early"), LIMITS).passed

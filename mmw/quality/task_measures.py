@@ -7,7 +7,6 @@ pass@1 with one sample per problem is the plain pass rate (the unbiased pass@k e
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,7 +14,7 @@ import polars as pl
 
 from mmw.quality.base import QualityMetric, SummaryColumn, Texts, number
 from mmw.quality.params import QualityParams
-from mmw.sandbox import SandboxLimits, isolation, run_python
+from mmw.sandbox import SandboxLimits, isolation, run_tests
 from mmw.tasks import CHOICES, JUDGE, HumanEvalProblem, task_references
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -32,17 +31,22 @@ def extract_code(response: str, entry_point: str) -> str:
     return blocks[0] if blocks else response
 
 
-def humaneval_program(problem: HumanEvalProblem, response: str, marker: str) -> str:
-    """The program that tests ``response``: the problem's prompt (imports, helpers, signature), the model's code,
-    the problem's ``check`` and a final ``print(marker)``.
+def humaneval_program(problem: HumanEvalProblem, response: str) -> str:
+    """The program under test for ``response``: the problem's prompt (imports, helpers, signature) and the model's
+    code. The tests are not part of it: they run in the sandbox's harness (:func:`mmw.sandbox.run_tests`).
 
     Code that redefines the entry point replaces the prompt's stub (a later ``def`` wins); code that does not is
     taken as the body that continues the prompt's function, the way HumanEval completions are scored.
     """
     code = extract_code(response, problem.entry_point)
     defines = re.search(rf"^def\s+{re.escape(problem.entry_point)}\s*\(", code, re.MULTILINE)
-    head = problem.prompt + "    pass\n\n" + code if defines else problem.prompt + code
-    return f"{head}\n\n{problem.test}\n\ncheck({problem.entry_point})\nprint({marker!r})\n"
+    return problem.prompt + "    pass\n\n" + code if defines else problem.prompt + code
+
+
+def humaneval_tests(problem: HumanEvalProblem) -> str:
+    """The trusted source the harness runs: the prompt (for helpers the tests call, e.g. ``poly`` or
+    ``encode_cyclic``; its stub of the entry point is replaced by the call into the program) and ``check``."""
+    return f"{problem.prompt}\n    pass\n\n{problem.test}\n"
 
 
 @dataclass(frozen=True)
@@ -54,13 +58,12 @@ class Verdict:
 
 
 def run_humaneval(problem: HumanEvalProblem, response: str, limits: SandboxLimits) -> Verdict:
-    """Pass iff the program exits 0 *and* printed the random marker after the tests (so an early ``exit(0)`` is
-    no pass). Timeouts, crashes and sandbox refusals are failures, never exceptions."""
-    marker = f"mmw-tests-passed-{secrets.token_hex(8)}"
-    result = run_python(humaneval_program(problem, response, marker), limits)
-    if result.status == "passed" and result.stdout.rstrip().endswith(marker):
-        return Verdict(1.0, "passed")
-    return Verdict(0.0, "failed" if result.status == "passed" else result.status)
+    """Pass iff the sandbox's harness ran ``check`` to the end against the program: the verdict is the harness's
+    exit status, which the program can neither write nor imitate (an early ``exit(0)``, a printed marker or an
+    object equal to everything is no pass). Timeouts, crashes and sandbox refusals are failures, never
+    exceptions."""
+    result = run_tests(humaneval_program(problem, response), humaneval_tests(problem), problem.entry_point, limits)
+    return Verdict(1.0 if result.passed else 0.0, result.status)
 
 
 _BRACKETED = re.compile(r"[\[(]\s*([A-D])\s*[\])]")
