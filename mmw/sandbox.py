@@ -514,7 +514,7 @@ def _execute(where: Isolation, source: str, limits: SandboxLimits, argv: list[st
                 process = subprocess.Popen(command(where, workdir, limits, argv, fds), cwd=workdir,
                                            stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                            start_new_session=True, env=_environment(home),
-                                           pass_fds=fds.all if fds else ())
+                                           pass_fds=fds.all if fds else extra_fds)
             except OSError as error:
                 return SandboxResult("error", None, time.perf_counter() - started, "", f"cannot start: {error}")
             finally:
