@@ -18,6 +18,7 @@ from mmw.errors import SpecError
 from mmw.randomness import SOURCES
 from mmw.samplers import WATERMARKING
 from mmw.samplers.binary_code import CODES
+from mmw.samplers.parts import MAX_LAYERS, MAX_LEAVES
 from mmw.scores import SCORES as SCORE_PARTS
 from mmw.validation import Integer, Key, Part, Section, Unused, allowed, allowed_text, validate
 
@@ -55,6 +56,9 @@ class SchemeSpec(Section):
     trials: Integer | None = allowed("an integer >= 1", default=None, ge=1, le=1 << 20)
     alpha: float = allowed("a number in (0, 1)", default=0.02, gt=0.0, lt=1.0)
     binary_code: Literal[CODES] | None = allowed(", ".join(CODES), default=None)  # type: ignore[valid-type]
+    # The tournament sampler (SynthID-Text): layers m and candidates per match.
+    layers: Integer | None = allowed(f"an integer in [1, {MAX_LAYERS}]", default=None, ge=1, le=MAX_LAYERS)
+    leaves: Integer | None = allowed(f"an integer in [2, {MAX_LEAVES}]", default=None, ge=2, le=MAX_LEAVES)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -97,6 +101,8 @@ class SchemeSpec(Section):
         parts.append(f"H={self.window}" if self.text_dependent else f"L={self.key_length}")
         if self.delta is not None:
             parts.append(f"delta={self.delta:g} gamma={self.gamma:g}")
+        if self.layers is not None:
+            parts.append(f"m={self.layers} leaves={self.leaves}")
         if self.skip_prob:
             parts.append(f"skip={self.skip_prob:g}")
         parts.append(self.score + (f"(psi={self.psi:g})" if self.psi is not None else ""))
