@@ -54,6 +54,7 @@ SAMPLERS = {
     "binary_huffman": {"sampler": "binary", "binary_code": "huffman"},
     "binary_fixed": {"sampler": "binary", "binary_code": "fixed"},
     "distribution_shift": {"sampler": "distribution_shift", "delta": 2.0, "gamma": 0.3},
+    "tournament": {"sampler": "tournament", "layers": 30},
 }
 # Every score x randomness combination that SchemeSpec allows (window 0 = constant randomness).
 SCHEMES = {
