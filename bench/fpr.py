@@ -46,6 +46,12 @@ SCHEMES = {
     "C4 shift, fixed 4, edit": dict(sampler="distribution_shift", delta=2.0, randomness="fixed", key_length=4,
                                     score="edit", psi=0.5, trials=99),
 }
+# SynthID-Text's tournament at its deployed setting (m = 30 layers, n-gram 5 = window 4), in both modes.
+SCHEMES |= {
+    "Tournament m30, window 4, sum": dict(sampler="tournament", layers=30, randomness="window", window=4, score="sum"),
+    "Tournament m30 K4, window 4, sum": dict(sampler="tournament", layers=30, leaves=4, randomness="window", window=4,
+                                             score="sum"),
+}
 
 
 #: Schemes of the size tables: the sum schemes above, align with the default 99 trials (grid thinned to 2

@@ -13,6 +13,12 @@ configurations; the median is reported. A short check compares every mmw scheme'
 sync-debug pass proves the processor makes no host sync.
 
     PYTHONPATH=. python3 bench/gpu_generate.py --batches 64,296 --new-tokens 128 --rounds 2 --out DIR
+
+Plain sampling vs the tournament sampler vs HF's SynthID processor (same m = 30, n-gram 5), Llama-3-8B shape,
+batch 296 (a CPU smoke run of the same code: ``--device cpu --hidden 64 --layers 2 --batches 4 --new-tokens 8``):
+
+    PYTHONPATH=. python3 bench/gpu_generate.py --shape llama3-8b --batches 296 --new-tokens 128 --rounds 2 \
+        --only tournament --out DIR
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ MMW_SCHEMES = {
     "mmw C3 binary (huffman), window 1": dict(sampler="binary", randomness="window", window=1, score="sum"),
     "mmw C1 exponential, fixed key 256": dict(sampler="exponential", randomness="fixed", key_length=256,
                                              score="align"),
+    # SynthID-Text's deployed setting, as the HF SynthID row: m = 30 layers, n-gram 5 (window 4), 2 leaves.
+    "mmw tournament (SynthID), window 4": dict(sampler="tournament", layers=30, randomness="window", window=4,
+                                               score="sum"),
 }
 HF_ROWS = ("plain sampling (HF, no processor)", "HF KGW (WatermarkLogitsProcessor)", "HF SynthID")
 KEY = 1234
@@ -102,10 +111,17 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def build_model(layers: int, hidden: int, device: str) -> tuple[LlamaForCausalLM, LlamaConfig]:
-    """Llama-2-7B's shape (hidden 4096, 32 heads, MLP 11008, vocab 32000); ``hidden`` < 4096 only for CPU smoke runs."""
-    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 11008 // 4096, num_hidden_layers=layers,
-                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096)
+#: Model shapes: (MLP width per 4096 of hidden, key/value heads, vocabulary).
+SHAPES = {"llama2-7b": (11008, 32, 32000), "llama3-8b": (14336, 8, 128256)}
+
+
+def build_model(layers: int, hidden: int, device: str, shape: str = "llama2-7b") -> tuple[LlamaForCausalLM, LlamaConfig]:
+    """Llama-2-7B's shape (hidden 4096, 32 heads, MLP 11008, vocab 32000) or Llama-3-8B's (MLP 14336, 8 key/value
+    heads: GQA, vocab 128,256); ``hidden`` < 4096 only for CPU smoke runs."""
+    mlp, kv_heads, vocab = SHAPES[shape]
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * mlp // 4096, num_hidden_layers=layers,
+                      num_attention_heads=32, num_key_value_heads=kv_heads, vocab_size=vocab,
+                      max_position_embeddings=4096)
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
@@ -113,12 +129,16 @@ def build_model(layers: int, hidden: int, device: str) -> tuple[LlamaForCausalLM
 
 
 def main(batches: str = "64,296", new_tokens: int = 128, prompt_len: int = 64, layers: int = 32, rounds: int = 2,
-         out: str = "", check_tokens: int = 16, hidden: int = 4096, device: str = "cuda", only: str = "") -> None:
-    """``only``: comma-separated substrings; keep the mmw schemes whose name contains one (HF rows always run)."""
+         out: str = "", check_tokens: int = 16, hidden: int = 4096, device: str = "cuda", only: str = "",
+         shape: str = "llama2-7b") -> None:
+    """``only``: comma-separated substrings; keep the mmw schemes whose name contains one (HF rows always run).
+    ``shape``: llama2-7b | llama3-8b (random init)."""
     if only:
         for name in [n for n in MMW_SCHEMES if not any(k in n for k in only.split(","))]:
             del MMW_SCHEMES[name]
-    model, cfg = build_model(layers, hidden, device)
+    if shape not in SHAPES:
+        raise typer.BadParameter(f"unknown shape {shape!r}; allowed: {', '.join(SHAPES)}", param_hint="--shape")
+    model, cfg = build_model(layers, hidden, device, shape)
     vocab = cfg.vocab_size
     base = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
     greedy = GenerationConfig(do_sample=False, **base)
@@ -134,7 +154,8 @@ def main(batches: str = "64,296", new_tokens: int = 128, prompt_len: int = 64, l
                                                             402, 542, 104, 23, 471, 982, 341, 867])),
     }
     specs = {name: SchemeSpec.from_params(p) if p else None for name, p in MMW_SCHEMES.items()}
-    result: dict = dict(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__, new_tokens=new_tokens,
+    result: dict = dict(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
+                        shape=shape, new_tokens=new_tokens,
                         prompt_len=prompt_len, layers=layers, rounds=rounds, batches={})
 
     def save() -> None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from mmw.errors import SpecError
 from mmw.kernels.stats import (BINARY, DISTRIBUTION_SHIFT, FIXED, PAIRWISE_BLOCK, REWEIGHT, SAMPLER_CODES,
-                               SOURCE_CODES)
+                               SOURCE_CODES, TOURNAMENT)
 from mmw.randomness import RandomnessSource
 from mmw.samplers.base import Sampler
 from mmw.scheme import SchemeSpec
@@ -55,7 +55,7 @@ class SamplerArrays:
     kind: int
     gamma: float
     denominator: float
-    rank: np.ndarray  # int64 [V] (C2) or [1]
+    rank: np.ndarray  # int64 [V] (C2), the tournament's layer weights [m], or [1]
     path_nodes: np.ndarray  # int64 [V, D] (C3) or [1, 1]
     path_bits: np.ndarray  # int8 [V, D] (C3) or [1, 1]
     depth: np.ndarray  # int64 [V] (C3) or [1]: units per token, for the hash-set sizes
@@ -75,6 +75,8 @@ class SamplerArrays:
                 raise SpecError("scheme.binary_code", f"code depth {code.max_depth} exceeds the kernels' "
                                 f"limit of {PAIRWISE_BLOCK}", "a code of depth <= 128, or detect.device=reference")
             nodes, bits, depth = code.path_nodes, code.path_bits, code.depth
+        if kind == TOURNAMENT:  # the per-layer weights of the g-value count: m ones
+            rank = np.ones(sampler.spec.layers, dtype=np.int64)
         gamma = sampler.spec.gamma if kind in (DISTRIBUTION_SHIFT, REWEIGHT) else 0.0
         return cls(kind, float(gamma), float(sampler.vocab_size - 1), rank, np.ascontiguousarray(nodes),
                    np.ascontiguousarray(bits), np.ascontiguousarray(depth, dtype=np.int64))

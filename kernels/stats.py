@@ -34,6 +34,10 @@ DISTRIBUTION_SHIFT = 4
 SAMPLER_CODES = {"exponential": EXPONENTIAL, "inverse_transform": INVERSE_TRANSFORM, "binary": BINARY,
                  "distribution_shift": DISTRIBUTION_SHIFT}
 
+# The tournament sampler (SynthID-Text): its code, kept apart from the list above.
+TOURNAMENT = 16
+SAMPLER_CODES["tournament"] = TOURNAMENT
+
 # Randomness-source codes.
 WINDOW = 1
 MINHASH = 2
@@ -202,8 +206,21 @@ def binary_value(seed, token, path_nodes, path_bits):
 
 
 @register_jitable
+def tournament_value(h, weights):
+    """Tournament: minus the weighted count of the token's g-values equal to 1, ``-sum_l weights[l] g_l`` with
+    g_l = bit 63 - l of h = prf(r, T) and m = len(weights) layers (integer weights: the sum is exact)."""
+    ones = 0
+    for layer in range(weights.shape[0]):
+        ones += weights[layer] * np.int64((h >> np.uint64(63 - layer)) & ONE_U64)
+    return -np.float64(ones)
+
+
+@register_jitable
 def token_statistic(kind, token, seed, gamma, rank, denominator, path_nodes, path_bits):
-    """The sampler's statistic s(T, r) of one token (int64) under one seed (uint64) -> float64."""
+    """The sampler's statistic s(T, r) of one token (int64) under one seed (uint64) -> float64. ``rank`` holds
+    C2's ranks, or the tournament's per-layer weights."""
+    if kind == TOURNAMENT:
+        return tournament_value(prf(seed, token), rank)
     if kind == BINARY:
         return binary_value(seed, token, path_nodes, path_bits)
     if kind == INVERSE_TRANSFORM:
@@ -238,6 +255,8 @@ def token_unit(kind, token, seed, k, gamma, rank, denominator, path_nodes, path_
     if kind == INVERSE_TRANSFORM:
         return seed, inverse_transform_value(seed, token, rank, denominator)
     h = prf(seed, token)
+    if kind == TOURNAMENT:
+        return h, tournament_value(h, rank)
     if kind == EXPONENTIAL:
         return h, exponential_value(unit(h))
     if kind == REWEIGHT:

@@ -77,6 +77,9 @@ class WatermarkStep:
             self.source = RandomnessSource.from_spec(spec)
             self.key = key
         self.context_len = self.source.context if self.source is not None else 0
+        #: Seeds a row remembers for the sampler's repeated-context mask (0: the sampler has none).
+        self.history_size = self.sampler.context_history if spec is not None else 0
+        self._slots: torch.Tensor | None = None
         fixed = isinstance(self.source, FixedKey)
         self._key_seq = torch.from_numpy(self.source.key_sequence(key).view(np.int64)) if fixed else None
         self._device: torch.device | None = None
@@ -108,6 +111,7 @@ class WatermarkStep:
             self.plain.prepare(device)
             if self._key_seq is not None:
                 self._key_seq = self._key_seq.to(device)
+            self._slots = torch.arange(max(self.history_size, 1), dtype=torch.int64, device=device)
             self._device = device
 
     def seeds(self, context: torch.Tensor, steps: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -119,36 +123,58 @@ class WatermarkStep:
             return self._key_seq[(shift + steps) % self._key_seq.shape[0]]
         return self.source.seeds_t(context, self.key, 0, shift)
 
-    def _step(self, scores, context, steps, shift, sample_base, skip_base):
+    def _step(self, scores, context, steps, shift, sample_base, skip_base, history=None):
         logits = scores[:, : self.vocab_size]
         entropy, spike = entropies(logits)
         plain_u = prf.unit_t(prf.prf_t(sample_base, steps))
         if self.source is None:
-            return self.plain.choose(logits, None, self.temperature, plain_u), torch.stack([entropy, spike])
-        chosen = self.sampler.choose(logits, self.seeds(context, steps, shift), self.temperature, plain_u)
+            chosen = self.plain.choose(logits, None, self.temperature, plain_u)
+            return chosen, torch.stack([entropy, spike]), chosen
+        seeds = self.seeds(context, steps, shift)
+        chosen = self.sampler.choose(logits, seeds, self.temperature, plain_u)
         if self.spec.skip_prob > 0:
             # Both branches are computed for every row: choosing per row on the host would sync every step.
             skip = prf.unit_t(prf.prf_t(skip_base, steps)) < self.spec.skip_prob
             chosen = torch.where(skip, self.plain.choose(logits, None, self.temperature, plain_u), chosen)
-        return chosen, torch.stack([entropy, spike])
+        if history is not None:
+            # Repeated context: this seed was already used at an earlier step of the row (slot k of the ring holds
+            # step k mod H's seed; slots not yet written are ignored), so the token is sampled plainly.
+            seen = (history == seeds.unsqueeze(-1)) & (self._slots.unsqueeze(0) < steps.unsqueeze(-1))
+            chosen = torch.where(seen.any(-1), self.plain.choose(logits, None, self.temperature, plain_u), chosen)
+        return chosen, torch.stack([entropy, spike]), seeds
 
     def __call__(self, scores: torch.Tensor, context: torch.Tensor, steps: torch.Tensor, shift: torch.Tensor,
-                 sample_base: torch.Tensor, skip_base: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                 sample_base: torch.Tensor, skip_base: torch.Tensor,
+                 history: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """``history``: int64 [B, history_size], the row's seeds of earlier steps (``new_history``), for samplers
+        that mask repeated contexts; this step's seed is written into it (outside the compiled graph)."""
         self._prepare(scores.device)
         if self._run is not self._step:
             try:
-                chosen, stats = self._run(scores, context, steps, shift, sample_base, skip_base)
+                chosen, stats, seeds = self._run(scores, context, steps, shift, sample_base, skip_base, history)
                 # A CUDA-graph replay reuses its output buffers: the kept statistics are copied out (one launch);
-                # ``chosen`` is consumed before the next step.
+                # ``chosen`` and ``seeds`` are consumed before the next step.
                 stats = stats.clone()
+                self._remember(history, steps, seeds)
                 return chosen, stats[0], stats[1]
             except Exception as err:  # a compiler bug must not cost a run: eager computes the same function
                 self.compile_error = f"{type(err).__name__}: {err}"
                 warnings.warn(f"torch.compile of the watermark step failed ({self.compile_error[:2000]}); "
                               "running it eager (slower)")
                 self._run = self._step
-        chosen, stats = self._step(scores, context, steps, shift, sample_base, skip_base)
+        chosen, stats, seeds = self._step(scores, context, steps, shift, sample_base, skip_base, history)
+        self._remember(history, steps, seeds)
         return chosen, stats[0], stats[1]
+
+    def new_history(self, batch: int, device: torch.device | str) -> torch.Tensor | None:
+        """An empty seed history for ``batch`` rows (None when the sampler masks no repeated context)."""
+        if not self.history_size:
+            return None
+        return torch.zeros(batch, self.history_size, dtype=torch.int64, device=device)
+
+    def _remember(self, history: torch.Tensor | None, steps: torch.Tensor, seeds: torch.Tensor) -> None:
+        if history is not None:
+            history.scatter_(1, (steps % self.history_size).unsqueeze(-1), seeds.unsqueeze(-1))
 
     @property
     def is_compiled(self) -> bool:
@@ -189,6 +215,7 @@ class WatermarkProcessor(LogitsProcessor):
         self.compiled = compiled
         self._state = row_state(spec, self.row_seeds)
         self._step: WatermarkStep | None = None
+        self._history: torch.Tensor | None = None
         self._steps: torch.Tensor | None = None
         self.step = 0
         self.entropy: list[torch.Tensor] = []
@@ -206,11 +233,12 @@ class WatermarkProcessor(LogitsProcessor):
                                         dynamic=False)
             self._state = {name: t.to(device) for name, t in self._state.items()}
             self._steps = torch.zeros(b, dtype=torch.int64, device=device)
+            self._history = self._step.new_history(b, device)
         n = self._step.context_len
         # Contiguous: a view into the growing input_ids has a new stride every step, and each new stride would
         # cost a recompilation or a CUDA-graph recording.
         context = input_ids[:, input_ids.shape[1] - n:].contiguous() if n else input_ids.new_zeros(b, 0)
-        chosen, entropy, spike = self._step(scores, context, self._steps, **self._state)
+        chosen, entropy, spike = self._step(scores, context, self._steps, **self._state, history=self._history)
         self.entropy.append(entropy)
         self.spike_entropy.append(spike)
         self._steps += 1

@@ -120,7 +120,9 @@ def anytime_bets(spec, grid: tuple[float, ...] = ANYTIME_GRID) -> Bets:
 
     - exp_up (C1, C2; X = -unit ~ Exp(1)): Exp(rate 1 - rho) against Exp(1), factor (1 - rho) e^{rho X};
     - exp_down (C3; X = unit ~ Exp(1)): Exp(rate 1 / (1 - rho)), factor e^{-(r - 1) X} r with r = 1 / (1 - rho);
-    - green (C4, reweight; G = -unit ~ Bernoulli(gamma)): Bernoulli(q), q = gamma + rho (1 - gamma).
+    - green (C4, reweight; G = -unit ~ Bernoulli(gamma)): Bernoulli(q), q = gamma + rho (1 - gamma);
+    - bits (tournament; -unit = the number of ones among a unit's m fair g-values): each g-value Bernoulli(q)
+      against Bernoulli(1/2), q = (1 + rho) / 2, factor (1 + rho)^ones (1 - rho)^(m - ones).
 
     A product of constant factors depends only on (C_n, S_n), so the mixture needs no per-unit state. Align and
     edit scores have no per-unit pivot (their nulls are permutation tests): asking raises ``SpecError``.
@@ -144,6 +146,9 @@ def pivot_bets(pivot: str, gamma: float | None, grid: tuple[float, ...] = ANYTIM
     elif pivot == "exp_down":  # rate r: c log r - (r - 1) X, X = S
         r = 1.0 / (1.0 - rho)
         a, b = np.log(r), -(r - 1.0)
+    elif pivot == "bits":  # ones = -S among the m c fair g-values: g log(1 + rho) + (m c - g) log(1 - rho)
+        a = spec.layers * np.log1p(-rho)
+        b = -(np.log1p(rho) - np.log1p(-rho))
     else:  # greens g = -S among c: g log(q / gamma) + (c - g) log((1 - q) / (1 - gamma))
         gamma = float(gamma)
         q = gamma + rho * (1.0 - gamma)

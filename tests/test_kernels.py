@@ -55,6 +55,7 @@ SAMPLERS = {
     "binary_fixed": {"sampler": "binary", "binary_code": "fixed"},
     "distribution_shift": {"sampler": "distribution_shift", "delta": 2.0, "gamma": 0.3},
     "reweight": {"sampler": "reweight", "reweight_alpha": 0.3, "gamma": 0.3},
+    "tournament": {"sampler": "tournament", "layers": 30},
 }
 # Every score x randomness combination that SchemeSpec allows (window 0 = constant randomness).
 SCHEMES = {
@@ -479,8 +480,10 @@ def test_anytime_twin_matches_the_reference(sampler):
     for n in lengths:
         units = max(int(n) - 2, 0)  # the first two tokens carry no unit, as a window's unscored context
         draws = (rng.random(units) < 0.3) * 1.0 if sampler in ("distribution_shift", "reweight") else rng.exponential(size=units)
+        if sampler == "tournament":  # a unit is minus its ones among 30 fair g-values
+            draws = rng.binomial(30, 0.5, size=units) * 1.0
         # null draws with a watermark-like downward drift of 0.5 per unit, so that some texts cross
-        sign = 1.0 if sampler.startswith("binary") else -1.0  # C4 units are -green, C1/C2 -Exp(1), C3 +Exp(1)
+        sign = 1.0 if sampler.startswith("binary") else -1.0  # C4 -green, C1/C2 -Exp(1), C3 +Exp(1), -ones
         total = np.concatenate([np.zeros(n - units), np.cumsum(sign * draws - 0.5)])
         outs.append((total, np.concatenate([np.zeros(n - units, np.int64), np.arange(1, units + 1)])))
     bets = anytime_bets(spec)

@@ -22,6 +22,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from mmw.processor import WatermarkStep, compile_default, row_state, watermark_step
+from mmw.samplers.parts import DECLARED
 from mmw.scheme import SchemeSpec
 
 KEY_ENV = "MMW_VLLM_KEY"
@@ -78,6 +79,9 @@ class WatermarkLogitsProcessor(LogitsProcessor):
         spec = SchemeSpec(**scheme) if scheme is not None else None
         if spec is not None and self.key is None:
             raise RuntimeError(f"a watermarked request reached the vLLM engine but {KEY_ENV} is not set")
+        if spec is not None and DECLARED[spec.sampler].context_history:
+            raise RuntimeError(f"sampler={spec.sampler} masks repeated contexts, and this engine keeps no per-request "
+                               "seed history yet: use engine=transformers")
         return (spec, self.key if spec is not None else None, int(args["vocab_size"]), float(args["temperature"]))
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:

@@ -37,12 +37,15 @@ class SamplerPart(Part):
     #: How the running sum S of its unit statistics moves under the watermark (``mmw.size``'s anytime e-process):
     #: "exp_up" -- each unit is -Exp(1) and the watermark makes Exp(1) draws large (C1, C2); "exp_down" -- each
     #: unit is +Exp(1) and shrinks when marked (C3, per tree node); "green" -- each unit is -1 (green, probability
-    #: gamma) or 0 (C4, reweight). None: no per-unit pivot.
+    #: gamma) or 0 (C4, reweight); "bits" -- each unit is minus its count of ones among ``layers`` fair bits
+    #: (tournament). None: no per-unit pivot.
     pivot: ClassVar[str | None] = None
     #: Whether ``choose`` accepts one seed per candidate (int64 [B, V], ``randomness=selfhash``) besides one per row:
     #: true where each candidate's draw is its own keyed value (C1's uniform, C4's green bit); false where one
     #: permutation, uniform or tree walk per position is shared by all candidates.
     candidate_seeds: ClassVar[bool] = False
+    #: Seeds remembered per generation for masking repeated contexts (0: no mask); ``mmw.processor`` applies it.
+    context_history: ClassVar[int] = 0
     # A distortion-free sampler is deterministic given the key, so it may sample plainly with probability skip_prob.
     scheme_keys = (Key("skip_prob", default=0.0),)
 
@@ -125,6 +128,33 @@ class ReweightPart(SamplerPart):
                    Key("gamma", default=0.5))
 
 
+
+# ---------------------------------------------------------------------------------------------- tournament
+#: The most tournament layers the kernels support: layer l's g-value is bit 63 - l of one 64-bit PRF output.
+MAX_LAYERS = 64
+#: The most candidates per match (``leaves``): beyond a few the distortionary tournament is near-greedy on g.
+MAX_LEAVES = 16
+
+
+class TournamentPart(SamplerPart):
+    """SynthID-Text (Dathathri et al., Nature 2024): a tournament over ``layers`` rounds of keyed Bernoulli
+    g-values, ``leaves`` candidates per match; its output distribution is computed exactly (no candidate draws).
+
+    ``leaves`` = 2 is SynthID's non-distortionary mode (distortion-free over keys at each step); ``leaves`` > 2
+    its distortionary mode (stronger signal, biased towards tokens with many g = 1). Repeated contexts (a seed
+    already used in this generation) are sampled plainly, as SynthID does."""
+
+    name = "tournament"
+    label = "Tournament"
+    implementation = "mmw.samplers.tournament"
+    pivot = "bits"
+    #: Seeds remembered per row for the repeated-context mask (SynthID's ``context_history_size``).
+    context_history = 1024
+    scheme_keys = (Unused("skip_prob", "by the tournament sampler (it is not deterministic given the key)"),
+                   Key("layers", default=30, purpose="the tournament's number of layers m"),
+                   Key("leaves", default=2, purpose="the tournament's candidates per match (2: non-distortionary)"))
+
+
 class PluginPart(SamplerPart):
     """An outside watermark through its plugin (``mmw.plugins``, entry-point group ``mmw.watermarks``): the plugin
     brings its own randomness, sampling and detection; ``plugin`` names it, ``plugin_params`` are validated by the
@@ -140,7 +170,7 @@ class PluginPart(SamplerPart):
 
 #: The watermarking samplers, in the paper's order: the values of the scheme's ``sampler``.
 WATERMARKING: tuple[type[SamplerPart], ...] = (DistributionShiftPart, ExponentialPart, InverseTransformPart,
-                                               BinaryPart, ReweightPart, PluginPart)
+                                               BinaryPart, ReweightPart, TournamentPart, PluginPart)
 #: Every sampler's declaration by name, plain sampling (``none``) included.
 DECLARED: dict[str, type[SamplerPart]] = {cls.name: cls for cls in (*WATERMARKING, PlainPart)}
 #: Display names of the built-in watermarking samplers (the report's families), in the paper's order.

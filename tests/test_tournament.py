@@ -1,0 +1,226 @@
+"""The tournament sampler (SynthID-Text): its exact distribution against a brute-force tournament, distortion over
+keys in both modes, the repeated-context mask, its exact null and anytime e-process, and its validation."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from scipy import stats
+from typer.testing import CliRunner
+
+from mmw import prf
+from mmw.calibration import binomial_band, false_positive_rate, generate_synthetic, null_sequences, \
+    uniform_subset_model
+from mmw.cli import app
+from mmw.detector import Detector
+from mmw.errors import SpecError
+from mmw.processor import WatermarkStep, row_state
+from mmw.samplers import build_sampler
+from mmw.samplers.base import Plain
+from mmw.samplers.tournament import g_values_np, tournament_probs
+from mmw.scheme import SchemeSpec
+from mmw.size import anytime_bets
+
+KEY = prf.key_from_string("tournament tests")
+VOCAB = 1000
+ALPHA = 0.02
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_LOGITS = torch.log(torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04]))
+
+
+def spec_of(**extra) -> SchemeSpec:
+    return SchemeSpec.from_params({"sampler": "tournament", "randomness": "window", "window": 1, "score": "sum",
+                                   "alpha": ALPHA, **extra})
+
+
+# ---------------------------------------------------------------------------------------------- exact distribution
+def brute_force(p: np.ndarray, g: np.ndarray, leaves: int) -> np.ndarray:
+    """The winner's law of a tournament played out: leaves ** m candidates drawn i.i.d. from p; round l splits the
+    survivors into matches of ``leaves`` and each match's winner is drawn uniformly among its players with the
+    largest g_l. p: [V]; g: 0/1 [V, m] -> [V]."""
+    v, m = g.shape
+    out = np.zeros(v)
+    for candidates in itertools.product(range(v), repeat=leaves ** m):
+        weight = np.prod(p[list(candidates)])
+        # The law of the survivor of each subtree, as a vector over tokens (ties broken uniformly).
+        survivors = [np.eye(v)[c] for c in candidates]
+        for layer in range(m):
+            nxt = []
+            for q in range(0, len(survivors), leaves):
+                law = np.zeros(v)
+                for picks in itertools.product(*[np.flatnonzero(s) for s in survivors[q: q + leaves]]):
+                    chance = np.prod([survivors[q + i][t] for i, t in enumerate(picks)])
+                    best = max(g[t, layer] for t in picks)
+                    winners = [t for t in picks if g[t, layer] == best]
+                    for t in winners:
+                        law[t] += chance / len(winners)
+                nxt.append(law)
+            survivors = nxt
+        out += weight * survivors[0]
+    return out
+
+
+@pytest.mark.parametrize("leaves,layers", [(2, 1), (2, 3), (3, 1), (4, 1)])
+def test_exact_distribution_equals_a_played_out_tournament(leaves, layers):
+    rng = np.random.default_rng(leaves * 10 + layers)
+    p = rng.dirichlet(np.ones(3))
+    for _ in range(3):
+        hashes = rng.integers(-2**63, 2**63 - 1, size=3, dtype=np.int64)
+        bits = ((hashes.view(np.uint64)[:, None] >> np.arange(63, 63 - layers, -1).astype(np.uint64)) & 1)
+        exact = tournament_probs(torch.from_numpy(p)[None], torch.from_numpy(hashes)[None], layers, leaves)[0]
+        np.testing.assert_allclose(exact.numpy(), brute_force(p, bits.astype(int), leaves), rtol=1e-12, atol=1e-15)
+
+
+def test_g_values_are_the_prf_bits_and_the_statistic_counts_them():
+    tokens, seeds = np.array([3, 7, 999]), np.array([1, 2**63 + 5, 42], dtype=np.uint64)
+    g = g_values_np(tokens, seeds, 30)
+    h = prf.prf_np(seeds, tokens)
+    for i in range(3):
+        assert [int(b) for b in g[i]] == [int(h[i]) >> (63 - l) & 1 for l in range(30)]
+    sampler = build_sampler(spec_of(), KEY, VOCAB)
+    np.testing.assert_array_equal(sampler.statistic(tokens, seeds), -g.sum(axis=1).astype(np.float64))
+
+
+# ---------------------------------------------------------------------------------------------- distortion
+def sample_many_keys(spec: SchemeSpec, n: int, temperature: float) -> np.ndarray:
+    v = SMALL_LOGITS.shape[0]
+    sampler = build_sampler(spec, KEY, v)
+    rng = np.random.default_rng(11)
+    seeds = torch.from_numpy(rng.integers(0, 2**63, size=n, dtype=np.int64) * 2 + 1)
+    return sampler.choose(SMALL_LOGITS.expand(n, v), seeds, temperature, torch.from_numpy(rng.random(n))).numpy()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_non_distortionary_mode_samples_the_model_distribution_over_keys(temperature):
+    n = 60_000
+    tokens = sample_many_keys(spec_of(layers=30, leaves=2), n, temperature)
+    expected = torch.softmax(SMALL_LOGITS.double() / temperature, -1).numpy() * n
+    assert stats.chisquare(np.bincount(tokens, minlength=len(expected)), expected).pvalue > 1e-3
+
+
+def test_distortionary_mode_is_detectably_distorted():
+    """With 4 leaves per match the law over keys is no longer the model's: the test above would catch it."""
+    n = 60_000
+    tokens = sample_many_keys(spec_of(layers=30, leaves=4), n, 1.0)
+    expected = torch.softmax(SMALL_LOGITS.double(), -1).numpy() * n
+    assert stats.chisquare(np.bincount(tokens, minlength=len(expected)), expected).pvalue < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------- repeated contexts
+def test_a_repeated_context_is_sampled_plainly():
+    """Window 1: a row whose context token repeats gets the same seed twice; the second time the step returns the
+    plain sampler's choice (same uniform), the first time the tournament's."""
+    rows, v = 4000, SMALL_LOGITS.shape[0]
+    spec = spec_of(layers=30)
+    step = WatermarkStep(spec, KEY, v, 1.0, compiled=False)
+    state = row_state(spec, list(range(rows)))
+    history = step.new_history(rows, "cpu")
+    context = torch.full((rows, 1), 7, dtype=torch.int64)
+    logits = SMALL_LOGITS.expand(rows, v).clone()
+    plain = Plain(None, 0, v)
+    chosen = []
+    for k in range(2):
+        steps = torch.full((rows,), k, dtype=torch.int64)
+        chosen.append(step(logits, context, steps, **state, history=history)[0])
+        plain_u = prf.unit_t(prf.prf_t(state["sample_base"], steps))
+        if k == 1:
+            assert torch.equal(chosen[1], plain.choose(logits, None, 1.0, plain_u))
+    # The first step is watermarked: all rows share the seed, so the tournament's law is far from the model's.
+    first = np.bincount(chosen[0].numpy(), minlength=v)
+    expected = torch.softmax(SMALL_LOGITS.double(), -1).numpy() * rows
+    assert stats.chisquare(first, expected).pvalue < 1e-6
+    # A fresh context after the repeat is watermarked again (the history holds only seen seeds).
+    steps = torch.full((rows,), 2, dtype=torch.int64)
+    fresh = step(logits, context + 1, steps, **state, history=history)[0]
+    seeds = step.seeds(context + 1, steps, state["shift"])
+    sampler = build_sampler(spec, KEY, v)
+    plain_u = prf.unit_t(prf.prf_t(state["sample_base"], steps))
+    assert torch.equal(fresh, sampler.choose(logits, seeds, 1.0, plain_u))
+
+
+# ---------------------------------------------------------------------------------------------- null and power
+def test_pvalue_is_the_exact_binomial_tail():
+    sampler = build_sampler(spec_of(layers=7), KEY, VOCAB)
+    total, n_units = np.array([-0.0, -4.0, -40.0, -63.0]), np.array([0, 1, 9, 9])
+    want = [1.0, stats.binom.sf(3, 7, 0.5), stats.binom.sf(39, 63, 0.5), 0.5 ** 63]
+    np.testing.assert_allclose(sampler.pvalue_sum(total, n_units), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("corpus", ["random", "text", "repetitive"])
+def test_false_positive_rate_at_the_nominal_level(corpus):
+    n = 2000
+    seqs = null_sequences(corpus, n, 200, VOCAB, seed=zlib.crc32(corpus.encode()))
+    rate = false_positive_rate(spec_of(window=3), KEY, seqs, VOCAB)
+    lo, hi = binomial_band(n, ALPHA)
+    assert rate <= hi, (corpus, rate, hi)
+    if corpus == "random":  # a discrete exact null is close to its level when N m is large
+        assert rate >= binomial_band(n, ALPHA, level=0.999)[0], rate
+
+
+def test_valid_and_anytime_sizes_keep_their_level_at_any_prefix():
+    """On 2,000 null texts of 200 tokens, the share with a checkpoint size (union bound) or an anytime size
+    (Ville) is <= alpha."""
+    seqs = null_sequences("text", 2000, 200, VOCAB, seed=5)
+    res = Detector(spec_of(window=3), KEY, VOCAB).detect(seqs)
+    _, hi = binomial_band(len(seqs), ALPHA)
+    assert np.mean([r.size_valid is not None for r in res]) <= hi
+    assert np.mean([r.size_anytime is not None for r in res]) <= hi
+
+
+def test_watermarked_text_is_detected_in_both_modes():
+    logits = uniform_subset_model(VOCAB, support=4, rows=16, seed=2)
+    for leaves in (2, 4):
+        spec = spec_of(window=2, leaves=leaves)
+        toks = generate_synthetic(spec, KEY, logits, rows=16, length=64, vocab_size=VOCAB)
+        res = Detector(spec, KEY, VOCAB).detect(list(toks))
+        assert np.mean([r.pvalue <= ALPHA for r in res]) >= 0.9
+        # and on the same model's unwatermarked text, not
+        plain = generate_synthetic(None, KEY, logits, rows=16, length=64, vocab_size=VOCAB)
+        assert np.mean([r.pvalue <= ALPHA for r in Detector(spec, KEY, VOCAB).detect(list(plain))]) <= 0.25
+
+
+# ---------------------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("bad,key,shown", [({"layers": 0}, "scheme.layers", "[1, 64]"),
+                                           ({"layers": 65}, "scheme.layers", "[1, 64]"),
+                                           ({"leaves": 1}, "scheme.leaves", "[2, 16]"),
+                                           ({"skip_prob": 0.1}, "scheme.skip_prob", "not used")])
+def test_bad_tournament_settings_name_the_key(bad, key, shown):
+    with pytest.raises(SpecError) as err:
+        spec_of(**bad)
+    assert str(err.value).startswith(key) and shown in str(err.value)
+
+
+def test_layers_outside_the_tournament_are_refused():
+    with pytest.raises(SpecError, match="scheme.layers: not used by sampler=exponential"):
+        SchemeSpec.from_params({"sampler": "exponential", "randomness": "window", "window": 1, "score": "sum",
+                                "layers": 3})
+
+
+def test_cli_exits_2_on_bad_layers_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    board = yaml.safe_load((ROOT / "params.yaml").read_text())
+    board["key"] = "cli-test-key-0123456789"
+    board["scheme"].update(sampler="tournament", delta=None, gamma=None, layers=65)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(board))
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    result = CliRunner().invoke(app, ["generate", "watermarked"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: scheme.layers:") and "[1, 64]" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dvc.yaml", "params.yaml"]
+
+
+def test_bits_pivot_is_the_bernoulli_likelihood_ratio():
+    spec = spec_of(layers=5)
+    bets = anytime_bets(spec, grid=(0.4,))
+    ones, units = 7.0, 2.0
+    q = 0.7
+    want = ones * np.log(2 * q) + (5 * units - ones) * np.log(2 * (1 - q))
+    assert np.isclose(bets.a[0] * units + bets.b[0] * -ones, want)
