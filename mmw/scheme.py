@@ -146,7 +146,7 @@ _BLOCK_KEYS = ("randomness", "score")
 #: The scheme's keys, in declaration order (what an unknown key's error lists).
 KNOWN_KEYS = tuple(SchemeSpec.model_fields)
 #: The keys that shape only generation: no detector reads them (a detection is the same for any value).
-GENERATION_ONLY = ("delta",)
+GENERATION_ONLY = ("delta", "reweight_alpha", "leaves")
 #: The keys detection reads: dvc.yaml's detection stages depend on exactly these, so a change of a generation-only
 #: key reruns no detection of the unwatermarked baseline.
 DETECTION_KEYS = tuple(key for key in KNOWN_KEYS if key not in GENERATION_ONLY)

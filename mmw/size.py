@@ -132,12 +132,13 @@ def anytime_bets(spec, grid: tuple[float, ...] = ANYTIME_GRID) -> Bets:
                         "its valid size is the checkpoint size `size_valid`", ("sum",))
     if spec.sampler not in PIVOTS:
         raise SpecError("scheme.sampler", f"{spec.sampler!r} has no per-unit pivot", tuple(PIVOTS))
-    return pivot_bets(PIVOTS[spec.sampler], spec.gamma, grid)
+    return pivot_bets(PIVOTS[spec.sampler], spec.gamma, grid, spec.layers)
 
 
-def pivot_bets(pivot: str, gamma: float | None, grid: tuple[float, ...] = ANYTIME_GRID) -> Bets:
+def pivot_bets(pivot: str, gamma: float | None, grid: tuple[float, ...] = ANYTIME_GRID,
+               layers: int | None = None) -> Bets:
     """The e-process mixture of :func:`anytime_bets` for one pivot kind ("exp_up", "exp_down", "green" with its
-    ``gamma``): also what a plugin's declared null gets (``mmw.plugins``)."""
+    ``gamma``, "bits" with its ``layers``): also what a plugin's declared null gets (``mmw.plugins``)."""
     rho = np.asarray(grid, dtype=np.float64)
     if rho.ndim != 1 or rho.size == 0 or not np.all((rho > 0) & (rho < 1)):
         raise SpecError("anytime grid", f"{list(grid)!r} is not a list of signal strengths", "numbers in (0, 1)")
@@ -147,7 +148,7 @@ def pivot_bets(pivot: str, gamma: float | None, grid: tuple[float, ...] = ANYTIM
         r = 1.0 / (1.0 - rho)
         a, b = np.log(r), -(r - 1.0)
     elif pivot == "bits":  # ones = -S among the m c fair g-values: g log(1 + rho) + (m c - g) log(1 - rho)
-        a = spec.layers * np.log1p(-rho)
+        a = int(layers) * np.log1p(-rho)
         b = -(np.log1p(rho) - np.log1p(-rho))
     else:  # greens g = -S among c: g log(q / gamma) + (c - g) log((1 - q) / (1 - gamma))
         gamma = float(gamma)

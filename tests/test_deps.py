@@ -260,18 +260,22 @@ def test_a_generation_only_key_changes_no_detection() -> None:
     from mmw.scheme import GENERATION_ONLY, SchemeSpec
 
     key, vocab = key_from_string("deps-test-key"), 500
-    base = {"sampler": "distribution_shift", "randomness": "window", "window": 1, "delta": 4.0, "gamma": 0.5,
-            "score": "sum"}
-    texts = generate_synthetic(SchemeSpec.from_params(base), key, lambda step: torch.zeros(4, vocab), rows=4,
-                               length=48, vocab_size=vocab)
-    reference = Detector(SchemeSpec.from_params(base), key, vocab, device="reference").detect(list(texts))
-    assert all(r.detected for r in reference)
-    for name in GENERATION_ONLY:
-        other = SchemeSpec.from_params({**base, name: 1.0})
+    window = {"randomness": "window", "window": 1, "score": "sum"}
+    #: per generation-only key: a scheme that uses it, and another value for it
+    uses = {"delta": ({"sampler": "distribution_shift", "delta": 4.0, "gamma": 0.5, **window}, 1.0),
+            "reweight_alpha": ({"sampler": "reweight", "reweight_alpha": 0.5, **window}, 0.25),
+            "leaves": ({"sampler": "tournament", "layers": 30, "leaves": 2, **window}, 4)}
+    assert sorted(uses) == sorted(GENERATION_ONLY)
+    for name, (base, value) in uses.items():
+        texts = generate_synthetic(SchemeSpec.from_params(base), key, lambda step: torch.zeros(4, vocab), rows=4,
+                                   length=48, vocab_size=vocab)
+        reference = Detector(SchemeSpec.from_params(base), key, vocab, device="reference").detect(list(texts))
+        assert all(r.detected for r in reference), name
+        other = SchemeSpec.from_params({**base, name: value})
         results = Detector(other, key, vocab, device="reference").detect(list(texts))
         for result, expected in zip(results, reference, strict=True):
-            for field, value in dataclasses.asdict(expected).items():
-                np.testing.assert_array_equal(getattr(result, field), value, err_msg=f"scheme.{name} changes the "
+            for field, got in dataclasses.asdict(expected).items():
+                np.testing.assert_array_equal(getattr(result, field), got, err_msg=f"scheme.{name} changes the "
                                               f"detection's {field}: list it in the detection stages' params")
 
 
