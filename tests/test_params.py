@@ -103,10 +103,16 @@ def test_the_key_is_top_level_and_not_part_of_the_scheme(board: dict[str, Any]) 
 
 
 def test_no_stage_copies_the_key_into_dvc_lock_and_scheme_users_take_the_whole_section() -> None:
+    """No stage lists the key; a stage that reads the scheme takes the whole section, except the detection stages,
+    which list exactly the detection keys (tests/test_deps.py checks which)."""
+    from mmw.scheme import DETECTION_KEYS
+
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
         params = [p for p in stage.get("params", []) if isinstance(p, str)]
-        assert not any(p == "key" or p.startswith(("key.", "scheme.")) for p in params), name
+        assert not any(p == "key" or p.startswith("key.") for p in params), name
+        listed = {p.removeprefix("scheme.") for p in params if p.startswith("scheme.")}
+        assert not listed or (name.startswith("detect_") and listed == set(DETECTION_KEYS)), name
 
 
 def test_detect_devices_agree_with_the_detector() -> None:

@@ -311,9 +311,17 @@ def _single_valued(path: Path, board: Mapping[str, Any], configs: list[Config]) 
                             "one value for the whole sweep (set it in base)")
 
 
+#: Scheme keys added after sweeps were first recorded: left out of a config's identity while null, so that adding a
+#: block (and its null key) keeps every recorded configuration's id and evidence.
+LATER_SCHEME_KEYS = ("scheme.layers", "scheme.leaves", "scheme.reweight_alpha", "scheme.plugin",
+                     "scheme.plugin_params")
+
+
 def config_id(overrides: Mapping[str, Any]) -> str:
-    """Stable identity of a config: blake2b of its overrides as sorted, compact JSON (10 hex digits)."""
-    text = json.dumps(dict(overrides), sort_keys=True, separators=(",", ":"), default=str)
+    """Stable identity of a config: blake2b of its overrides as sorted, compact JSON (10 hex digits); a null
+    :data:`LATER_SCHEME_KEYS` entry does not count."""
+    kept = {k: v for k, v in overrides.items() if not (k in LATER_SCHEME_KEYS and v is None)}
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.blake2b(text.encode(), digest_size=5).hexdigest()
 
 
