@@ -21,12 +21,14 @@ import hashlib
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Protocol, TypeVar, get_args, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import yaml
-from pydantic import AfterValidator
 
 from mmw.errors import SpecError
+from mmw.model_fields import (  # noqa: F401  (some re-exported: callers read the field types from mmw.params)
+    DETECT_DEVICES, DEVICES, DTYPES, MODEL_SPECS, RATE_MODES, DetectDevice, Device, Dtype, Engine, JudgeBackend,
+    ModelName, RateMode, choices)
 from mmw.validation import Integer, Section, allowed, validate
 
 if TYPE_CHECKING:
@@ -34,47 +36,6 @@ if TYPE_CHECKING:
     from mmw.scheme import SchemeSpec
 
 DEFAULT_PARAMS = Path("params.yaml")
-DEVICES = "auto, cpu, cuda, cuda:N"
-MODEL_SPECS = ("embedded:<name>, a local HF model folder, a local .gguf file, or a Hugging Face hub id "
-               "(cached or online)")
-
-# Each enumeration once: the Literal is the type, ``get_args`` its values.
-Dtype = Literal["auto", "fast", "float32", "float16", "bfloat16"]
-Engine = Literal["transformers", "vllm"]
-#: detect.device (mmw.detector.DEVICES reads it).
-DetectDevice = Literal["auto", "cpu", "cuda", "reference"]
-RateMode = Literal["auto", "greedy", "expected"]
-JudgeBackend = Literal["transformers", "vllm", "openai"]
-DTYPES: tuple[str, ...] = get_args(Dtype)
-DETECT_DEVICES: tuple[str, ...] = get_args(DetectDevice)
-RATE_MODES: tuple[str, ...] = get_args(RateMode)
-
-
-def choices(kind: Any) -> str:
-    """The values of a ``Literal`` as an error's allowed text: "auto, cpu, cuda"."""
-    return ", ".join(get_args(kind))
-
-
-def _device(value: str) -> str:
-    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
-        return value
-    raise ValueError(f"unknown device {value!r}")
-
-
-def _model_name(value: str) -> str:
-    """Cheap form checks (no import of the loader); ``mmw.board`` and the loader resolve the name."""
-    if not value.strip():
-        raise ValueError(f"expected a model name, got {value!r}")
-    path = Path(value).expanduser()
-    looks_like_path = path.is_absolute() or value.startswith((".", "~")) or value.endswith(".gguf") \
-        or value.count("/") > 1
-    if looks_like_path and not path.exists():
-        raise ValueError(f"path {value!r} does not exist")
-    return value
-
-
-Device = Annotated[str, AfterValidator(_device)]
-ModelName = Annotated[str, AfterValidator(_model_name)]
 
 
 class ModelParams(Section):

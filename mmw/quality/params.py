@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, field_validator
 
-from mmw.params import DEVICES, DTYPES, MODEL_SPECS, Device, Dtype, ModelName
+from mmw.model_fields import DEVICES, DTYPES, MODEL_SPECS, Device, Dtype, ModelName
 from mmw.validation import Integer, Section, allowed
 
 #: The measures computed when ``quality.metrics`` is left out (the names are those of mmw.quality.registry, which
