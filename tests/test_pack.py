@@ -31,7 +31,7 @@ BOARD = yaml.safe_load((REPO / "params.yaml").read_text())
 
 
 def test_a_pack_shares_only_stages_that_read_neither_the_scheme_nor_the_key() -> None:
-    from mmw.sweep.pack import stage_plan
+    from mmw.sweep.pipeline import stage_plan
 
     plan, sources = stage_plan(REPO / "dvc.yaml")
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
@@ -145,7 +145,7 @@ def test_each_configurations_stages_see_its_key_and_workspace_and_failures_are_o
         if stage.name in fail and fail[stage.name] == os.environ.get("MMW_KEY"):
             raise SpecError("scheme.delta", "bad", "good")
 
-    monkeypatch.setattr(pack_module, "_run_stage", fake_stage)
+    monkeypatch.setattr(pack_module, "run_stage", fake_stage)
     jobs = [Job("a", "a", {"scheme.delta": 2.5}, env={"MMW_KEY": KEYS["ds"]}),
             Job("b", "b", {"scheme.delta": 5.0}, env={"MMW_KEY": KEYS["exp"]})]
     cwd, outcomes = Path.cwd(), []

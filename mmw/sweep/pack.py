@@ -34,7 +34,6 @@ are removed when the next local run starts. One local run works in a repository 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import shutil
@@ -42,7 +41,6 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,18 +48,22 @@ from typing import Any
 import polars as pl
 import yaml
 
+from mmw.engines.models import load_model, shared_loads
 from mmw.errors import SpecError
+from mmw.io import PROMPTS, read_table, write_table
+from mmw.keys import resolve_key
+from mmw.params import load_params
+from mmw.scheme import SchemeSpec
 from mmw.selection.reading import METRICS_FILE, run_values
-from mmw.sweep.definition import VARYING, apply_overrides, pack_key
+from mmw.stages.common import generator_vocab_size
+from mmw.sweep.definition import apply_overrides, pack_key
 from mmw.sweep.evidence import run_rows
+from mmw.sweep.pipeline import PARAMS, run_stage, stage_plan
 from mmw.sweep.runner import LOG_DIR, Job, Outcome, hold_run_lock
 from mmw.sweep.units import TIMED_STAGES, RunEvidence
 
 #: Scratch workspaces of the packs being run (removed when a pack ends, and at the start of the next run).
 PACKS_DIR = LOG_DIR / "packs"
-#: ``dvc.yaml`` commands whose stage module is not named like the command.
-MODULES = {"low-entropy-inputs": "low_entropy"}
-PARAMS = Path("params.yaml")
 #: The per-configuration stage a pack can run for all its configurations at once (:meth:`PackedExecutor.decode`).
 DECODED_STAGE = "generate_watermarked"
 #: Its output (``mmw.io.GENERATIONS["watermarked"]``; a constant here so the pack's import stays light).
@@ -75,59 +77,6 @@ def check_pack(value: Any, setting: str = "pack") -> int:
         raise SpecError(setting, f"{value!r} is not a number of configurations per unit",
                         "an integer >= 1, or 0 (every configuration that shares a baseline in one unit)")
     return value
-
-
-# ------------------------------------------------------------------------------------------------ the stages
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage of ``dvc.yaml``: its name, the ``mmw.stages`` module and arguments its command runs, its outputs,
-    and whether a pack runs it once (``shared``) or per configuration."""
-
-    name: str
-    module: str
-    args: tuple[str, ...]
-    outs: tuple[str, ...]
-    shared: bool
-
-
-def _paths(entries: Sequence[Any]) -> list[str]:
-    """The paths of ``deps`` / ``outs`` / ``metrics`` entries (a string or a one-key mapping)."""
-    return [str(next(iter(e))) if isinstance(e, Mapping) else str(e) for e in entries or []]
-
-
-def stage_plan(dvc_yaml: Path) -> tuple[list[Stage], list[str]]:
-    """The pipeline's stages in ``dvc.yaml`` order (each after its inputs) and the source data paths its stages
-    read (``data/...`` deps no stage writes). A stage is per configuration when it always runs (the key), reads
-    ``scheme`` params, or reads an output of a per-configuration stage (or the key's); every other one is shared."""
-    stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages") or {}
-    per_config: set[str] = set()
-    plan: list[Stage] = []
-    written = {out for stage in stages.values() for out in _paths(stage.get("outs", [])) + _paths(
-        stage.get("metrics", []))}
-    sources: list[str] = []
-    for name, stage in stages.items():
-        words = str(stage["cmd"]).split()
-        if len(words) < 2 or Path(words[0]).name != "mmw":
-            raise SpecError("dvc.yaml", f"stage {name} runs {stage['cmd']!r}, not an mmw stage command",
-                            "`scripts/mmw <command> [args]` commands (a pack runs them in one process)")
-        command, args = words[1], tuple(words[2:])
-        module = MODULES.get(command, command)
-        params = [p if isinstance(p, str) else str(next(iter(p))) for p in stage.get("params", []) or []]
-        deps = _paths(stage.get("deps", []))
-        outs = tuple(_paths(stage.get("outs", [])) + _paths(stage.get("metrics", [])))
-        shared = not (stage.get("always_changed") or any(p.split(".")[0] == VARYING for p in params)
-                      or any(d in per_config for d in deps))
-        if not shared:
-            per_config.update(outs)
-        sources += [d for d in deps if d.startswith("data/") and d not in written and d not in sources]
-        plan.append(Stage(name, module, args, outs, shared))
-    return plan, sources
-
-
-def _run_stage(stage: Stage) -> None:
-    importlib.import_module(f"mmw.stages.{stage.module}").run(*stage.args, PARAMS)
 
 
 # ------------------------------------------------------------------------------------------------ the packs
@@ -219,8 +168,6 @@ class PackedExecutor:
         self.plan, self.sources = stage_plan(self.repo / "dvc.yaml")
 
     def run(self, jobs: Sequence[Job], record: Callable[[Outcome], None]) -> None:
-        from mmw.engines.models import shared_loads
-
         lock = hold_run_lock(self.repo)
         try:
             shutil.rmtree(self.repo / PACKS_DIR, ignore_errors=True)  # a killed pack's workspaces
@@ -246,7 +193,7 @@ class PackedExecutor:
             with _inside(shared_dir, {}):
                 for stage in (s for s in self.plan if s.shared):
                     try:
-                        _run_stage(stage)
+                        run_stage(stage)
                     except Exception as err:  # noqa: BLE001 - a stage's failure fails the pack's jobs, not the run
                         shared_error = _error(stage.name, err)
                         break
@@ -285,14 +232,8 @@ class PackedExecutor:
         (vLLM batches requests itself), is left out: its own stage runs and fails or runs as it would alone. A
         decode holds at most ``decode_rows`` rows (default ``model.batch_size``: the memory of one configuration's
         own generation); when a configuration's batch already fills it, nothing is decoded here."""
-        from mmw.engines.models import load_model
-        from mmw.io import PROMPTS, read_table, write_table
-        from mmw.keys import resolve_key
-        from mmw.params import load_params
-        from mmw.plugins.generation import build_processor
-        from mmw.scheme import SchemeSpec
-        from mmw.stages.common import generator_vocab_size
-        from mmw.sweep.decode import generate_together
+        from mmw.plugins.generation import build_processor  # imports torch and transformers
+        from mmw.sweep.decode import generate_together  # imports torch and transformers
         ready: list[tuple[int, Any, int]] = []
         for index, job in enumerate(jobs):
             path = root / f"decode-{index}.yaml"
@@ -360,7 +301,7 @@ class PackedExecutor:
                 for stage in (s for s in self.plan if not s.shared and not (decoded is not None
                                                                             and s.name == DECODED_STAGE)):
                     try:
-                        _run_stage(stage)
+                        run_stage(stage)
                     except Exception as err:  # noqa: BLE001 - recorded as this job's failure
                         return self._outcome(job, "failed", _error(stage.name, err), time.perf_counter() - mark, ran,
                                              restored, info)
