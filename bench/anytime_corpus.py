@@ -163,8 +163,11 @@ def upper95(k: int, n: int) -> float:
     return 1.0 if k >= n else float(stats.beta.ppf(0.95, k + 1, n - k))
 
 
-def null_row(spec: SchemeSpec, key: int, texts: list[np.ndarray], vocab: int) -> dict:
-    """Counts of full-text detections, E, checkpoint and anytime sizes over texts, one key per text."""
+def null_row(spec: SchemeSpec, key: int, texts: list[np.ndarray], vocab: int, keys_per_text: int = 1) -> dict:
+    """Counts of full-text detections, E, checkpoint and anytime sizes over texts, one key per text; with
+    ``keys_per_text`` K > 1 every text is detected under K fresh keys (a small corpus then still gives a tight
+    interval: given the texts, the verdicts under independent keys are independent draws)."""
+    texts = list(texts) * keys_per_text  # text i of repetition j gets key prf_int(key, j * len(texts) + i)
     results = [Detector(spec, prf_int(key, i), vocab).detect([t])[0] for i, t in enumerate(texts)]
     n = len(results)
     row = {"n": n, "mean_tokens": float(np.mean([r.n_tokens for r in results]))}
@@ -183,8 +186,9 @@ def main(corpus_from_system: bool = typer.Option(False, "--corpus-from-system",
                                                  help="build the corpus from this machine's files"),
          corpus_cache: Path = Path("/tmp/mmw-anytime-corpus.npz"), texts: int = 3000, length: int = 200,
          per_file: int = 8, seed: int = 20261127, alpha: float = 0.02, only: str = "", kinds: str = "",
-         baseline: Path | None = None, out: Path | None = None) -> None:
-    """``--only``: schemes whose name contains this text; ``--kinds``: comma-separated kinds (default: all)."""
+         baseline: Path | None = None, out: Path | None = None, keys_per_window: int = 1) -> None:
+    """``--only``: schemes whose name contains this text; ``--kinds``: comma-separated kinds (default: all);
+    ``--keys-per-window``: fresh keys per window (each window detected that many times, independently)."""
     from mmw.engines.models import load_tokenizer
 
     wanted = [k for k in kinds.split(",") if k] or list(system_kinds())
@@ -226,7 +230,8 @@ def main(corpus_from_system: bool = typer.Option(False, "--corpus-from-system",
                                              for t in pl.read_parquet(baseline)["tokens"].to_list()]
     key = key_from_string("bench-anytime-corpus")
     machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.freedesktop_os_release().get('PRETTY_NAME')}"
-    print(f"\nalpha={alpha}; {length}-token windows, one key per text; cells: rate (one-sided 95% upper bound)\n")
+    print(f"\nalpha={alpha}; {length}-token windows, {keys_per_window} fresh key(s) per window; cells: rate "
+          "(one-sided 95% upper bound)\n")
     print("| scheme | corpus | texts | full text | any prefix: E | any checkpoint: valid size | any prefix: anytime "
           "| seconds |")
     print("|---|---|---|---|---|---|---|---|")
@@ -237,7 +242,7 @@ def main(corpus_from_system: bool = typer.Option(False, "--corpus-from-system",
         spec = SchemeSpec.from_params({**params, "alpha": alpha})
         for source, windows in sources.items():
             t0 = time.perf_counter()
-            row = {"scheme": name, "corpus": source, **null_row(spec, key, windows, vocab)}
+            row = {"scheme": name, "corpus": source, **null_row(spec, key, windows, vocab, keys_per_window)}
             row["seconds"] = time.perf_counter() - t0
             rows.append(row)
             cells = ["-" if row[c] is None else f"{row[c]['rate']:.4f} ({row[c]['upper95']:.4f})"
@@ -248,6 +253,7 @@ def main(corpus_from_system: bool = typer.Option(False, "--corpus-from-system",
                 write_json({"date": datetime.date.today().isoformat(), "machine": machine,
                             "python": sys.version.split()[0], "command": " ".join(sys.argv), "alpha": alpha,
                             "length": length, "texts": texts, "per_file": per_file, "seed": seed,
+                            "keys_per_window": keys_per_window,
                             "tokenizer": MODEL, "vocab": vocab,
                             "baseline": None if baseline is None else str(baseline),
                             "kinds": {k: records[k] for k in wanted}, "rows": rows}, out)
