@@ -178,7 +178,8 @@ def main(null: bool = typer.Option(False, "--null"), sequences: int = 20000, uni
         for weights in layer_weights.split(","):
             for m in (int(v) for v in layers.split(",")):
                 null_units(m, sequences, units, alpha, weights)
-        null_texts(texts, length, vocab, alpha)
+        if texts:
+            null_texts(texts, length, vocab, alpha)
     if real_text:
         real(per_task, tokens, temperatures, batch_size, parts, alpha, out)
 
