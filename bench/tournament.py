@@ -104,14 +104,17 @@ def null_texts(texts: int, length: int, vocab: int, alpha: float) -> None:
                   + f" | {time.perf_counter() - t0:.0f} |", flush=True)
 
 
+HEADER = ("| layer weights | {text} | texts | mean tokens | detected: E / valid / anytime | median E | median valid | "
+          "median anytime | texts where weighted is sooner : later (E / valid / anytime) |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+
+
 def real(per_task: int, tokens: int, temperatures: str, batch_size: int, parts: Path, alpha: float,
          out: Path | None) -> None:
     """The deployed setting's real watermarked text (SmolLM2-135M, embedded, CPU), generated once per temperature
     and detected with each layer weighting: the layer weights change only detection, so the rows compare the mean
     and the weighted mean score on the same texts."""
     import datetime
-
-    from anytime_real import _median_cell, _sizes  # noqa: PLC0415  (bench/ is the script's directory)
 
     from mmw.engines.generate import generate
     from mmw.engines.models import load_model
@@ -130,9 +133,7 @@ def real(per_task: int, tokens: int, temperatures: str, batch_size: int, parts: 
               "tokens": tokens, "prompts": len(ids), "rows": []}
     print(f"alpha={alpha}, {len(ids)} prompts x {tokens} new tokens; medians with their 95% order-statistic "
           "intervals, undetected = inf\n")
-    print("| layer weights | T | texts | mean tokens | detected: E / valid / anytime | median E | median valid | "
-          "median anytime | texts where weighted < mean (E / valid / anytime) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(HEADER.format(text="T"))
     base = SCHEMES["Tournament m30, window 4"]
     for temperature in (float(t) for t in temperatures.split(",")):
         spec = SchemeSpec.from_params({**base, "alpha": alpha})
@@ -142,34 +143,60 @@ def real(per_task: int, tokens: int, temperatures: str, batch_size: int, parts: 
                          progress=False)
         generated = time.perf_counter() - t0
         texts = [np.asarray(t, dtype=np.int64) for t in table["tokens"].to_list()]
-        sizes = {}
-        for weights in ("uniform", "decreasing"):
-            detector = Detector(SchemeSpec.from_params({**base, "alpha": alpha, "layer_weights": weights}), key,
-                                vocab, device="cpu")
-            results = detector.detect(texts)
-            sizes[weights] = {a: [getattr(r, a) for r in results] for a in ("size", "size_valid", "size_anytime")}
-        for weights, found in sizes.items():
-            detected = " / ".join(f"{np.mean([s is not None for s in v]):.2f}" for v in found.values())
-            cells = [_median_cell(v) for v in found.values()]
-            sooner = " / ".join(str(int(np.sum(_sizes(sizes["decreasing"][a]) < _sizes(sizes["uniform"][a]))))
-                                for a in found) if weights == "decreasing" else ""
-            print(f"| {weights} | {temperature:g} | {len(texts)} | {table['n_tokens'].mean():.0f} | {detected} | "
-                  + " | ".join(c[0] for c in cells) + f" | {sooner} |", flush=True)
-            record["rows"].append({"layer_weights": weights, "temperature": temperature, "texts": len(texts),
-                                   "mean_tokens": float(table["n_tokens"].mean()), **found,
-                                   "medians": {a: c[1] for a, c in zip(found, cells)},
-                                   "generation_seconds": generated})
+        for row in compare_weights(texts, base, key, vocab, alpha, f"{temperature:g}"):
+            record["rows"].append({**row, "temperature": temperature, "generation_seconds": generated})
         if out is not None:
             write_json(record, out)
+
+
+def compare_weights(texts: list[np.ndarray], base: dict, key: int, vocab: int, alpha: float, label: str) -> list[dict]:
+    """Detect the same texts with the mean and the weighted mean score; print one table row per weighting (the
+    weighted row counts the texts where it is sooner, per size) and return the rows."""
+    from anytime_real import _median_cell, _sizes  # noqa: PLC0415  (bench/ is the script's directory)
+
+    sizes = {}
+    for weights in ("uniform", "decreasing"):
+        detector = Detector(SchemeSpec.from_params({**base, "alpha": alpha, "layer_weights": weights}), key, vocab,
+                            device="cpu")
+        results = detector.detect(texts)
+        sizes[weights] = {a: [getattr(r, a) for r in results] for a in ("size", "size_valid", "size_anytime")}
+    rows = []
+    for weights, found in sizes.items():
+        detected = " / ".join(f"{np.mean([s is not None for s in v]):.2f}" for v in found.values())
+        cells = [_median_cell(v) for v in found.values()]
+        sooner = " / ".join(f"{int(np.sum(_sizes(sizes['decreasing'][a]) < _sizes(sizes['uniform'][a])))}:"
+                            f"{int(np.sum(_sizes(sizes['decreasing'][a]) > _sizes(sizes['uniform'][a])))}"
+                            for a in found) if weights == "decreasing" else ""
+        print(f"| {weights} | {label} | {len(texts)} | {np.mean([len(t) for t in texts]):.0f} | {detected} | "
+              + " | ".join(c[0] for c in cells) + f" | {sooner} |", flush=True)
+        rows.append({"layer_weights": weights, "texts": len(texts), **found,
+                     "medians": {a: c[1] for a, c in zip(found, cells)}})
+    return rows
+
+
+def synthetic(supports: str, rows: int, length: int, vocab: int, alpha: float) -> None:
+    """The same comparison on synthetic text of known entropy (mmw.calibration's uniform-subset model: uniform over
+    ``support`` random tokens per step), the deployed setting (m = 30, window 4, 2 leaves), temperature 1."""
+    from mmw.calibration import generate_synthetic, uniform_subset_model
+
+    key = key_from_string("bench-tournament-synthetic")
+    base = SCHEMES["Tournament m30, window 4"]
+    spec = SchemeSpec.from_params({**base, "alpha": alpha})
+    for support in (int(v) for v in supports.split(",")):
+        logits = uniform_subset_model(vocab, support=support, rows=rows, seed=support)
+        toks = generate_synthetic(spec, key, logits, rows=rows, length=length, vocab_size=vocab)
+        compare_weights(list(toks), base, key, vocab, alpha, f"entropy log {support}")
 
 
 def main(null: bool = typer.Option(False, "--null"), sequences: int = 20000, units: int = 200,
          layers: str = "30,1", layer_weights: str = "uniform", texts: int = 3000, length: int = 200,
          vocab: int = 1000, alpha: float = 0.02, real_text: bool = typer.Option(False, "--real"), per_task: int = 4,
          tokens: int = 200, temperatures: str = "0.7,1.0", batch_size: int = 12,
-         parts: Path = Path("/tmp/mmw-tournament-real"), out: Path | None = None) -> None:
+         parts: Path = Path("/tmp/mmw-tournament-real"), out: Path | None = None,
+         synthetic_supports: str = typer.Option("", "--synthetic"), rows: int = 512) -> None:
     """``--null``: the null tables (``--layer-weights uniform,decreasing`` adds the weighted score's exact-null
-    rows); ``--real``: the mean and the weighted mean score on the same real watermarked texts."""
+    rows); ``--real``: the mean and the weighted mean score on the same real watermarked texts; ``--synthetic
+    2,4,16``: the same on ``--rows`` synthetic texts of ``--length`` tokens per entropy log(support)."""
     if null:
         print(f"alpha={alpha}; cells: share of sequences detected (one-sided 95% upper bound)\n")
         print("| null | scale | full length | any prefix: E | any checkpoint: valid size | any prefix: anytime | "
@@ -182,6 +209,10 @@ def main(null: bool = typer.Option(False, "--null"), sequences: int = 20000, uni
             null_texts(texts, length, vocab, alpha)
     if real_text:
         real(per_task, tokens, temperatures, batch_size, parts, alpha, out)
+    if synthetic_supports:
+        print(f"alpha={alpha}; medians with their 95% order-statistic intervals, undetected = inf\n")
+        print(HEADER.format(text="synthetic text"))
+        synthetic(synthetic_supports, rows, length, vocab, alpha)
 
 
 if __name__ == "__main__":
