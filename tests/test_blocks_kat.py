@@ -145,3 +145,20 @@ def test_reweight_green_list_is_the_last_gamma_of_the_order(gamma: float, greens
     stat = sampler.statistic(tokens, np.full(VOCAB, SEED, dtype=np.uint64))
     assert set(np.flatnonzero(stat == -1.0).tolist()) == greens
     assert {i for i in range(VOCAB) if _unit(_prf(SEED, i)) >= 1.0 - gamma} == greens
+
+
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+@pytest.mark.parametrize("gamma", [0.5, 0.25])
+def test_reweight_detection_counts_the_independent_greens(device: str, gamma: float) -> None:
+    """Through the detector (numpy reference and numba kernel), window-1 seeds (pinned in tests/data/kat.json):
+    the score is minus the number of distinct (seed, token) units whose keyed uniform is >= 1 - gamma."""
+    from mmw.randomness import SlidingWindow
+
+    spec = SchemeSpec.from_params(dict(sampler="reweight", reweight_alpha=0.5, gamma=gamma, randomness="window",
+                                       window=1, score="sum"))
+    tokens = np.asarray(TOKENS, dtype=np.int64)
+    seeds = [int(s) for s in SlidingWindow("window", window=1).seeds_np(tokens, KEY)]
+    units = {(s, int(t)): _unit(_prf(s, int(t))) >= 1.0 - gamma for s, t in zip(seeds, TOKENS[1:])}
+    result = Detector(spec, KEY, 49152, device=device).detect([tokens])[0]
+    assert result.score == -float(sum(units.values()))
+    assert result.n_scored == len(units)
