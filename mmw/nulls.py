@@ -55,34 +55,39 @@ class WeightedBits:
             step[w:] += unit
             unit = 0.5 * step
         self.unit = unit
-        self._pmf = np.ones(1)  # the law of X_n for n = len(self._tails) - 1
-        self._tails: list[tuple[int, np.ndarray]] = [(1, np.zeros(0))]  # X_0 = 0: P(X_0 >= s) = 1 for s <= 0
+        self._pmf = np.ones(1)  # the law of X_n for the largest n tabulated
+        # Per n: where its window starts (s below it: P = 1) and its entries, kept flat for vectorised lookups.
+        self._lo, self._windows = [1], [np.zeros(0)]  # X_0 = 0: P(X_0 >= s) = 1 for s <= 0, 0 above
+        self._flat = np.zeros(0)
+        self._start = np.zeros(1, dtype=np.int64)
 
     def _grow(self, n: int) -> None:
-        while len(self._tails) <= n:
+        if len(self._lo) > n:
+            return
+        while len(self._lo) <= n:
             self._pmf = np.convolve(self._pmf, self.unit)
             survival = np.cumsum(self._pmf[::-1])[::-1]  # P(X >= s), summed from the far tail up
             inside = np.flatnonzero((survival < 1.0) & (survival > 0.0))
             lo = int(inside[0]) if inside.size else survival.size
             hi = int(inside[-1]) + 1 if inside.size else lo
-            self._tails.append((lo, survival[lo:hi].copy()))
+            self._lo.append(lo)
+            self._windows.append(survival[lo:hi].copy())
+        self._flat = np.concatenate(self._windows)
+        self._start = np.concatenate([[0], np.cumsum([w.size for w in self._windows])[:-1]]).astype(np.int64)
 
     def upper(self, score: np.ndarray, n_units: np.ndarray) -> np.ndarray:
         """P(X_N >= score) for aligned integer-valued ``score`` (float64) and ``n_units`` (int) -> float64."""
-        score = np.rint(np.asarray(score, dtype=np.float64))
-        n_units = np.asarray(n_units, dtype=np.int64)
-        score, n_units = np.broadcast_arrays(score, n_units)
-        out = np.empty(score.shape)
-        if n_units.size:
-            self._grow(int(n_units.max()))
-        for n in np.unique(n_units):
-            at = n_units == n
-            lo, window = self._tails[n]
-            s = score[at]
-            inside = np.clip(s - lo, 0, max(window.size - 1, 0)).astype(np.int64)
-            value = window[inside] if window.size else np.zeros(s.shape)
-            out[at] = np.where(s < lo, 1.0, np.where(s >= lo + window.size, 0.0, value))
-        return out
+        score, n_units = np.broadcast_arrays(np.rint(np.asarray(score, dtype=np.float64)),
+                                             np.asarray(n_units, dtype=np.int64))
+        if n_units.size == 0:
+            return np.zeros(score.shape)
+        self._grow(int(n_units.max()))
+        lo = np.asarray(self._lo, dtype=np.float64)[n_units]
+        size = np.asarray([w.size for w in self._windows], dtype=np.int64)[n_units]
+        offset = np.clip(score - lo, 0, np.maximum(size - 1, 0)).astype(np.int64)
+        value = self._flat[np.minimum(self._start[n_units] + offset, max(self._flat.size - 1, 0))] \
+            if self._flat.size else np.zeros(score.shape)
+        return np.where(score < lo, 1.0, np.where(score >= lo + size, 0.0, value))
 
 
 @cache
