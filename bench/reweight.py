@@ -5,9 +5,10 @@ bench/results/reweight.md; ``--out`` keeps a JSON record (rewritten after each r
 ``null``: per scheme, ``--sequences`` i.i.d. uniform token sequences (every deduplicated unit's statistic then
 follows the exact null) and ``--texts`` repetitive-motif sequences (``mmw.calibration.null_sequences``), one key;
 then ``--texts`` windows of real text the generator did not write (bench/anytime_corpus.py's corpus of this
-machine's man pages and licences, SmolLM2's tokenizer), one key per window. Cells: the share of texts detected on
-the full text, at any prefix by E (first crossing), at any checkpoint (``size_valid``) and at any prefix by the
-anytime size, with one-sided 95% Clopper-Pearson upper bounds.
+machine's man pages and licences, or with ``--kinds tasks`` the repository's task data, SmolLM2's tokenizer), one
+key per window (``--keys-per-window`` K: K fresh keys each; ``--sequences 0`` skips the simulated rows). Cells:
+the share of texts detected on the full text, at any prefix by E (first crossing), at any checkpoint
+(``size_valid``) and at any prefix by the anytime size, with one-sided 95% Clopper-Pearson upper bounds.
 
     nice -n 15 python bench/reweight.py null --sequences 20000 --texts 3000 --length 200 --out bench/results/reweight_null.json
 
@@ -39,7 +40,7 @@ from mmw.io import write_json
 from mmw.prf import key_from_string
 from mmw.scheme import SchemeSpec
 
-from anytime_corpus import MODEL, build_kind, null_row, upper95  # noqa: E402  (bench/ is the script's directory)
+from anytime_corpus import MODEL, build_kind, fail, null_row, upper95  # noqa: E402  (bench/ is the script's directory)
 from reweight_generate import KEY as POWER_KEY, SCHEMES  # noqa: E402
 SIZES = (("full text", lambda r: r.detected), ("any prefix: E", lambda r: r.size is not None),
          ("any checkpoint: valid", lambda r: r.size_valid is not None),
@@ -60,10 +61,13 @@ def _cells(results) -> list[dict]:
 
 @app.command()
 def null(sequences: int = 20000, texts: int = 3000, length: int = 200, vocab: int = 1000, alpha: float = 0.02,
-         kinds: str = "man,licences", seed: int = 20261127, out: Path | None = None) -> None:
+         kinds: str = "man,licences", seed: int = 20261127, keys_per_window: int = 1,
+         out: Path | None = None) -> None:
     from mmw.engines.models import load_tokenizer
     from mmw.stages.common import generator_vocab_size
 
+    if keys_per_window < 1:
+        fail(f"--keys-per-window: {keys_per_window} keys cannot detect a window; allowed: an integer >= 1")
     record = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "alpha": alpha,
               "length": length, "rows": []}
     key = key_from_string("bench-reweight-null")
@@ -79,8 +83,10 @@ def null(sequences: int = 20000, texts: int = 3000, length: int = 200, vocab: in
             f"{c['rate']:.4f} ({c['upper95']:.4f})" for c in cells) + f" | {seconds:.0f} |", flush=True)
         _record(out, record)
 
-    simulated = {"i.i.d. uniform ids (exact null)": null_sequences("random", sequences, length, vocab, seed=21),
-                 "repetitive motifs": null_sequences("repetitive", texts, length, vocab, seed=22)}
+    # --sequences 0: the real-text rows alone (the simulated ones are recorded already).
+    simulated = {} if sequences == 0 else {
+        "i.i.d. uniform ids (exact null)": null_sequences("random", sequences, length, vocab, seed=21),
+        "repetitive motifs": null_sequences("repetitive", texts, length, vocab, seed=22)}
     for name, params in SCHEMES.items():
         spec = SchemeSpec.from_params({**params, "alpha": alpha})
         detector = Detector(spec, key, vocab, device="cpu")
@@ -97,12 +103,12 @@ def null(sequences: int = 20000, texts: int = 3000, length: int = 200, vocab: in
         spec = SchemeSpec.from_params({**params, "alpha": alpha})
         for kind, windows in corpora.items():
             t0 = time.perf_counter()
-            counts = null_row(spec, key, windows, real_vocab)
+            counts = null_row(spec, key, windows, real_vocab, keys_per_window)
             results_cells = [{"size": s, **counts[k]} for (s, _), k in zip(SIZES, ("full_text", "E", "valid",
                                                                                   "anytime"))]
             record["rows"].append({"scheme": name, "corpus": f"real: {kind}", "n": counts["n"],
                                    "cells": results_cells, "seconds": time.perf_counter() - t0})
-            print(f"| {name} | real: {kind} (one key per window) | {counts['n']} | " + " | ".join(
+            print(f"| {name} | real: {kind} ({keys_per_window} key(s) per window) | {counts['n']} | " + " | ".join(
                 f"{c['rate']:.4f} ({c['upper95']:.4f})" for c in results_cells)
                 + f" | {time.perf_counter() - t0:.0f} |", flush=True)
             _record(out, record)

@@ -36,7 +36,8 @@ KEY = key_from_string("bench-reweight-power")
 
 def main(prompts: Path = typer.Option(...), gguf: Path = typer.Option(...), out: Path = typer.Option(...),
          device: str = "cpu", tokens: int = 200,
-         temperatures: str = "0.7,1.0", alpha: float = 0.02) -> None:
+         temperatures: str = "0.7,1.0", alpha: float = 0.02, only: str = "") -> None:
+    """``--only``: the schemes whose name contains this text (a row can be added to an earlier run's table)."""
     spec_in = json.loads(prompts.read_text())
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name).to(device).eval()
     ids, vocab, pad, eos = spec_in["input_ids"], spec_in["vocab"], spec_in["pad_token_id"], spec_in["eos_token_ids"]
@@ -49,6 +50,8 @@ def main(prompts: Path = typer.Option(...), gguf: Path = typer.Option(...), out:
     record = {"device": device, "torch": torch.__version__, "tokens": tokens, "rows": []}
     for temperature in (float(t) for t in temperatures.split(",")):
         for name, params in SCHEMES.items():
+            if only not in name:
+                continue
             t0 = time.perf_counter()
             spec = SchemeSpec.from_params({**params, "alpha": alpha})
             processor = WatermarkProcessor(spec, KEY, vocab, spec_in["row_seeds"], temperature, compiled=False)

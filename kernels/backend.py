@@ -75,8 +75,8 @@ class SamplerArrays:
                 raise SpecError("scheme.binary_code", f"code depth {code.max_depth} exceeds the kernels' "
                                 f"limit of {PAIRWISE_BLOCK}", "a code of depth <= 128, or detect.device=reference")
             nodes, bits, depth = code.path_nodes, code.path_bits, code.depth
-        if kind == TOURNAMENT:  # the per-layer weights of the g-value count: m ones
-            rank = np.ones(sampler.spec.layers, dtype=np.int64)
+        if kind == TOURNAMENT:  # the per-layer weights of the g-value count (``layer_weights``)
+            rank = np.ascontiguousarray(sampler.weights, dtype=np.int64)
         gamma = sampler.spec.gamma if kind in (DISTRIBUTION_SHIFT, REWEIGHT) else 0.0
         return cls(kind, float(gamma), float(sampler.vocab_size - 1), rank, np.ascontiguousarray(nodes),
                    np.ascontiguousarray(bits), np.ascontiguousarray(depth, dtype=np.int64))

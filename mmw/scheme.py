@@ -19,7 +19,7 @@ from mmw.errors import SpecError
 from mmw.randomness import SOURCES
 from mmw.samplers import WATERMARKING
 from mmw.samplers.binary_code import CODES
-from mmw.samplers.parts import MAX_LAYERS, MAX_LEAVES
+from mmw.samplers.parts import LAYER_WEIGHTS, MAX_LAYERS, MAX_LEAVES
 from mmw.scores import SCORES as SCORE_PARTS
 from mmw.validation import Integer, Key, Part, Section, Unused, allowed, allowed_text, validate
 
@@ -61,6 +61,8 @@ class SchemeSpec(Section):
     # The tournament sampler (SynthID-Text): layers m and candidates per match.
     layers: Integer | None = allowed(f"an integer in [1, {MAX_LAYERS}]", default=None, ge=1, le=MAX_LAYERS)
     leaves: Integer | None = allowed(f"an integer in [2, {MAX_LEAVES}]", default=None, ge=2, le=MAX_LEAVES)
+    layer_weights: Literal[tuple(LAYER_WEIGHTS)] | None = allowed(  # type: ignore[valid-type]
+        ", ".join(LAYER_WEIGHTS), default=None)
     plugin: str | None = allowed("an installed plugin's name (entry-point group mmw.watermarks)", default=None)
     plugin_params: dict[str, Any] | None = allowed("a mapping the plugin's own model accepts", default=None)
 
@@ -135,6 +137,8 @@ class SchemeSpec(Section):
             parts.append(f"alpha={self.reweight_alpha:g} gamma={self.gamma:g}")
         if self.layers is not None:
             parts.append(f"m={self.layers} leaves={self.leaves}")
+            if self.layer_weights not in (None, "uniform"):
+                parts.append(f"weights={self.layer_weights}")
         if self.skip_prob:
             parts.append(f"skip={self.skip_prob:g}")
         parts.append(self.score + (f"(psi={self.psi:g})" if self.psi is not None else ""))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmw.errors import SpecError
-from mmw.samplers import WATERMARKING
+from mmw.samplers import DECLARED, WATERMARKING
 
 #: The first checkpoint (tokens) and the grid's growth factor. Doubling keeps the number of checkpoints
 #: logarithmic in the length (5 for 200 tokens, 7 for 1,024), so the Bonferroni price grows slowly, and
@@ -122,7 +122,10 @@ def anytime_bets(spec, grid: tuple[float, ...] = ANYTIME_GRID) -> Bets:
     - exp_down (C3; X = unit ~ Exp(1)): Exp(rate 1 / (1 - rho)), factor e^{-(r - 1) X} r with r = 1 / (1 - rho);
     - green (C4, reweight; G = -unit ~ Bernoulli(gamma)): Bernoulli(q), q = gamma + rho (1 - gamma);
     - bits (tournament; -unit = the number of ones among a unit's m fair g-values): each g-value Bernoulli(q)
-      against Bernoulli(1/2), q = (1 + rho) / 2, factor (1 + rho)^ones (1 - rho)^(m - ones).
+      against Bernoulli(1/2), q = (1 + rho) / 2, factor (1 + rho)^ones (1 - rho)^(m - ones). With layer weights w
+      (-unit = sum_l w_l g_l) the alternative tilts layer l in proportion to its weight: log-odds lambda w_l,
+      lambda = log((1 + rho) / (1 - rho)) / mean(w), so the factor depends on the weighted count alone:
+      exp(lambda sum_l w_l g_l) prod_l 2 / (1 + e^{lambda w_l}) (equal weights: the factor above).
 
     A product of constant factors depends only on (C_n, S_n), so the mixture needs no per-unit state. Align and
     edit scores have no per-unit pivot (their nulls are permutation tests): asking raises ``SpecError``.
@@ -132,13 +135,15 @@ def anytime_bets(spec, grid: tuple[float, ...] = ANYTIME_GRID) -> Bets:
                         "its valid size is the checkpoint size `size_valid`", ("sum",))
     if spec.sampler not in PIVOTS:
         raise SpecError("scheme.sampler", f"{spec.sampler!r} has no per-unit pivot", tuple(PIVOTS))
-    return pivot_bets(PIVOTS[spec.sampler], spec.gamma, grid, spec.layers)
+    weights = DECLARED[spec.sampler].weights_of(spec) if PIVOTS[spec.sampler] == "bits" else None
+    return pivot_bets(PIVOTS[spec.sampler], spec.gamma, grid, spec.layers, weights)
 
 
 def pivot_bets(pivot: str, gamma: float | None, grid: tuple[float, ...] = ANYTIME_GRID,
-               layers: int | None = None) -> Bets:
+               layers: int | None = None, weights: np.ndarray | None = None) -> Bets:
     """The e-process mixture of :func:`anytime_bets` for one pivot kind ("exp_up", "exp_down", "green" with its
-    ``gamma``, "bits" with its ``layers``): also what a plugin's declared null gets (``mmw.plugins``)."""
+    ``gamma``, "bits" with its ``layers`` and optional per-layer integer ``weights``, default all ones): also what
+    a plugin's declared null gets (``mmw.plugins``)."""
     rho = np.asarray(grid, dtype=np.float64)
     if rho.ndim != 1 or rho.size == 0 or not np.all((rho > 0) & (rho < 1)):
         raise SpecError("anytime grid", f"{list(grid)!r} is not a list of signal strengths", "numbers in (0, 1)")
@@ -148,8 +153,15 @@ def pivot_bets(pivot: str, gamma: float | None, grid: tuple[float, ...] = ANYTIM
         r = 1.0 / (1.0 - rho)
         a, b = np.log(r), -(r - 1.0)
     elif pivot == "bits":  # ones = -S among the m c fair g-values: g log(1 + rho) + (m c - g) log(1 - rho)
-        a = int(layers) * np.log1p(-rho)
-        b = -(np.log1p(rho) - np.log1p(-rho))
+        w = np.ones(int(layers)) if weights is None else np.asarray(weights, dtype=np.float64)
+        mean = w.mean()
+        # Layer l's alternative is Bernoulli((1 + rho_l) / 2) with rho_l = tanh(atanh(rho) w_l / mean(w)); a layer
+        # of mean weight keeps rho itself, so equal weights give exactly the unweighted bet.
+        value, count = np.unique(w, return_counts=True)
+        rho_l = np.where(value[None, :] == mean, rho[:, None],
+                         np.tanh(np.arctanh(rho)[:, None] * (value / mean)[None, :]))
+        a = (count[None, :] * np.log1p(-rho_l)).sum(axis=1)
+        b = -(np.log1p(rho) - np.log1p(-rho)) / mean
     else:  # greens g = -S among c: g log(q / gamma) + (c - g) log((1 - q) / (1 - gamma))
         gamma = float(gamma)
         q = gamma + rho * (1.0 - gamma)

@@ -56,6 +56,7 @@ SAMPLERS = {
     "distribution_shift": {"sampler": "distribution_shift", "delta": 2.0, "gamma": 0.3},
     "reweight": {"sampler": "reweight", "reweight_alpha": 0.3, "gamma": 0.3},
     "tournament": {"sampler": "tournament", "layers": 30},
+    "tournament_decreasing": {"sampler": "tournament", "layers": 30, "layer_weights": "decreasing"},
 }
 # Every score x randomness combination that SchemeSpec allows (window 0 = constant randomness).
 SCHEMES = {
@@ -482,6 +483,9 @@ def test_anytime_twin_matches_the_reference(sampler):
         draws = (rng.random(units) < 0.3) * 1.0 if sampler in ("distribution_shift", "reweight") else rng.exponential(size=units)
         if sampler == "tournament":  # a unit is minus its ones among 30 fair g-values
             draws = rng.binomial(30, 0.5, size=units) * 1.0
+        if sampler == "tournament_decreasing":  # ... or minus their weighted count, here of marked bits (P(1) = 0.6:
+            # the drift of 0.5 per unit is small beside the weighted count's spread)
+            draws = ((rng.random((units, 30)) < 0.6) @ np.rint(np.linspace(10, 1, 30))) * 1.0
         # null draws with a watermark-like downward drift of 0.5 per unit, so that some texts cross
         sign = 1.0 if sampler.startswith("binary") else -1.0  # C4 -green, C1/C2 -Exp(1), C3 +Exp(1), -ones
         total = np.concatenate([np.zeros(n - units), np.cumsum(sign * draws - 0.5)])

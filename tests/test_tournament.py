@@ -1,5 +1,6 @@
 """The tournament sampler (SynthID-Text): its exact distribution against a brute-force tournament, distortion over
-keys in both modes, the repeated-context mask, its exact null and anytime e-process, and its validation."""
+keys in both modes, the repeated-context mask, its exact null and anytime e-process (mean and weighted mean
+score), and its validation."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import yaml
 from scipy import stats
 from typer.testing import CliRunner
 
-from mmw import prf
+from mmw import nulls, prf
 from mmw.calibration import binomial_band, false_positive_rate, generate_synthetic, null_sequences, \
     uniform_subset_model
 from mmw.cli import app
@@ -24,6 +25,7 @@ from mmw.errors import SpecError
 from mmw.processor import WatermarkStep, row_state
 from mmw.samplers import build_sampler
 from mmw.samplers.base import Plain
+from mmw.samplers.parts import decreasing_weights
 from mmw.samplers.tournament import g_values_np, tournament_probs
 from mmw.scheme import SchemeSpec
 from mmw.size import anytime_bets
@@ -186,10 +188,117 @@ def test_watermarked_text_is_detected_in_both_modes():
         assert np.mean([r.pvalue <= ALPHA for r in Detector(spec, KEY, VOCAB).detect(list(plain))]) <= 0.25
 
 
+# ---------------------------------------------------------------------------------------------- weighted mean score
+def weighted_law_by_enumeration(weights: np.ndarray, units: int) -> dict[int, float]:
+    """P(X = s) for X the weighted count of ones among ``units`` units of len(weights) fair bits, every one of the
+    2^(m units) bit patterns listed."""
+    law: dict[int, float] = {}
+    for bits in itertools.product((0, 1), repeat=len(weights) * units):
+        s = int(np.dot(np.reshape(bits, (units, len(weights))), weights).sum())
+        law[s] = law.get(s, 0.0) + 0.5 ** (len(weights) * units)
+    return law
+
+
+def test_decreasing_weights_are_synthids_linear_weights_rounded():
+    w = decreasing_weights(30)
+    assert w.dtype == np.int64 and w[0] == 10 and w[-1] == 1 and np.all(np.diff(w) <= 0)
+    np.testing.assert_allclose(w, np.linspace(10, 1, 30), atol=0.5)
+    assert list(decreasing_weights(1)) == [10] and list(decreasing_weights(2)) == [10, 1]
+
+
+@pytest.mark.parametrize("weights", [(3, 2, 1, 1), (5, 1), (2,)])
+def test_weighted_null_is_the_exact_law_of_weighted_fair_bits(weights):
+    w = np.array(weights)
+    for units in (1, 2, 3):
+        law = weighted_law_by_enumeration(w, units)
+        scores = np.arange(-1, int(w.sum()) * units + 2)
+        want = [sum(p for s, p in law.items() if s >= score) for score in scores]
+        got = nulls.weighted_bits_upper(scores.astype(float), np.full(scores.size, units), w)
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=0)
+    assert nulls.weighted_bits_upper(np.array([0.0, 1.0]), np.array([0, 0]), w).tolist() == [1.0, 0.0]
+
+
+def test_weighted_null_keeps_the_far_tail_exact():
+    """All ones in N units of 30 bits has probability 2^-30N; one weight-1 bit short adds 2N patterns (two
+    weight-1 layers per unit): a convolution of positive terms keeps both exact far below double epsilon."""
+    w = decreasing_weights(30)
+    top = float(w.sum())
+    for units in (1, 5, 20):
+        got = nulls.weighted_bits_upper(np.array([units * top, units * top - 1]), np.array([units, units]), w)
+        np.testing.assert_allclose(got, [2.0 ** (-30 * units), (1 + 2 * units) * 2.0 ** (-30 * units)], rtol=1e-12)
+
+
+def test_weighted_statistic_and_pvalue():
+    spec = spec_of(layers=30, layer_weights="decreasing")
+    sampler = build_sampler(spec, KEY, VOCAB)
+    rng = np.random.default_rng(3)
+    tokens, seeds = rng.integers(0, VOCAB, 50), rng.integers(0, 2**63, 50).astype(np.uint64)
+    want = -(g_values_np(tokens, seeds, 30).astype(np.int64) @ decreasing_weights(30))
+    np.testing.assert_array_equal(sampler.statistic(tokens, seeds), want.astype(float))
+    total, n_units = np.cumsum(want).astype(float), np.arange(1, 51)
+    np.testing.assert_array_equal(sampler.pvalue_sum(total, n_units),
+                                  nulls.weighted_bits_upper(-total, n_units, decreasing_weights(30)))
+    # uniform weights keep the Binomial(N m, 1/2) null, bit for bit
+    uniform = build_sampler(spec_of(layers=30, layer_weights="uniform"), KEY, VOCAB)
+    ones = -g_values_np(tokens, seeds, 30).sum(-1).cumsum().astype(float)
+    np.testing.assert_array_equal(uniform.pvalue_sum(ones, n_units), stats.binom.sf(-ones - 1, 30 * n_units, 0.5))
+
+
+def test_weighted_bits_pivot_is_a_test_martingale():
+    """Each unit's factor exp(a + b S) has null expectation exactly 1 (enumerated over a unit's 2^m patterns), and
+    equal weights give the unweighted bet bit for bit."""
+    weights = np.array([4, 3, 1, 1, 1])
+    law = weighted_law_by_enumeration(weights, 1)
+    from mmw.size import pivot_bets
+
+    bets = pivot_bets("bits", None, (0.1, 0.3, 0.6, 0.9), len(weights), weights)
+    for a, b in zip(bets.a, bets.b):
+        assert np.isclose(sum(p * np.exp(a + b * -s) for s, p in law.items()), 1.0, rtol=1e-12)
+    equal, plain = pivot_bets("bits", None, layers=5, weights=np.ones(5)), pivot_bets("bits", None, layers=5)
+    assert np.array_equal(equal.a, plain.a) and np.array_equal(equal.b, plain.b)
+    assert np.array_equal(anytime_bets(spec_of(layers=5, layer_weights="uniform")).a, plain.a)
+
+
+def test_weighted_score_false_positive_rate_at_the_nominal_level():
+    n = 2000
+    seqs = null_sequences("random", n, 200, VOCAB, seed=17)
+    rate = false_positive_rate(spec_of(window=3, layer_weights="decreasing"), KEY, seqs, VOCAB)
+    lo, hi = binomial_band(n, ALPHA)
+    assert binomial_band(n, ALPHA, level=0.999)[0] <= rate <= hi, rate
+
+
+def test_weighted_score_valid_and_anytime_sizes_keep_their_level_at_any_prefix():
+    seqs = null_sequences("text", 2000, 200, VOCAB, seed=6)
+    res = Detector(spec_of(window=3, layer_weights="decreasing"), KEY, VOCAB).detect(seqs)
+    _, hi = binomial_band(len(seqs), ALPHA)
+    assert np.mean([r.size_valid is not None for r in res]) <= hi
+    assert np.mean([r.size_anytime is not None for r in res]) <= hi
+
+
+def test_weighted_score_detects_watermarked_text():
+    """Power on watermarked text (both modes), none on the same model's plain text; and the weights change
+    detection only: the same key generates the same tokens."""
+    logits = uniform_subset_model(VOCAB, support=4, rows=16, seed=2)
+    for leaves in (2, 4):
+        spec = spec_of(window=2, leaves=leaves, layer_weights="decreasing")
+        toks = generate_synthetic(spec, KEY, logits, rows=16, length=64, vocab_size=VOCAB)
+        same = generate_synthetic(spec_of(window=2, leaves=leaves), KEY, logits, rows=16, length=64, vocab_size=VOCAB)
+        assert np.array_equal(np.asarray(toks), np.asarray(same))
+        res = Detector(spec, KEY, VOCAB).detect(list(toks))
+        assert np.mean([r.pvalue <= ALPHA for r in res]) >= 0.9
+        assert np.mean([r.size_anytime is not None for r in res]) >= 0.9
+        plain = generate_synthetic(None, KEY, logits, rows=16, length=64, vocab_size=VOCAB)
+        assert np.mean([r.pvalue <= ALPHA for r in Detector(spec, KEY, VOCAB).detect(list(plain))]) <= 0.25
+
+
 # ---------------------------------------------------------------------------------------------- validation
 @pytest.mark.parametrize("bad,key,shown", [({"layers": 0}, "scheme.layers", "[1, 64]"),
                                            ({"layers": 65}, "scheme.layers", "[1, 64]"),
                                            ({"leaves": 1}, "scheme.leaves", "[2, 16]"),
+                                           ({"layer_weights": "linear"}, "scheme.layer_weights",
+                                            "allowed: uniform, decreasing"),
+                                           ({"layer_weights": 2}, "scheme.layer_weights",
+                                            "allowed: uniform, decreasing"),
                                            ({"skip_prob": 0.1}, "scheme.skip_prob", "not used")])
 def test_bad_tournament_settings_name_the_key(bad, key, shown):
     with pytest.raises(SpecError) as err:
@@ -197,23 +306,27 @@ def test_bad_tournament_settings_name_the_key(bad, key, shown):
     assert str(err.value).startswith(key) and shown in str(err.value)
 
 
-def test_layers_outside_the_tournament_are_refused():
-    with pytest.raises(SpecError, match="scheme.layers: not used by sampler=exponential"):
+@pytest.mark.parametrize("key,value", [("layers", 3), ("layer_weights", "decreasing")])
+def test_tournament_keys_outside_the_tournament_are_refused(key, value):
+    with pytest.raises(SpecError, match=f"scheme.{key}: not used by sampler=exponential"):
         SchemeSpec.from_params({"sampler": "exponential", "randomness": "window", "window": 1, "score": "sum",
-                                "layers": 3})
+                                key: value})
 
 
-def test_cli_exits_2_on_bad_layers_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("key,value,shown", [("layers", 65, "[1, 64]"),
+                                             ("layer_weights", "linear", "uniform, decreasing")])
+def test_cli_exits_2_on_bad_tournament_keys_before_any_work(key, value, shown, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)
     board = yaml.safe_load((ROOT / "params.yaml").read_text())
     board["key"] = "cli-test-key-0123456789"
-    board["scheme"].update(sampler="tournament", delta=None, gamma=None, layers=65)
+    board["scheme"].update(sampler="tournament", delta=None, gamma=None, **{key: value})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(board))
     shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
     result = CliRunner().invoke(app, ["generate", "watermarked"])
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: scheme.layers:") and "[1, 64]" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith(f"error: scheme.{key}:") and shown in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dvc.yaml", "params.yaml"]
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
+
 from mmw.samplers.binary_code import CODES
 from mmw.validation import Key, Part, Refuse, Unused
 
@@ -136,6 +138,24 @@ MAX_LAYERS = 64
 MAX_LEAVES = 16
 
 
+def uniform_weights(layers: int) -> np.ndarray:
+    """Every layer counts once: the score is SynthID's mean score (the count of ones)."""
+    return np.ones(layers, dtype=np.int64)
+
+
+def decreasing_weights(layers: int) -> np.ndarray:
+    """SynthID's weighted mean score: weights falling linearly from 10 (first layer) to 1 (last layer), because
+    later rounds see a distribution already sharpened by the earlier ones and carry less signal. Rounded to
+    integers, so that the weighted count of ones has an exact discrete null (``mmw.nulls.weighted_bits_upper``);
+    SynthID's own rescaling of the weights to sum m does not change which texts score higher."""
+    return np.rint(np.linspace(10.0, 1.0, layers)).astype(np.int64)
+
+
+#: The tournament score's per-layer weights (the scheme's ``layer_weights``): name -> weights of m layers
+#: (positive integers, int64 [m]).
+LAYER_WEIGHTS = {"uniform": uniform_weights, "decreasing": decreasing_weights}
+
+
 class TournamentPart(SamplerPart):
     """SynthID-Text (Dathathri et al., Nature 2024): a tournament over ``layers`` rounds of keyed Bernoulli
     g-values, ``leaves`` candidates per match; its output distribution is computed exactly (no candidate draws).
@@ -159,7 +179,13 @@ class TournamentPart(SamplerPart):
                       "text stops carrying the watermark", ("window", "minhash")))
     scheme_keys = (Unused("skip_prob", "by the tournament sampler (it is not deterministic given the key)"),
                    Key("layers", default=30, purpose="the tournament's number of layers m"),
-                   Key("leaves", default=2, purpose="the tournament's candidates per match (2: non-distortionary)"))
+                   Key("leaves", default=2, purpose="the tournament's candidates per match (2: non-distortionary)"),
+                   Key("layer_weights", default="uniform", purpose="the tournament score's per-layer weights"))
+
+    @staticmethod
+    def weights_of(spec) -> np.ndarray:
+        """The per-layer weights of the g-value count that ``spec`` (a tournament scheme) scores: int64 [m]."""
+        return LAYER_WEIGHTS[spec.layer_weights or "uniform"](spec.layers)
 
 
 class PluginPart(SamplerPart):

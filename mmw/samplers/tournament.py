@@ -48,9 +48,14 @@ def g_values_np(tokens: np.ndarray, seeds: np.ndarray, layers: int) -> np.ndarra
 
 
 class Tournament(Sampler, TournamentPart):
-    """Statistic of a token: minus the number of its g-values equal to 1 (``-sum_l g_l``); each distinct
-    (seed, token) pair is one unit, whose m bits are i.i.d. fair under H0, so the sum score's null is exactly
-    Binomial(N m, 1/2) over N units."""
+    """Statistic of a token: minus the weighted number of its g-values equal to 1 (``-sum_l w_l g_l``, the
+    scheme's ``layer_weights``; all ones by default, SynthID's mean score); each distinct (seed, token) pair is one
+    unit, whose m bits are i.i.d. fair under H0, so the sum score's null is exactly Binomial(N m, 1/2) over N units
+    with equal weights, and the weighted count's exact discrete law (``mmw.nulls.WeightedBits``) otherwise."""
+
+    def __init__(self, spec, key, vocab_size):
+        super().__init__(spec, key, vocab_size)
+        self.weights = self.weights_of(spec)
 
     def prepare(self, device):
         self.token_ids(device)
@@ -64,9 +69,12 @@ class Tournament(Sampler, TournamentPart):
         return inverse_cdf(probs, plain_u)
 
     def statistic(self, tokens, seeds):
-        return -g_values_np(tokens, seeds, self.spec.layers).sum(axis=-1, dtype=np.int64).astype(np.float64)
+        return -(g_values_np(tokens, seeds, self.spec.layers).astype(np.int64) @ self.weights).astype(np.float64)
 
     def pvalue_sum(self, total, n_units):
-        """-total = number of g = 1 among N m fair bits under H0: P(Binomial(N m, 1/2) >= ones)."""
+        """-total = the weighted count of g = 1 among N units of m fair bits under H0: P(that count >= observed);
+        with equal (unit) weights the count is Binomial(N m, 1/2)."""
         ones = np.rint(-np.asarray(total, dtype=np.float64))
-        return nulls.binomial_upper(ones, np.asarray(n_units) * self.spec.layers, 0.5)
+        if np.all(self.weights == 1):
+            return nulls.binomial_upper(ones, np.asarray(n_units) * self.spec.layers, 0.5)
+        return nulls.weighted_bits_upper(ones, n_units, self.weights)
