@@ -286,7 +286,7 @@ def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
     from mmw.reporting.sweep import plan_markdown
     from mmw.sweep.plan import needed_prompts, plan_table
 
-    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150, level=0.05, max_tries=2)
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150, settings=ConfirmSettings(level=0.05, max_tries=2))
     # Ranked by size_valid (c smallest, then b); nothing confirmed yet: every cell waits for c.
     results, _, _ = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {})
     empty = pl.DataFrame(schema={"config_id": pl.String, "status": pl.String, "experiment": pl.String})
@@ -324,7 +324,7 @@ def test_the_plan_covers_every_unresolved_cell_of_the_table_and_of_randomness() 
     from mmw.reporting.sweep import plan_markdown
     from mmw.sweep.plan import sweep_plan
 
-    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150, level=0.05, max_tries=2)
+    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150, settings=ConfirmSettings(level=0.05, max_tries=2))
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.9})
     results = results.with_columns(pl.lit("text-dependent").alias("randomness_kind"))
     reevaluations = reevaluations.with_columns(pl.lit(80.0).alias("wall_s"))

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from mmw.cli import app
 from mmw.errors import SpecError
+from mmw.sweep.confirm import ConfirmSettings
 from mmw.sweep.definition import SCHEME_KEYS, config_id, expand
 from mmw.sweep.runner import set_args
 
@@ -529,7 +530,8 @@ def _fake_sweep(monkeypatch: pytest.MonkeyPatch, world: _FakeSweepWorld) -> Any:
     configs = [Config(config_id=c, grid="g", overrides={**scheme, "scheme.delta": float(i)})
                for i, c in enumerate(world.RHO)]
     return Sweep(name="t", description="", configs=configs, reevaluate=Reevaluation(k=2, first_seed=1000),
-                 split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2))
+                 split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30,
+                             settings=ConfirmSettings(level=0.05, max_tries=2)))
 
 
 def _git_repo(path: Path) -> Path:
@@ -965,7 +967,8 @@ def test_confirmation_runs_go_candidate_major_and_reevaluations_seed_major() -> 
 
     configs = [Config(config_id=c, grid="g", overrides={"scheme.delta": d}) for c, d in (("a", 1.0), ("b", 2.0))]
     sweep = Sweep(name="t", description="", configs=configs, reevaluate=Reevaluation(k=2, first_seed=1000),
-                  split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30, level=0.05, max_tries=2))
+                  split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30,
+                             settings=ConfirmSettings(level=0.05, max_tries=2)))
     confirming = [j.name for j in reevaluation_jobs(sweep, ["b", "a"])]
     assert confirming == ["reeval-t-b-s1000", "reeval-t-b-s1001", "reeval-t-a-s1000", "reeval-t-a-s1001"]
     plain = [j.name for j in reevaluation_jobs(replace(sweep, split=None), ["b", "a"])]

@@ -94,7 +94,7 @@ def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts:
 
     ``pending`` names the candidate whose K confirmation runs are needed next (the runner's work list).
     ``constraint_list``: (quality loss, R) pairs, default the split's (``confirm.quality_losses``)."""
-    settings = ConfirmSettings(level=split.level, max_tries=split.max_tries)
+    settings = split.settings
     constraint_list = split.constraints if constraint_list is None else constraint_list
     done = results.filter(pl.col("status") == "done")
     rows: list[dict[str, Any]] = []

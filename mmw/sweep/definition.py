@@ -36,7 +36,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Self
 
@@ -113,22 +113,15 @@ class Reevaluation(Section):
         return list(range(self.first_seed, self.first_seed + self.k))
 
 
-class ConfirmSection(Section):
-    """A definition's ``confirm`` section; the checks that need the tuning prompts are :meth:`SweepFile.split`'s.
-    ``level`` and ``max_tries``: see :class:`mmw.sweep.confirm.ConfirmSettings`."""
+class ConfirmSection(ConfirmSettings):
+    """A definition's ``confirm`` section: how cells are confirmed (``level``, ``max_tries`` and the resampling of
+    R's bound, :class:`mmw.sweep.confirm.ConfirmSettings`) plus where the held-out prompts are and which quality
+    constraints are confirmed; the checks that need the tuning prompts are :meth:`SweepFile.split`'s."""
 
     prompts: Integer = allowed("an integer >= 1 (per task)", ge=1)
     offset: Integer | None = allowed("an integer >= 0 (default: after the tuning prompts)", ge=0, default=None)
-    level: float = allowed("a number in (0, 0.5), e.g. 0.05", default=0.05)
-    max_tries: Integer = allowed("an integer >= 1 (the pick plus fallbacks), e.g. 2", default=2)
     quality_losses: Annotated[list[Annotated[float, AfterValidator(_paper_loss)]], AfterValidator(_distinct)] = \
         allowed(_LOSSES_TEXT, min_length=1, default=list(QUALITY_LOSSES))
-
-    @model_validator(mode="after")
-    def _settings(self) -> Self:
-        """``level`` and ``max_tries`` are the confirmation's settings: checked where they are used."""
-        ConfirmSettings(level=self.level, max_tries=self.max_tries)
-        return self
 
 
 def _mapping_text(model: type[Section]) -> str:
@@ -140,16 +133,24 @@ def _mapping_text(model: type[Section]) -> str:
 class Split:
     """Tuning and confirmation prompts, per task: tuning runs take ``[tuning_offset, tuning_offset + tuning)``
     (the sweep's ``prompts.offset`` / ``prompts.per_task``), the re-runs of picks ``[offset, offset +
-    prompts)``, disjoint from them. ``level`` and ``max_tries``: see :class:`mmw.sweep.confirm.ConfirmSettings`."""
+    prompts)``, disjoint from them; ``settings``: how the cells are confirmed (the definition's ``confirm``
+    section)."""
 
     tuning_offset: int
     tuning: int
     offset: int
     prompts: int
-    level: float = 0.05
-    max_tries: int = 2
+    settings: ConfirmSettings = field(default_factory=ConfirmSettings)
     #: The paper's quality-loss constraints whose cells are confirmed (both by default).
     quality_losses: tuple[float, ...] = QUALITY_LOSSES
+
+    @property
+    def level(self) -> float:
+        return self.settings.level
+
+    @property
+    def max_tries(self) -> int:
+        return self.settings.max_tries
 
     @property
     def constraints(self) -> tuple[tuple[float, float], ...]:
@@ -243,7 +244,7 @@ class SweepFile(Section):
                             f"tuning prompts [{tuning_offset}, {tuning_offset + tuning})",
                             f"an offset >= {tuning_offset + tuning}")
         return Split(tuning_offset=int(tuning_offset), tuning=int(tuning), offset=int(offset), prompts=count,
-                     level=raw.level, max_tries=raw.max_tries, quality_losses=tuple(sorted(raw.quality_losses)))
+                     settings=raw, quality_losses=tuple(sorted(raw.quality_losses)))
 
 
 @dataclass(frozen=True)
