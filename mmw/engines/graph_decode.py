@@ -38,6 +38,8 @@ from transformers import PreTrainedModel, StaticCache
 WARMUP_STEPS = 2
 #: Steps between two host reads of "is any row still unfinished".
 STOP_CHECK_EVERY = 16
+#: Benches set a list here: a (start, end) CUDA event pair is appended around every decode step (no sync).
+STEP_EVENTS: list | None = None
 
 
 def graph_default(device: torch.device) -> bool:
@@ -130,10 +132,17 @@ def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
             replay = _capture(dec)
             if replay is None:
                 graph = False
+        events = STEP_EVENTS is not None and device.type == "cuda"
+        if events:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         if replay is not None:
             replay.replay()
         else:
             dec.step()
+        if events:
+            end.record()
+            STEP_EVENTS.append((start, end))
         done += 1
     processor.end_static(done)
     return dec.out[:, :done]
