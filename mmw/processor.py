@@ -245,7 +245,47 @@ class WatermarkProcessor(LogitsProcessor):
         self.step += 1
         return choice_logits(scores, chosen)
 
+    # ------------------------------------------------------------------ static decoding (mmw.engines.graph_decode)
+    def context_len(self) -> int:
+        """How many trailing tokens of each row the step reads (its randomness window); after ``begin_static``."""
+        return self._step.context_len
+
+    def begin_static(self, batch: int, steps: int, device: torch.device, graph: bool = False) -> None:
+        """Prepare ``static_step`` for ``batch`` rows and up to ``steps`` tokens: every per-step record goes into a
+        pre-allocated [B, steps] table, so the step can be recorded in a CUDA graph. ``graph``: the compiled
+        watermark step is built without its own CUDA graphs (Inductor's plain kernels), which an outer capture
+        records; the function is the same."""
+        if batch != len(self.row_seeds):
+            raise ValueError(f"batch has {batch} rows but the processor was built for {len(self.row_seeds)}")
+        compiled = compile_default(device) if self.compiled is None else self.compiled
+        mode = "default" if compiled and graph else None
+        self._step = watermark_step(self.spec, self.key, self.vocab_size, self.temperature, compiled, mode,
+                                    dynamic=False)
+        self._state = {name: t.to(device) for name, t in self._state.items()}
+        self._steps = torch.zeros(batch, dtype=torch.int64, device=device)
+        self._history = self._step.new_history(batch, device)
+        self._tables = torch.full((2, batch, steps), float("nan"), dtype=torch.float64, device=device)
+        self._table_steps = 0
+
+    def static_step(self, context: torch.Tensor, scores: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """One step on fixed buffers: context int64 [B, context_len()], scores float [B, V'], t int64 [1] (the
+        step's column in the tables) -> chosen int64 [B]. Device work only, no host synchronisation."""
+        self._step._prepare(scores.device)
+        chosen, entropy, spike = self._step(scores, context, self._steps, **self._state, history=self._history)
+        self._tables.index_copy_(2, t, torch.stack([entropy, spike]).unsqueeze(-1))
+        self._steps += 1
+        return chosen
+
+    def end_static(self, steps: int) -> None:
+        """``steps`` tokens were chosen through ``static_step``."""
+        self._table_steps = steps
+        self.step += steps
+
     def _mean_over(self, per_step: list[torch.Tensor], lengths: Sequence[int]) -> np.ndarray:
+        if getattr(self, "_tables", None) is not None:
+            which = 0 if per_step is self.entropy else 1
+            table = self._tables[which, :, : self._table_steps].cpu().numpy()
+            return np.array([table[i, :n].mean() if n > 0 else np.nan for i, n in enumerate(lengths)])
         if not per_step:
             return np.full(len(lengths), np.nan)
         table = torch.stack(per_step, dim=1).cpu().numpy()  # [B, steps]: the one device->host copy

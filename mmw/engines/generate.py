@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from mmw.engines.attention import grouped_query_sdpa
+from mmw.engines.graph_decode import static_decode
 from mmw.io import PartsStore, plan_units, row_key, write_table
 
 GENERATION_SCHEMA = {
@@ -54,6 +56,26 @@ CACHE_DEVICES: tuple[str, ...] = ("cuda",)
 #: time at 512 tokens of context), but the compile is paid again in every stage process: on one H200, 296 rows x
 #: 1,024 tokens took 58.9 s compiled (compile included) against 47.7-60.3 s uncompiled (bench/results/gpu.md).
 COMPILE_DECODING = False
+
+
+#: Decode through ``mmw.engines.graph_decode`` (our own loop over the static cache, the whole step one CUDA graph)
+#: instead of transformers' ``generate``, where it applies (``use_static_decode``). ``MMW_STATIC_DECODE=0`` turns
+#: it off, ``MMW_GRAPH_DECODE=0`` keeps the loop but runs its step eagerly; the same computation either way.
+STATIC_DECODING = os.environ.get("MMW_STATIC_DECODE", "1") != "0"
+
+
+def use_static_decode(model: PreTrainedModel, processor: object, prompt_len: int) -> bool:
+    """Our loop applies on a device that gets the static cache, uncompiled decoding, a processor with the static
+    interface (``begin_static``/``static_step``), and prompts at least as long as the processor's window."""
+    if not (STATIC_DECODING and model.device.type in CACHE_DEVICES and CACHE_IMPLEMENTATION == "static"
+            and not COMPILE_DECODING and hasattr(processor, "static_step")):
+        return False
+    spec = getattr(processor, "spec", None)
+    if spec is None:
+        return True
+    from mmw.randomness import RandomnessSource
+
+    return prompt_len >= RandomnessSource.from_spec(spec).context
 
 
 class RecordingProcessor(Protocol):
@@ -149,9 +171,16 @@ def generate_batch(
     if model.device.type in CACHE_DEVICES and CACHE_IMPLEMENTATION is not None:
         config.cache_implementation = CACHE_IMPLEMENTATION
         config.disable_compile = not COMPILE_DECODING
-    with torch.inference_mode(), neutral_model_defaults(model), grouped_query_sdpa(model):
-        output = model.generate(**batch, generation_config=config, logits_processor=LogitsProcessorList([processor]))
-    tokens = strip_after_eos(output[:, batch["input_ids"].shape[1]:], config.eos_token_id)
+    if use_static_decode(model, processor, batch["input_ids"].shape[1]):
+        with torch.inference_mode(), grouped_query_sdpa(model):
+            generated = static_decode(model, batch["input_ids"], batch["attention_mask"], processor, max_new_tokens,
+                                      config.eos_token_id, config.pad_token_id)
+    else:
+        with torch.inference_mode(), neutral_model_defaults(model), grouped_query_sdpa(model):
+            output = model.generate(**batch, generation_config=config,
+                                    logits_processor=LogitsProcessorList([processor]))
+        generated = output[:, batch["input_ids"].shape[1]:]
+    tokens = strip_after_eos(generated, config.eos_token_id)
     lengths = [len(row) for row in tokens]
 
     def per_row(values: np.ndarray) -> list[float | None]:

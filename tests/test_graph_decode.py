@@ -1,0 +1,80 @@
+"""mmw.engines.graph_decode: our decode loop over the static cache computes what transformers' ``generate`` does.
+
+On the CPU the loop's step runs eagerly (the code a CUDA graph records on a GPU); with the static cache enabled on
+the CPU for both sides, the tokens and the recorded entropies must be identical to ``generate``'s, for plain
+sampling, a window scheme and the tournament (whose step keeps a seed history), on left-padded batches whose
+rows end at different steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mmw import prf
+from mmw.engines import generate as engine
+from mmw.engines.generate import generate_batch
+from mmw.processor import WatermarkProcessor
+from mmw.scheme import SchemeSpec
+from test_engine import tiny, tiny_chats, tiny_model  # noqa: F401 - fixtures
+
+KEY = prf.key_from_string("graph decode tests")
+SPECS = {
+    "plain": None,
+    "c4": {"sampler": "distribution_shift", "randomness": "window", "window": 1, "delta": 2.0, "score": "sum"},
+    "tournament": {"sampler": "tournament", "randomness": "window", "window": 2, "score": "sum"},
+}
+
+
+def run(tokenizer, model, chats, spec, static: bool, monkeypatch, max_new_tokens=24):
+    monkeypatch.setattr(engine, "CACHE_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(engine, "STATIC_DECODING", static)
+    encoded = tokenizer(chats, add_special_tokens=False)["input_ids"]
+    seeds = [engine.row_seed(7, f"r{i}") for i in range(len(chats))]
+    processor = WatermarkProcessor(SchemeSpec.from_params(spec) if spec else None, KEY, model.config.vocab_size,
+                                   seeds, 1.0, compiled=False)
+    assert engine.use_static_decode(model, processor, max(map(len, encoded))) == static
+    return generate_batch(model, tokenizer, encoded, processor, max_new_tokens)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_static_decode_matches_generate(tiny, monkeypatch, name):
+    tokenizer, model = tiny
+    chats, _ = tiny_chats(6)
+    chats = [c + " the" * 3 for c in chats]  # every prompt at least as long as the window
+    reference = run(tokenizer, model, chats, SPECS[name], False, monkeypatch)
+    ours = run(tokenizer, model, chats, SPECS[name], True, monkeypatch)
+    assert ours["tokens"] == reference["tokens"]
+    assert ours["text"] == reference["text"]
+    np.testing.assert_array_equal(np.array(ours["mean_entropy"], dtype=float),
+                                  np.array(reference["mean_entropy"], dtype=float))
+    np.testing.assert_array_equal(np.array(ours["mean_spike_entropy"], dtype=float),
+                                  np.array(reference["mean_spike_entropy"], dtype=float))
+
+
+def test_rows_that_end_early_are_cut_like_generate(tiny, monkeypatch):
+    """A row whose EOS comes first keeps only its tokens before EOS; the loop's stop check runs every
+    STOP_CHECK_EVERY steps, so steps after the last row's end add nothing."""
+    tokenizer, model = tiny
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with torch.no_grad():  # make EOS likely, so rows end at different steps
+        model.lm_head.weight[eos] += 0.35 * model.lm_head.weight.norm(dim=1).mean()
+    chats, _ = tiny_chats(8)
+    chats = [c + " the" * 3 for c in chats]
+    reference = run(tokenizer, model, chats, None, False, monkeypatch, max_new_tokens=40)
+    ours = run(tokenizer, model, chats, None, True, monkeypatch, max_new_tokens=40)
+    lengths = [len(t) for t in reference["tokens"]]
+    assert min(lengths) < 40  # some row ended
+    assert ours["tokens"] == reference["tokens"]
+    np.testing.assert_array_equal(np.array(ours["mean_entropy"], dtype=float),
+                                  np.array(reference["mean_entropy"], dtype=float))
+
+
+def test_short_prompts_fall_back_to_generate(tiny, monkeypatch):
+    tokenizer, model = tiny
+    monkeypatch.setattr(engine, "CACHE_DEVICES", ("cpu", "cuda"))
+    spec = SchemeSpec.from_params(SPECS["tournament"])
+    processor = WatermarkProcessor(spec, KEY, model.config.vocab_size, [1], 1.0, compiled=False)
+    assert not engine.use_static_decode(model, processor, 1)
+    assert engine.use_static_decode(model, processor, 2)
