@@ -213,6 +213,9 @@ class WatermarkProcessor(LogitsProcessor):
         self.spec, self.key, self.vocab_size, self.temperature = spec, key, vocab_size, float(temperature)
         self.row_seeds = [int(s) & prf.MASK64 for s in row_seeds]
         self.compiled = compiled
+        #: Trailing tokens of each row the randomness reads (0 unwatermarked): the engine's loop needs prompts at
+        #: least this long (mmw.engines.generate.use_static_decode).
+        self.window_context = RandomnessSource.from_spec(spec).context if spec is not None else 0
         self._state = row_state(spec, self.row_seeds)
         self._step: WatermarkStep | None = None
         self._history: torch.Tensor | None = None

@@ -70,12 +70,8 @@ def use_static_decode(model: PreTrainedModel, processor: object, prompt_len: int
     if not (STATIC_DECODING and model.device.type in CACHE_DEVICES and CACHE_IMPLEMENTATION == "static"
             and not COMPILE_DECODING and hasattr(processor, "static_step")):
         return False
-    spec = getattr(processor, "spec", None)
-    if spec is None:
-        return True
-    from mmw.randomness import RandomnessSource
-
-    return prompt_len >= RandomnessSource.from_spec(spec).context
+    # The processor's randomness context (0 when unwatermarked): read from it, so this module imports no scheme code.
+    return prompt_len >= getattr(processor, "window_context", 0)
 
 
 class RecordingProcessor(Protocol):
