@@ -249,10 +249,6 @@ class WatermarkProcessor(LogitsProcessor):
         return choice_logits(scores, chosen)
 
     # ------------------------------------------------------------------ static decoding (mmw.engines.graph_decode)
-    def context_len(self) -> int:
-        """How many trailing tokens of each row the step reads (its randomness window); after ``begin_static``."""
-        return self._step.context_len
-
     def begin_static(self, batch: int, steps: int, device: torch.device, graph: bool = False) -> None:
         """Prepare ``static_step`` for ``batch`` rows and up to ``steps`` tokens: every per-step record goes into a
         pre-allocated [B, steps] table, so the step can be recorded in a CUDA graph. ``graph``: the compiled
@@ -271,7 +267,7 @@ class WatermarkProcessor(LogitsProcessor):
         self._table_steps = 0
 
     def static_step(self, context: torch.Tensor, scores: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """One step on fixed buffers: context int64 [B, context_len()], scores float [B, V'], t int64 [1] (the
+        """One step on fixed buffers: context int64 [B, window_context], scores float [B, V'], t int64 [1] (the
         step's column in the tables) -> chosen int64 [B]. Device work only, no host synchronisation."""
         self._step._prepare(scores.device)
         chosen, entropy, spike = self._step(scores, context, self._steps, **self._state, history=self._history)

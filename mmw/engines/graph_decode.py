@@ -76,7 +76,7 @@ class _Decoder:
         self.token = input_ids[:, -1:].clone()  # [B, 1], the token fed to the next forward
         self.unfinished = torch.ones(b, dtype=torch.int64, device=device)
         self.out = torch.full((b, max_new_tokens), self.pad, dtype=torch.int64, device=device)
-        n = processor.context_len()
+        n = processor.window_context
         self.context = input_ids[:, p - n:].clone() if n else input_ids.new_zeros(b, 0)
         self.input_ids, self.attention_mask = input_ids, attention_mask
 
@@ -116,7 +116,7 @@ def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
                   ) -> torch.Tensor:
     """Generated ids int64 [B, steps] (steps <= max_new_tokens; pad after a row's EOS, like ``generate``).
 
-    ``processor`` has ``context_len()``, ``begin_static(batch, steps, device)`` and ``static_step(context, scores,
+    ``processor`` has ``window_context``, ``begin_static(batch, steps, device)`` and ``static_step(context, scores,
     t)`` (``mmw.processor.WatermarkProcessor``). ``graph`` None: capture on CUDA (``graph_default``)."""
     device = input_ids.device
     graph = graph_default(device) if graph is None else graph
