@@ -17,7 +17,6 @@ Keeping them out of this module keeps every stage's import closure, hence its DV
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -247,12 +246,3 @@ def read_params(path: str | Path = DEFAULT_PARAMS) -> Any:
         raise SpecError("params", f"{path} is not valid YAML ({str(err).splitlines()[0]})") from None
     return raw
 
-
-def derive_seed(seed: int, *parts: str) -> int:
-    """A 63-bit seed for one unit of work (e.g. ``derive_seed(seed, "attack", prompt_id, attack_name)``).
-
-    Hashing the parts (not Python's salted ``hash()``) makes it stable across processes and machines, and
-    independent of the order in which units are processed.
-    """
-    message = "\x00".join([str(seed), *parts]).encode()
-    return int.from_bytes(hashlib.blake2b(message, digest_size=8).digest(), "little") >> 1

@@ -22,12 +22,11 @@ import numpy as np
 
 from mmw import prf
 from mmw.samplers.parts import DECLARED, WATERMARKING
+from mmw.scheme_values import SchemeValues
 from mmw.validation import Key, Part, Refuse, Unused
 
 if TYPE_CHECKING:
     import torch
-
-    from mmw.scheme import SchemeSpec
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class RandomnessSource(Part):
     key_length: int = 1
 
     @classmethod
-    def from_spec(cls, spec: SchemeSpec) -> "RandomnessSource":
+    def from_spec(cls, spec: SchemeValues) -> "RandomnessSource":
         if spec.randomness == "fixed":
             return FixedKey(kind="fixed", key_length=spec.key_length)
         if spec.randomness == "selfhash":

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from mmw.randomness import FixedKey, RandomnessSource, trial_keys
+from mmw.scheme_values import SchemeValues
 from mmw.validation import Key, Part, Refuse, Unused, Values
 
 if TYPE_CHECKING:
     from mmw.samplers.base import Sampler
-    from mmw.scheme import SchemeSpec
 
 #: Permutation-test trials of the align and edit scores when ``trials`` is not set.
 DEFAULT_TRIALS = 100
@@ -121,7 +121,7 @@ def edit_diagonal(cost: np.ndarray, psi: float) -> np.ndarray:
 class ReferenceBackend:
     """Per-text numpy implementation of every score (slow for align/edit; the ground truth for kernels)."""
 
-    def __init__(self, spec: SchemeSpec, sampler: Sampler, source: RandomnessSource, key: int):
+    def __init__(self, spec: SchemeValues, sampler: Sampler, source: RandomnessSource, key: int):
         self.spec, self.sampler, self.source, self.key = spec, sampler, source, key
         self.trial_keys = trial_keys(key, spec.trials) if spec.trials else []
 

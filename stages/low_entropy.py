@@ -13,7 +13,8 @@ from pathlib import Path
 import polars as pl
 
 from mmw.io import LOW_ENTROPY_SCHEMA, write_table
-from mmw.params import derive_seed, load_params
+from mmw.params import load_params
+from mmw.seeds import derive_seed
 from mmw.quality.params import LowEntropyParams
 from mmw.stages.timing import timed
 from mmw.tasks import LOW_ENTROPY_INPUTS, LOW_ENTROPY_SOURCE_TASK, build_prompts, needs_low_entropy_inputs, \

@@ -11,7 +11,8 @@ import polars as pl
 from mmw.attacks import Attack, build_attacks
 from mmw.io import GENERATIONS, PERTURBED, PERTURBED_SCHEMA, PartsStore, plan_units, read_table, write_table
 from mmw.io import row_key as store_row_key
-from mmw.params import derive_seed, load_params
+from mmw.params import load_params
+from mmw.seeds import derive_seed
 from mmw.stages.timing import timed
 
 

@@ -22,7 +22,8 @@ from mmw.io import (
 )
 from mmw.judge import MODES, judge_discrimination
 from mmw.judge_backends import CachedRater, JudgementCache, RatingBackend, default_cache_root
-from mmw.params import RateParams, derive_seed, load_params
+from mmw.params import RateParams, load_params
+from mmw.seeds import derive_seed
 from mmw.stages.timing import timed
 
 #: Used when ``rate.mode: auto`` and neither mode tells texts from word salad: the expected-value rating is the

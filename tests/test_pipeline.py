@@ -19,7 +19,7 @@ from mmw.cli import app
 from mmw.errors import SpecError
 from mmw.io import atomic_path, read_json, write_json, write_table
 from mmw.board import check_board, load_board
-from mmw.params import derive_seed
+from mmw.seeds import derive_seed
 from mmw.stages.perturb import attacked_subset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def test_json_writes_infinity_as_string(tmp_path: Path) -> None:
 
 def test_derive_seed_is_stable_across_processes_and_separates_units() -> None:
     here = derive_seed(0, "attack", "story-001", "swap_p0.1")
-    code = "from mmw.params import derive_seed; print(derive_seed(0, 'attack', 'story-001', 'swap_p0.1'))"
+    code = "from mmw.seeds import derive_seed; print(derive_seed(0, 'attack', 'story-001', 'swap_p0.1'))"
     env = {**os.environ, "PYTHONHASHSEED": "123"}  # Python's own hash() would change with this
     there = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                                check=True).stdout)

@@ -147,3 +147,21 @@ def test_each_declaration_names_its_implementation():
         assert issubclass(cls, Sampler) and issubclass(cls, part), (name, cls.__mro__)
         assert (cls.name, cls.label, cls.scheme_keys, cls.refuses, cls.pivot) == (
             name, part.label, part.scheme_keys, part.refuses, part.pivot)
+
+
+def test_what_parts_read_of_a_scheme_are_its_fields():
+    """The parts take a scheme as ``mmw.scheme_values.SchemeValues`` (they must not import the validator built from
+    their declarations): every value it names is a SchemeSpec field of the same type."""
+    from typing import get_type_hints
+
+    from mmw.scheme_values import SchemeValues
+
+    read = {name: get_type_hints(getattr(SchemeValues, name).fget)["return"]
+            for name, member in vars(SchemeValues).items() if isinstance(member, property)}
+    assert read and set(read) <= set(SchemeSpec.model_fields)
+    spec = SchemeSpec.from_params(dict(sampler="distribution_shift", randomness="window", window=1, score="sum",
+                                       delta=2.0))
+    for name, kind in read.items():
+        value = getattr(spec, name)
+        assert value is None or isinstance(value, tuple(a for a in getattr(kind, "__args__", (kind,))
+                                                        if isinstance(a, type))), (name, value, kind)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mmw.params import derive_seed
+from mmw.seeds import derive_seed
 from mmw.quality.base import QualityMetric, Texts, number
 
 

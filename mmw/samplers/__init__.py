@@ -11,10 +11,10 @@ import inspect
 from typing import TYPE_CHECKING
 
 from mmw.samplers.parts import DECLARED, LABELS, WATERMARKING
+from mmw.scheme_values import SchemeValues
 
 if TYPE_CHECKING:
     from mmw.samplers.base import Sampler
-    from mmw.scheme import SchemeSpec
 
 
 def implementation(name: str) -> type[Sampler]:
@@ -30,7 +30,7 @@ def implementation(name: str) -> type[Sampler]:
     return found[0]
 
 
-def build_sampler(spec: SchemeSpec, key: int, vocab_size: int) -> Sampler:
+def build_sampler(spec: SchemeValues, key: int, vocab_size: int) -> Sampler:
     return implementation(spec.sampler)(spec, key, vocab_size)
 
 

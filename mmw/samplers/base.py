@@ -10,15 +10,12 @@ kernel statistic (``mmw.kernels.stats``). Convention (docs/PRF.md): lower statis
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from mmw import nulls, prf
 from mmw.samplers.parts import PlainPart, SamplerPart
-
-if TYPE_CHECKING:
-    from mmw.scheme import SchemeSpec
+from mmw.scheme_values import SchemeValues
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -59,7 +56,7 @@ class Sampler(SamplerPart, ABC):
     """The implementation of a sampling strategy: generation (torch) and its statistic (numpy). A concrete sampler
     also subclasses its declaration, e.g. ``class Exponential(Sampler, ExponentialPart)``."""
 
-    def __init__(self, spec: SchemeSpec, key: int, vocab_size: int):
+    def __init__(self, spec: SchemeValues, key: int, vocab_size: int):
         self.spec = spec
         self.key = key
         self.vocab_size = vocab_size
