@@ -27,7 +27,7 @@ import yaml
 
 from mmw.sweep.cost import GPU_PACKED, GPU_STAGED, CostModel
 from mmw.sweep.schedule import Schedule
-from mmw.sweep.confirm import ConfirmSettings
+from mmw.sweep.confirm import Confirmation
 from mmw.sweep.definition import expand
 from sweep_simulation import adaptive_summary, paper_groups, priced, simulate_adaptive
 
@@ -101,7 +101,7 @@ def main() -> None:
     schedule = Schedule(tuple(int(v) for v in shards.split(",")), args.level, corrected=not args.reckless,
                         rule=args.rule)
     cost = GPU_STAGED if args.unit_s is None else GPU_STAGED.with_fixed(args.unit_s)
-    settings = ConfirmSettings(level=0.05, max_tries=schedule.keep, resamples=200)
+    settings = Confirmation(prompts=args.confirm, level=0.05, max_tries=schedule.keep, resamples=200)
     start = time.perf_counter()
     result = simulate_adaptive(groups, schedule, args.sweeps, args.tuning, args.confirm, args.k, settings,
                                cost, budget_fraction=args.budget, quality_sd=args.quality_sd)

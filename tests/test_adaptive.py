@@ -434,12 +434,12 @@ def test_simulated_race_against_the_grid() -> None:
     from scipy.stats import binomtest
 
     from mmw.sweep.cost import GPU_STAGED
-    from mmw.sweep.confirm import ConfirmSettings
+    from mmw.sweep.confirm import Confirmation
     from sweep_simulation import adaptive_summary, simulate_adaptive
 
     groups = _paper_slice()
     assert sum(len(ids) for ids, _ in groups.values()) == 288
-    settings = ConfirmSettings(level=0.05, max_tries=2, resamples=200)
+    settings = Confirmation(prompts=CONFIRM, level=0.05, max_tries=2, resamples=200)
     schedule = Schedule((8, 24, 64), level=0.05)
     result = simulate_adaptive(groups, schedule, SWEEPS, TUNING, CONFIRM, K, settings, GPU_STAGED, seed=5,
                                chunk=250)
@@ -473,11 +473,11 @@ def test_simulated_screen_against_the_grid() -> None:
     from scipy.stats import binomtest
 
     from mmw.sweep.cost import GPU_STAGED
-    from mmw.sweep.confirm import ConfirmSettings
+    from mmw.sweep.confirm import Confirmation
     from sweep_simulation import adaptive_summary, simulate_adaptive
 
     groups = _paper_slice()
-    settings = ConfirmSettings(level=0.05, max_tries=2, resamples=200)
+    settings = Confirmation(prompts=CONFIRM, level=0.05, max_tries=2, resamples=200)
     # At level 0.05 (bench/adaptive.py's) this slice agrees on 93.3 % (400 sweeps): its cells are the hard ones.
     schedule = Schedule((4, 12, 32, 64), level=0.02, rule="screen")
     prompts_only = GPU_STAGED.with_fixed(0.0)
@@ -749,15 +749,16 @@ def test_pooled_shards_give_the_grids_table_on_the_same_rows(tmp_path: Path) -> 
 
     from mmw.metrics import tamper_resistance
     from mmw.sweep.collect import confirmed_tables
-    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+    from mmw.sweep.confirm import Confirmation
+    from mmw.sweep.definition import Config, Reevaluation, Sweep
     from mmw.sweep.units import RACE, TUNING, StoredUnit, race_name, tables
 
     schedule = Schedule((6, 12, 24), level=0.05)
     configs = [Config(f"c{i}", "g", {"model.temperature": 0.7, "scheme.sampler": "distribution_shift",
                                      "scheme.score": "sum", "scheme.randomness": "window", "scheme.delta": float(i)})
                for i in range(4)]
-    grid = Sweep("t", "", configs, Reevaluation(k=2), Split(0, 24, 24, 30), schedule=schedule, tasks=1,
-                 uniform=True)
+    grid = Sweep("t", "", configs, Reevaluation(k=2), Confirmation(prompts=30, offset=24), schedule=schedule,
+                 tuning=24, tasks=1, uniform=True)
     race = dataclasses.replace(grid, uniform=False)
     truth = [(1.0, 30.0), (0.995, 20.0), (0.93, 12.0), (0.7, 8.0)]
 

@@ -33,7 +33,7 @@ BOARD = yaml.safe_load((REPO / "params.yaml").read_text())
 def test_a_pack_shares_only_stages_that_read_neither_the_scheme_nor_the_key() -> None:
     from mmw.sweep.pipeline import stage_plan
 
-    plan, sources = stage_plan(REPO / "dvc.yaml")
+    plan, sources = stage_plan(REPO)
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     assert [s.name for s in plan] == list(stages)  # every stage, in dvc.yaml's order
     per_config_outs: set[str] = set()
@@ -152,7 +152,7 @@ def test_each_configurations_stages_see_its_key_and_workspace_and_failures_are_o
     fail["perturb"] = KEYS["exp"]
     pack_module.PackedExecutor(tmp_path, pack=0, echo=lambda _: None).run(jobs, outcomes.append)
     assert Path.cwd() == cwd and "MMW_KEY" not in os.environ
-    shared = {s.name for s in pack_module.stage_plan(tmp_path / "dvc.yaml")[0] if s.shared}
+    shared = {s.name for s in pack_module.stage_plan(tmp_path)[0] if s.shared}
     assert all(key is None and where == "shared" for name, key, where in seen if name in shared)
     for job, workspace in zip(jobs, ("unit-0", "unit-1"), strict=True):
         mine = [(name, where) for name, key, where in seen if key == job.env["MMW_KEY"]]

@@ -25,9 +25,10 @@ from typer.testing import CliRunner
 
 from mmw.cli import app
 from mmw.errors import SpecError
-from mmw.sweep.confirm import ConfirmSettings
+from mmw.sweep.confirm import Confirmation
 from mmw.sweep.definition import SCHEME_KEYS, config_id, expand
-from mmw.sweep.runner import set_args
+from mmw.sweep.pipeline import set_args
+from mmw.sweep.tables import split_record
 
 BOARD = yaml.safe_load((REPO / "params.yaml").read_text())
 SWEEPS = REPO / "sweeps"
@@ -78,9 +79,9 @@ def test_small_and_smoke_grids_cover_what_they_promise() -> None:
     assert {c.config_id for c in confirmed.configs} == {c.config_id for c in small.configs
                                                         if c.overrides["model.temperature"] in (0.7, 1.0)}
     assert len(confirmed.configs) == 18 and confirmed.reevaluate.k == 5
-    split = confirmed.split
-    assert (split.tuning_offset, split.tuning, split.offset, split.prompts) == (0, 1, 1, 16)
-    assert split.constraints == ((0.1, 0.2), (0.1, 0.0))
+    confirmation = confirmed.confirmation
+    assert (confirmed.tuning_offset, confirmed.tuning, confirmation.offset, confirmation.prompts) == (0, 1, 1, 16)
+    assert confirmation.constraints == ((0.1, 0.2), (0.1, 0.0))
 
 
 def test_config_ids_are_stable_and_distinct(tmp_path: Path) -> None:
@@ -330,7 +331,7 @@ def test_the_paper_table_picks_per_cell_and_summarises_the_reevaluations() -> No
     ])
     reevaluations = pl.DataFrame({"config_id": ["a"] * 5, "seed": [1000, 1001, 1002, 1003, 1004],
                                   "status": ["done"] * 5, "all.size": [12.0, 14.0, 11.0, 30.0, None]})
-    from mmw.reporting.sweep import table_markdown
+    from mmw.sweep.tables import table_markdown
     from mmw.sweep.collect import paper_table, picked_config_ids
 
     table = paper_table(results, reevaluations, k=5)
@@ -354,15 +355,17 @@ def test_the_paper_table_picks_per_cell_and_summarises_the_reevaluations() -> No
 def test_the_confirmation_split_is_recorded_and_disjoint(tmp_path: Path) -> None:
     repo = _definition(tmp_path, DS, base={"prompts.per_task": 2, "prompts.offset": 1},
                        confirm={"prompts": 6, "level": 0.1, "max_tries": 3})
-    split = expand("bad", BOARD, repo / "sweeps").split
-    assert (split.tuning_offset, split.tuning, split.offset, split.prompts) == (1, 2, 3, 6)
-    assert split.overrides == {"prompts.offset": 3, "prompts.per_task": 6}
-    assert (split.level, split.max_tries) == (0.1, 3)
-    assert expand("smoke", BOARD, SWEEPS).split.overrides == {"prompts.offset": 1, "prompts.per_task": 4}
-    assert split.constraints == ((0.01, 0.2), (0.01, 0.0), (0.1, 0.2), (0.1, 0.0))
+    sweep = expand("bad", BOARD, repo / "sweeps")
+    confirmation = sweep.confirmation
+    assert (sweep.tuning_offset, sweep.tuning, confirmation.offset, confirmation.prompts) == (1, 2, 3, 6)
+    assert confirmation.overrides == {"prompts.offset": 3, "prompts.per_task": 6}
+    assert (confirmation.level, confirmation.max_tries) == (0.1, 3)
+    assert expand("smoke", BOARD, SWEEPS).confirmation.overrides == {"prompts.offset": 1, "prompts.per_task": 4}
+    assert confirmation.constraints == ((0.01, 0.2), (0.01, 0.0), (0.1, 0.2), (0.1, 0.0))
     repo = _definition(tmp_path, DS, base={"prompts.per_task": 2}, confirm={"prompts": 6, "quality_losses": [0.1]})
-    ten = expand("bad", BOARD, repo / "sweeps").split
-    assert ten.constraints == ((0.1, 0.2), (0.1, 0.0)) and ten.as_dict()["quality_losses"] == [0.1]
+    ten = expand("bad", BOARD, repo / "sweeps")
+    assert ten.confirmation.constraints == ((0.1, 0.2), (0.1, 0.0))
+    assert split_record(ten)["quality_losses"] == [0.1]
 
 
 def test_only_the_configured_constraints_are_confirmed() -> None:
@@ -370,12 +373,11 @@ def test_only_the_configured_constraints_are_confirmed() -> None:
     from test_confirm import _sweep_tables
 
     from mmw.sweep.cells import confirmed_table
-    from mmw.sweep.definition import Split
 
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
     for losses in ((0.01, 0.1), (0.1,)):
-        split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30, quality_losses=losses)
-        table, _ = confirmed_table(results, reevaluations, prompts, split, k=2)
+        confirmation = Confirmation(prompts=30, offset=2, quality_losses=list(losses))
+        table, _ = confirmed_table(results, reevaluations, prompts, confirmation, k=2)
         assert sorted(set(table["max_quality_loss"])) == list(losses) and table.height == 2 * len(losses)
         ten = table.filter((pl.col("max_quality_loss") == 0.1) & (pl.col("min_tamper_resistance") == 0.0))
         assert ten.select("status", "config_id").row(0) == ("confirmed", "b")
@@ -521,7 +523,7 @@ def serve(monkeypatch: pytest.MonkeyPatch, world: Any) -> None:
 
 def _fake_sweep(monkeypatch: pytest.MonkeyPatch, world: _FakeSweepWorld) -> Any:
     """The sweep ``t`` (one cell, K = 2, 30 held-out prompts), its experiment refs and reads served by ``world``."""
-    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+    from mmw.sweep.definition import Config, Reevaluation, Sweep
 
     serve(monkeypatch, world)
     world.overrides = {}
@@ -530,8 +532,7 @@ def _fake_sweep(monkeypatch: pytest.MonkeyPatch, world: _FakeSweepWorld) -> Any:
     configs = [Config(config_id=c, grid="g", overrides={**scheme, "scheme.delta": float(i)})
                for i, c in enumerate(world.RHO)]
     return Sweep(name="t", description="", configs=configs, reevaluate=Reevaluation(k=2, first_seed=1000),
-                 split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30,
-                             settings=ConfirmSettings(level=0.05, max_tries=2)))
+                 confirmation=Confirmation(prompts=30, offset=2, level=0.05, max_tries=2), tuning=2)
 
 
 def _git_repo(path: Path) -> Path:
@@ -686,7 +687,8 @@ def test_a_sweep_run_before_evidence_files_existed_is_exported_even_under_change
     shutil.rmtree(runs)
     configs = [Config(config_id(o), c.grid, o) for c in sweep.configs
                for o in [dict(sorted({**c.overrides, "scheme.added": None}.items()))]]
-    changed = type(sweep)(name="t", description="", configs=configs, reevaluate=sweep.reevaluate, split=sweep.split)
+    changed = type(sweep)(name="t", description="", configs=configs, reevaluate=sweep.reevaluate,
+                          confirmation=sweep.confirmation, tuning=sweep.tuning)
     monkeypatch.setattr(units_module, "experiment_params",
                         lambda _repo, sha: straight.read_experiment(_repo, sha)[0])
     lines: list[str] = []
@@ -963,13 +965,12 @@ def test_confirmation_runs_go_candidate_major_and_reevaluations_seed_major() -> 
     from dataclasses import replace
 
     from mmw.sweep import reevaluation_jobs
-    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+    from mmw.sweep.definition import Config, Reevaluation, Sweep
 
     configs = [Config(config_id=c, grid="g", overrides={"scheme.delta": d}) for c, d in (("a", 1.0), ("b", 2.0))]
     sweep = Sweep(name="t", description="", configs=configs, reevaluate=Reevaluation(k=2, first_seed=1000),
-                  split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30,
-                             settings=ConfirmSettings(level=0.05, max_tries=2)))
+                  confirmation=Confirmation(prompts=30, offset=2, level=0.05, max_tries=2), tuning=2)
     confirming = [j.name for j in reevaluation_jobs(sweep, ["b", "a"])]
     assert confirming == ["reeval-t-b-s1000", "reeval-t-b-s1001", "reeval-t-a-s1000", "reeval-t-a-s1001"]
-    plain = [j.name for j in reevaluation_jobs(replace(sweep, split=None), ["b", "a"])]
+    plain = [j.name for j in reevaluation_jobs(replace(sweep, confirmation=None), ["b", "a"])]
     assert plain == ["reeval-t-b-s1000", "reeval-t-a-s1000", "reeval-t-b-s1001", "reeval-t-a-s1001"]

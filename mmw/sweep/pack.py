@@ -165,7 +165,7 @@ class PackedExecutor:
         self.decode_together = decode_together
         self.decode_rows = decode_rows
         self.board = dict(board) if board is not None else yaml.safe_load((self.repo / PARAMS).read_text())
-        self.plan, self.sources = stage_plan(self.repo / "dvc.yaml")
+        self.plan, self.sources = stage_plan(self.repo)
 
     def run(self, jobs: Sequence[Job], record: Callable[[Outcome], None]) -> None:
         lock = hold_run_lock(self.repo)
