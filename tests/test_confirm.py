@@ -369,8 +369,8 @@ def test_sweep_plan_command(tmp_path: Path) -> None:
 
     repo = Path(__file__).resolve().parents[1]
     runner = CliRunner()
-    # The small sweep has no confirm section: collected, it is planned as a pilot (tests/test_sweep.py); not
-    # collected, the planner says what to run first.
+    # Not collected, the planner says what to run first (an exploratory collection is planned as a pilot:
+    # tests/test_sweep.py).
     result = runner.invoke(app, ["sweep", "plan", "small", "--repo", str(repo), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "mmw sweep collect small first" in result.output
     # smoke has one; without collected tables it says what to run first.

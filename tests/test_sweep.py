@@ -901,6 +901,18 @@ def test_a_killed_local_run_leaves_nothing_that_a_rerun_repeats_or_lists_twice(t
 # ------------------------------------------------------------------------------------------ fast: the pilot plan
 
 
+def _pilot_frames() -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """``(table, results, reevaluations)`` of an exploratory collection: two picks re-run 5 times each."""
+    table = pl.DataFrame({"temperature": [1.0, 1.0], "family": ["binary", "binary"], "max_quality_loss": [0.1, 0.01],
+                          "min_tamper_resistance": [0.0, 0.0], "config_id": ["p", "q"]})
+    quality = {"p": [0.90, 0.92, 0.94, 0.96, 0.98], "q": [1.00, 1.01, 1.02, 1.03, 1.04]}
+    reevaluations = pl.DataFrame([{"config_id": c, "seed": 1000 + i, "status": "done", "all.relative_quality": v,
+                                   "all.tamper_resistance": 0.5} for c, vs in quality.items() for i, v in enumerate(vs)])
+    results = pl.DataFrame({"attacks.fraction": [1 / 3], "prompts.per_task": [1], "all.relative_quality_n": [3],
+                            "wall_s": [60.0]})
+    return table, results, reevaluations
+
+
 def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -> None:
     """Two picks re-run 5 times each on 3 prompts: quality runs 0.90..0.98 (mean 0.94) and 0.99..1.03 (mean 1.02)
     in steps of 0.02 and 0.01: SDs sqrt(0.001) and sqrt(0.00025), pooled sqrt(0.000625) = 0.025. Level 0.05 over
@@ -911,13 +923,7 @@ def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -
 
     from mmw.sweep.plan import pilot_plan, pilot_table
 
-    table = pl.DataFrame({"temperature": [1.0, 1.0], "family": ["binary", "binary"], "max_quality_loss": [0.1, 0.01],
-                          "min_tamper_resistance": [0.0, 0.0], "config_id": ["p", "q"]})
-    quality = {"p": [0.90, 0.92, 0.94, 0.96, 0.98], "q": [1.00, 1.01, 1.02, 1.03, 1.04]}
-    reevaluations = pl.DataFrame([{"config_id": c, "seed": 1000 + i, "status": "done", "all.relative_quality": v,
-                                   "all.tamper_resistance": 0.5} for c, vs in quality.items() for i, v in enumerate(vs)])
-    results = pl.DataFrame({"attacks.fraction": [1 / 3], "prompts.per_task": [1], "all.relative_quality_n": [3],
-                            "wall_s": [60.0]})
+    table, results, reevaluations = _pilot_frames()
     pilot = pilot_table(table, results, reevaluations, level=0.05, max_tries=2)
     half = norm.ppf(1 - 0.025) * 0.000625 ** 0.5 / 5 ** 0.5
     p = pilot.row(0, named=True)
@@ -933,27 +939,30 @@ def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -
     assert rows[0]["cpu_s"] == pytest.approx(5 * 12 * 20.0)
 
 
-def test_plan_on_the_committed_small_sweep_says_it_was_collected_without_confirmation(tmp_path: Path) -> None:
+def test_plan_refuses_tables_collected_without_confirmation_and_plans_a_pilot(tmp_path: Path) -> None:
+    """A sweep with ``confirm`` is planned only from a confirmed collection; the same exploratory tables under a
+    definition without ``confirm`` are planned as a pilot, every picked cell."""
     runner = CliRunner()
-    # small confirms its cells; the committed collection predates that (exploratory): the planner says so.
-    result = runner.invoke(app, ["sweep", "plan", "small", "--repo", str(REPO)])
-    assert result.exit_code == 2 and "collected without confirmation" in result.output
-    # The same tables under a sweep without a confirm section are planned as a pilot, every picked cell.
     definition = yaml.safe_load((REPO / "sweeps/small.yaml").read_text())
-    del definition["confirm"]
     (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps/confirming.yaml").write_text(yaml.safe_dump(definition))
+    del definition["confirm"]
     (tmp_path / "sweeps/pilot.yaml").write_text(yaml.safe_dump(definition))
     for name in ("params.yaml", "dvc.yaml"):
         (tmp_path / name).write_text((REPO / name).read_text())
+    table, results, reevaluations = _pilot_frames()
     out = tmp_path / "reports/sweeps"
-    shutil.copytree(REPO / "reports/sweeps/small", out / "pilot")
+    for name in ("confirming", "pilot"):
+        (out / name).mkdir(parents=True)
+        for stem, frame in (("table", table), ("results", results), ("reevaluations", reevaluations)):
+            frame.write_parquet(out / name / f"{stem}.parquet")
+    result = runner.invoke(app, ["sweep", "plan", "confirming", "--repo", str(tmp_path), "--out", str(out)])
+    assert result.exit_code == 2 and "collected without confirmation" in result.output
     result = runner.invoke(app, ["sweep", "plan", "pilot", "--repo", str(tmp_path), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "pilot: sweep pilot has no confirm section" in result.output
-    picked = pl.read_parquet(REPO / "reports/sweeps/small/table.parquet").filter(pl.col("config_id").is_not_null())
     rows = [line for line in result.output.splitlines() if line.startswith("| ") and "% q" in line]
-    assert len(rows) == picked.height
-    assert any(line.startswith("| 10% q, no R | 1 | distribution_shift | 3 | q ") for line in rows)
+    assert len(rows) == table.filter(pl.col("config_id").is_not_null()).height > 0
     # A sweep with confirm takes its level from its definition.
     refused = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(REPO), "--level", "0.1"])
     assert refused.exit_code == 2 and "--level: sweep smoke sets it in its confirm section" in refused.output
