@@ -43,7 +43,7 @@ def one(setting: tuple[str, tuple[int, ...], float], sweeps: int) -> dict:
     rule, shards, level = setting
     configs = expand("paper", yaml.safe_load((ROOT / "params.yaml").read_text()), ROOT / "sweeps",
                      validate=False).configs
-    schedule = Schedule(shards, level, rule=rule)
+    schedule = Schedule(shards=list(shards), level=level, rule=rule)
     settings = Confirmation(prompts=CONFIRM, level=0.05, max_tries=schedule.keep, resamples=200)
     start = time.perf_counter()
     result = simulate_adaptive(paper_groups(configs), schedule, sweeps, TUNING, CONFIRM, K, settings, MODEL)

@@ -112,6 +112,14 @@ class Scenario:
         return int(self.truth.relative_quality.shape[0])
 
 
+class UncorrectedSchedule(Schedule):
+    """The reckless negative control of the study (never a sweep setting): a race that tests every bound at
+    ``level`` itself, with no multiplicity correction."""
+
+    def alpha(self, n_configs: int, attacks: int) -> float:
+        return super().alpha(n_configs, attacks) if self.rule == "screen" else self.level
+
+
 @dataclass(frozen=True)
 class SimulatedRuns:
     """Draws of runs for a batch of sweeps, one setting each: ratings ``(S, K, n)``, sizes ``(S, K)`` (median
@@ -397,8 +405,7 @@ def simulate_adaptive(groups: dict[str, tuple[list[str], Truth]], schedule: Sche
     total_configs = sum(len(ids) for ids, _ in groups.values())
     grid_unit = float(cost.unit(n_total))
     if budget_fraction is not None:
-        schedule = Schedule(schedule.shards, schedule.level, budget_fraction * total_configs * grid_unit,
-                            schedule.keep, schedule.corrected)
+        schedule = schedule.model_copy(update={"budget_s": budget_fraction * total_configs * grid_unit})
     budget_cell = np.inf if schedule.budget_s is None else schedule.budget_s / (len(groups) * len(constraints))
     uniform = Schedule.uniform(tuning, schedule.keep)
     frames = []

@@ -110,7 +110,7 @@ def test_the_budget_check_and_the_dry_run_price_units_with_the_pack_size() -> No
     from mmw.sweep.schedule import Schedule, dry_run_lines
 
     cost = CostModel(unit_s=100.0, prompt_s=1.0)
-    schedule = Schedule(shards=(4, 8), budget_s=500.0)
+    schedule = Schedule(shards=[4, 8], budget_s=500.0, rule="union")
     # 8 configurations (two baselines of 4) on 4 prompts x 3 tasks: 8 fixed costs, or 2 packed, + 96 prompts
     assert schedule.round_cost(0, [4, 4], 3, cost) == 8 * 100 + 8 * 12
     assert schedule.round_cost(0, 8, 3, cost) == schedule.round_cost(0, [4, 4], 3, cost)  # one unit a config

@@ -48,7 +48,7 @@ from mmw.scheme import KNOWN_KEYS, SchemeSpec
 from mmw.params import parse_params
 from mmw.sweep.confirm import QUALITY_LOSSES, Confirmation
 from mmw.sweep.cost import cost_for_pack
-from mmw.sweep.schedule import AdaptiveSection, Schedule, schedule_from
+from mmw.sweep.schedule import Schedule, schedule_from
 from mmw.validation import Integer, Section, allowed, allowed_text, validate
 
 SWEEPS_DIR = Path("sweeps")
@@ -117,7 +117,7 @@ class SweepFile(Section):
     confirm: Confirmation | None = allowed(_mapping_text(Confirmation), default=None)
     #: The race's schedule as written: its values checked here, the rules between them and against the configs
     #: and tasks by :func:`expand` (:func:`mmw.sweep.schedule.schedule_from`).
-    adaptive: AdaptiveSection | None = allowed(_mapping_text(AdaptiveSection), default=None)
+    adaptive: Schedule | None = allowed(_mapping_text(Schedule), default=None)
     #: Configurations per unit (:mod:`mmw.sweep.pack`): 1 = one ``dvc exp run`` each; k > 1 = up to k that share a
     #: baseline in one process; 0 = all that share one.
     pack: Integer = allowed("an integer >= 0 (configurations per unit: 1 = one DVC experiment each, 0 = every "
