@@ -23,8 +23,8 @@ from scipy import stats
 
 from mmw import plugins
 from mmw.errors import SpecError
-from mmw.plugins.detection import PluginSchemeDetector, build_detector, preflight_detector
-from mmw.plugins.generation import PluginProcessor, build_processor, preflight
+from mmw.plugin_detection import PluginSchemeDetector, build_detector, preflight_detector
+from mmw.plugin_generation import PluginProcessor, build_processor, preflight
 from mmw.processor import WatermarkProcessor
 from mmw.scheme import SchemeSpec
 
