@@ -27,9 +27,9 @@ import yaml
 
 from mmw.sweep.cost import GPU_PACKED, GPU_STAGED, CostModel
 from mmw.sweep.schedule import Schedule
-from mmw.sweep.confirm import ConfirmSettings
+from mmw.sweep.confirm import Confirmation
 from mmw.sweep.definition import expand
-from sweep_simulation import adaptive_summary, paper_groups, priced, simulate_adaptive
+from sweep_simulation import UncorrectedSchedule, adaptive_summary, paper_groups, priced, simulate_adaptive
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPERATURES = 4
@@ -98,10 +98,10 @@ def main() -> None:
                      validate=False).configs
     groups = paper_groups(configs)
     shards = args.shards or DEFAULT_SHARDS[args.rule]
-    schedule = Schedule(tuple(int(v) for v in shards.split(",")), args.level, corrected=not args.reckless,
-                        rule=args.rule)
+    schedule = (UncorrectedSchedule if args.reckless else Schedule)(
+        shards=[int(v) for v in shards.split(",")], level=args.level, rule=args.rule)
     cost = GPU_STAGED if args.unit_s is None else GPU_STAGED.with_fixed(args.unit_s)
-    settings = ConfirmSettings(level=0.05, max_tries=schedule.keep, resamples=200)
+    settings = Confirmation(prompts=args.confirm, level=0.05, max_tries=schedule.keep, resamples=200)
     start = time.perf_counter()
     result = simulate_adaptive(groups, schedule, args.sweeps, args.tuning, args.confirm, args.k, settings,
                                cost, budget_fraction=args.budget, quality_sd=args.quality_sd)

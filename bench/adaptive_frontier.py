@@ -25,7 +25,7 @@ from adaptive import TARGET, hours
 
 from mmw.sweep.cost import GPU_PACKED
 from mmw.sweep.schedule import Schedule
-from mmw.sweep.confirm import ConfirmSettings
+from mmw.sweep.confirm import Confirmation
 from mmw.sweep.definition import expand
 from sweep_simulation import (adaptive_summary, informed_priced, oracle_priced, paper_groups, priced,
                                 simulate_adaptive, tried_per_group)
@@ -43,8 +43,8 @@ def one(setting: tuple[str, tuple[int, ...], float], sweeps: int) -> dict:
     rule, shards, level = setting
     configs = expand("paper", yaml.safe_load((ROOT / "params.yaml").read_text()), ROOT / "sweeps",
                      validate=False).configs
-    schedule = Schedule(shards, level, rule=rule)
-    settings = ConfirmSettings(level=0.05, max_tries=schedule.keep, resamples=200)
+    schedule = Schedule(shards=list(shards), level=level, rule=rule)
+    settings = Confirmation(prompts=CONFIRM, level=0.05, max_tries=schedule.keep, resamples=200)
     start = time.perf_counter()
     result = simulate_adaptive(paper_groups(configs), schedule, sweeps, TUNING, CONFIRM, K, settings, MODEL)
     s = adaptive_summary(result, MODEL, CONFIRM, K)

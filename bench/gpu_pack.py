@@ -70,7 +70,7 @@ def staged(board: dict, workdir: Path, keys: list[str], env: dict[str, str], sav
     from mmw.sweep.definition import apply_overrides
     from mmw.sweep.pack import _copy, _timed, stage_plan
 
-    plan, _ = stage_plan(ROOT / "dvc.yaml")
+    plan, _ = stage_plan(ROOT)
     commands = {name: str(stage["cmd"]).split()[1:]  # less the scripts/mmw launcher: run as python -m mmw
                 for name, stage in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items()}
     configs = []

@@ -13,7 +13,7 @@ distribution softmax(l / T + bias * green) (bench/results/oracles.md states what
 
 Per pair and temperature, on watermarked text of the same prompts, row seeds and mmw key (each adapter derives its
 own key from it), generated in-process and batched through mmw's engine (``mmw.engines.generate.generate``) with
-``mmw.plugins.generation.build_processor`` and detected with ``mmw.plugins.detection.build_detector``:
+``mmw.plugin_generation.build_processor`` and detected with ``mmw.plugin_detection.build_detector``:
 (a) detection score: the per-unit score normalised the same way on both sides -- green share (KGW/C4), share of
     g = 1 among the m bits (tournament/SynthID), mean Exp(1) score (C1/vLLM) -- and the per-text z of it; both are
     the same statistic of the same null (Binomial/Erlang per deduplicated unit), so under "the two implement the same
@@ -54,8 +54,8 @@ from scipy import stats
 from mmw.engines.generate import generate
 from mmw.engines.models import load_model
 from mmw.io import write_json
-from mmw.plugins.detection import build_detector
-from mmw.plugins.generation import build_processor
+from mmw.plugin_detection import build_detector
+from mmw.plugin_generation import build_processor
 from mmw.prf import key_from_string, prf_int
 from mmw.quality.scoring import score_texts
 from mmw.scheme import SchemeSpec

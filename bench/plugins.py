@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from scipy import stats
 
-from mmw.plugins.detection import build_detector
-from mmw.plugins.generation import build_processor
+from mmw.plugin_detection import build_detector
+from mmw.plugin_generation import build_processor
 from mmw.scheme import SchemeSpec
 
 KEY, ALPHA, V = 0x0DDB_A11_5EED, 0.02, 1000

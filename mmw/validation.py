@@ -73,7 +73,7 @@ def allowed_text(model: type[BaseModel], key: str) -> str | None:
 
 
 def _nested_model(annotation: Any) -> type[BaseModel] | None:
-    """The model a field's type holds (``ConfirmSection | None`` -> ConfirmSection), or None."""
+    """The model a field's type holds (``Confirmation | None`` -> Confirmation), or None."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return next((found for arg in get_args(annotation) if (found := _nested_model(arg)) is not None), None)

@@ -14,7 +14,7 @@ from mmw.detector import DetectionResult
 from mmw.io import DETECTION_SCHEMA, DETECTIONS, GENERATIONS, PERTURBED, read_table, write_table
 from mmw.keys import resolve_key
 from mmw.params import Params, load_params
-from mmw.plugins.detection import build_detector, preflight_detector
+from mmw.plugin_detection import build_detector, preflight_detector
 from mmw.scheme import SchemeSpec
 from mmw.stages.common import load_generator_vocabulary
 from mmw.stages.timing import timed

@@ -11,7 +11,7 @@ from mmw.engines.models import load_model
 from mmw.io import GENERATIONS, PROMPTS, read_table
 from mmw.keys import key_fingerprint, resolve_key
 from mmw.params import load_params
-from mmw.plugins.generation import build_processor, preflight
+from mmw.plugin_generation import build_processor, preflight
 from mmw.scheme import SchemeSpec
 from mmw.stages.common import generator_vocab_size
 from mmw.stages.timing import timed

@@ -19,7 +19,7 @@ from mmw.sweep.cost import CostModel
 from mmw.sweep.race import IN, QUALITY, RESISTANCE, SIZE, Race, eliminate, plan_round, screen
 from mmw.sweep.race_bounds import Bounds, _proportion_bounds, median_bounds, race_bounds, ratio_bounds
 from mmw.sweep.schedule import Schedule, schedule_from
-from sweep_simulation import Truth, draw_tuning
+from sweep_simulation import Truth, UncorrectedSchedule, draw_tuning
 
 CONSTRAINTS = [Constraints(0.1, 0.2), Constraints(0.1, 0.0)]
 COST = CostModel(unit_s=10.0, prompt_s=1.0)
@@ -216,7 +216,7 @@ def test_race_drops_only_with_the_corrected_level_and_the_grid_drops_nothing() -
     truth = Truth.trade_off(n=8)
     rng = np.random.default_rng(3)
     data = draw_tuning(truth, 200, 3 * 64, rng)
-    schedule = Schedule((8, 24, 64), level=0.05)
+    schedule = Schedule(shards=[8, 24, 64], level=0.05, rule="union")
     alpha = schedule.alpha(8, 2)
     assert alpha == pytest.approx(0.05 / (3 * 8 * 14))
 
@@ -258,7 +258,7 @@ def test_race_never_spends_more_than_its_budget() -> None:
     unit = [float(COST.unit(s * 3)) for s in (8, 16, 40)]
     first = 8 * unit[0]
     for budget in (first, 2 * first, 8 * sum(unit)):
-        plan = Schedule((8, 24, 64), level=0.05, budget_s=budget)
+        plan = Schedule(shards=[8, 24, 64], level=0.05, budget_s=budget, rule="union")
         state = Race((100, 8), plan, CONSTRAINTS, lambda r: unit[r], budget / len(CONSTRAINTS))
         for r in range(3):
             state.plan(r)
@@ -297,7 +297,7 @@ def test_a_schedule_without_confirmation_is_refused() -> None:
         schedule_from({"shards": [4, 16]}, tuning=32, confirm_tries=None, n_configs=10, tasks=3, cost=COST)
     ok = schedule_from({"shards": [4, 16], "level": 0.1, "budget_s": 10 * COST.unit(12)}, tuning=32,
                        confirm_tries=2, n_configs=10, tasks=3, cost=COST)
-    assert ok.shards == (4, 16) and ok.shard(1) == (4, 12) and ok.keep == 2
+    assert ok.shards == [4, 16] and ok.shard(1) == (4, 12) and ok.keep == 2
 
 
 # -- units, the round log and resume ----------------------------------------------------------------------------
@@ -366,7 +366,7 @@ def _groups() -> tuple[dict[str, list[str]], dict[str, Truth]]:
 
 def test_round_log_and_resume_after_a_kill_between_rounds(tmp_path: Path) -> None:
     groups, truths = _groups()
-    schedule = Schedule((2, 6, 18), level=0.5)
+    schedule = Schedule(shards=[2, 6, 18], level=0.5, rule="union")
     kwargs = {"tasks": 3, "attacks": FakeRunner.ATTACKS, "cost": COST, "constraints": CONSTRAINTS}
 
     whole = FakeRunner(tmp_path / "whole", truths)
@@ -400,7 +400,8 @@ def test_round_log_and_resume_after_a_kill_between_rounds(tmp_path: Path) -> Non
     assert outcome.log.equals(log) and outcome.candidates == reference.candidates
     # A resume under another schedule is refused, naming it.
     with pytest.raises(SpecError, match="^adaptive: "):
-        run_adaptive(groups, Schedule((2, 6, 18), level=0.1), resumed, tmp_path / "killed.parquet", **kwargs)
+        run_adaptive(groups, Schedule(shards=[2, 6, 18], level=0.1, rule="union"), resumed,
+                     tmp_path / "killed.parquet", **kwargs)
 
 
 # -- the simulation study ---------------------------------------------------------------------------------------
@@ -434,19 +435,19 @@ def test_simulated_race_against_the_grid() -> None:
     from scipy.stats import binomtest
 
     from mmw.sweep.cost import GPU_STAGED
-    from mmw.sweep.confirm import ConfirmSettings
+    from mmw.sweep.confirm import Confirmation
     from sweep_simulation import adaptive_summary, simulate_adaptive
 
     groups = _paper_slice()
     assert sum(len(ids) for ids, _ in groups.values()) == 288
-    settings = ConfirmSettings(level=0.05, max_tries=2, resamples=200)
-    schedule = Schedule((8, 24, 64), level=0.05)
+    settings = Confirmation(prompts=CONFIRM, level=0.05, max_tries=2, resamples=200)
+    schedule = Schedule(shards=[8, 24, 64], level=0.05, rule="union")
     result = simulate_adaptive(groups, schedule, SWEEPS, TUNING, CONFIRM, K, settings, GPU_STAGED, seed=5,
                                chunk=250)
     s = adaptive_summary(result, GPU_STAGED, CONFIRM, K)
     reckless = adaptive_summary(simulate_adaptive(  # 300 sweeps suffice to see the control fail
-        groups, Schedule((8, 24, 64), level=0.05, corrected=False), 300, TUNING, CONFIRM, K, settings,
-        GPU_STAGED, seed=5, chunk=300), GPU_STAGED, CONFIRM, K)
+        groups, UncorrectedSchedule(shards=[8, 24, 64], level=0.05, rule="union"), 300, TUNING, CONFIRM, K,
+        settings, GPU_STAGED, seed=5, chunk=300), GPU_STAGED, CONFIRM, K)
     print(f"\n{SWEEPS} sweeps x {len(groups)} groups: grid resolves {s['resolved']:.3f} of cells; agreement "
           f"{s['agreement']:.3f}; tuning cost ratio {s['tuning_ratio']:.3f} (with confirmation "
           f"{s['total_ratio']:.3f}); false confirmations race {s['adaptive_false']:.4f} vs grid "
@@ -473,13 +474,13 @@ def test_simulated_screen_against_the_grid() -> None:
     from scipy.stats import binomtest
 
     from mmw.sweep.cost import GPU_STAGED
-    from mmw.sweep.confirm import ConfirmSettings
+    from mmw.sweep.confirm import Confirmation
     from sweep_simulation import adaptive_summary, simulate_adaptive
 
     groups = _paper_slice()
-    settings = ConfirmSettings(level=0.05, max_tries=2, resamples=200)
+    settings = Confirmation(prompts=CONFIRM, level=0.05, max_tries=2, resamples=200)
     # At level 0.05 (bench/adaptive.py's) this slice agrees on 93.3 % (400 sweeps): its cells are the hard ones.
-    schedule = Schedule((4, 12, 32, 64), level=0.02, rule="screen")
+    schedule = Schedule(shards=[4, 12, 32, 64], level=0.02, rule="screen")
     prompts_only = GPU_STAGED.with_fixed(0.0)
     result = simulate_adaptive(groups, schedule, SCREEN_SWEEPS, TUNING, CONFIRM, K, settings, prompts_only, seed=6,
                                chunk=200)
@@ -749,15 +750,16 @@ def test_pooled_shards_give_the_grids_table_on_the_same_rows(tmp_path: Path) -> 
 
     from mmw.metrics import tamper_resistance
     from mmw.sweep.collect import confirmed_tables
-    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+    from mmw.sweep.confirm import Confirmation
+    from mmw.sweep.definition import Config, Reevaluation, Sweep
     from mmw.sweep.units import RACE, TUNING, StoredUnit, race_name, tables
 
-    schedule = Schedule((6, 12, 24), level=0.05)
+    schedule = Schedule(shards=[6, 12, 24], level=0.05, rule="union")
     configs = [Config(f"c{i}", "g", {"model.temperature": 0.7, "scheme.sampler": "distribution_shift",
                                      "scheme.score": "sum", "scheme.randomness": "window", "scheme.delta": float(i)})
                for i in range(4)]
-    grid = Sweep("t", "", configs, Reevaluation(k=2), Split(0, 24, 24, 30), schedule=schedule, tasks=1,
-                 uniform=True)
+    grid = Sweep("t", "", configs, Reevaluation(k=2), Confirmation(prompts=30, offset=24), schedule=schedule,
+                 tuning=24, tasks=1, uniform=True)
     race = dataclasses.replace(grid, uniform=False)
     truth = [(1.0, 30.0), (0.995, 20.0), (0.93, 12.0), (0.7, 8.0)]
 

@@ -28,7 +28,7 @@ from mmw.sweep.confirm import (
     SIZE_VALID,
     UNRESOLVED,
     AttackEvidence,
-    ConfirmSettings,
+    Confirmation,
     Evidence,
     confirm_cell,
     hull_resistance,
@@ -41,7 +41,8 @@ from sweep_simulation import Scenario, Truth, false_confirmation_rates, simulate
 
 LEVEL = 0.05
 SWEEPS = 1000
-SETTINGS = ConfirmSettings(level=LEVEL, max_tries=2, resamples=600)
+#: The simulated cells' confirmation (each scenario brings its own prompts: ``Scenario.n_confirm``).
+SETTINGS = Confirmation(prompts=300, level=LEVEL, max_tries=2, resamples=600)
 
 
 def _four(relative_quality: list[float], survival: list[float]) -> Truth:
@@ -92,7 +93,7 @@ def test_simulated_false_confirmation_rate_is_at_most_the_level(name: str, scena
 
 def test_one_try_only_is_also_valid_and_fallbacks_add_answers() -> None:
     scenario = SCENARIOS[1][1]
-    one = simulate(scenario, SWEEPS, ConfirmSettings(level=LEVEL, max_tries=1, resamples=600), seed=2)
+    one = simulate(scenario, SWEEPS, Confirmation(prompts=300, level=LEVEL, max_tries=1, resamples=600), seed=2)
     two = simulate(scenario, SWEEPS, SETTINGS, seed=2)
     assert not_above_level(int(one["false_confirmed"].sum()), SWEEPS, LEVEL)
     assert (two["status"] == CONFIRMED).sum() >= (one["status"] == CONFIRMED).sum()
@@ -154,7 +155,7 @@ def test_confirm_cell_walks_the_ranking() -> None:
     good, bad_quality, weak = _evidence(rng, 1.0, 0.8), _evidence(rng, 0.7, 0.8), _evidence(rng, 1.0, 0.0)
     undetected = Evidence(good.watermarked, good.baseline, np.array([np.inf, np.inf, 40.0]), good.attacks)
     paper = Constraints(0.1, 0.2)
-    settings = ConfirmSettings()
+    settings = Confirmation(prompts=150)
     assert confirm_cell([], {}, paper, settings).status == NO_FEASIBLE
     outcome = confirm_cell(["a", "b", "c"], {"a": bad_quality}, paper, settings)
     assert (outcome.status, outcome.pending, len(outcome.tries)) == (PENDING, "b", 1)
@@ -167,7 +168,7 @@ def test_confirm_cell_walks_the_ranking() -> None:
     assert outcome.tries[1].reason == "undetected"
     assert confirm_cell(["a"], {"a": weak}, Constraints(0.1, 0.0), settings).status == CONFIRMED
     straddle = _evidence(np.random.default_rng(8), 0.9, 0.8)
-    outcome = confirm_cell(["a"], {"a": straddle}, paper, ConfirmSettings(max_tries=1))
+    outcome = confirm_cell(["a"], {"a": straddle}, paper, Confirmation(prompts=150, max_tries=1))
     assert (outcome.status, outcome.reason) == (UNRESOLVED, "quality")
     assert outcome.tries[0].quality_low < 0.9 < outcome.tries[0].quality_high
 
@@ -176,16 +177,17 @@ def test_bad_confirmation_input_names_the_setting() -> None:
     rng = np.random.default_rng(9)
     one_run = _evidence(rng, 1.0, 0.8, k=1)
     with pytest.raises(SpecError, match=r"^reevaluate\.k: "):
-        confirm_cell(["a"], {"a": one_run}, Constraints(), ConfirmSettings())
+        confirm_cell(["a"], {"a": one_run}, Constraints(), Confirmation(prompts=150))
     few = _evidence(rng, 1.0, 0.8, n=4)
     with pytest.raises(SpecError, match=r"^confirm\.prompts: 4 confirmation prompt"):
-        confirm_cell(["a"], {"a": few}, Constraints(), ConfirmSettings())
+        confirm_cell(["a"], {"a": few}, Constraints(), Confirmation(prompts=150))
     few_attacked = _evidence(rng, 1.0, 0.8, n=12)
     with pytest.raises(SpecError, match=r"^attacks\.fraction: "):
-        confirm_cell(["a"], {"a": few_attacked}, Constraints(0.1, 0.2), ConfirmSettings())
-    for bad in ({"level": 0.0}, {"level": 0.7}, {"max_tries": 0}, {"resamples": 10}):
+        confirm_cell(["a"], {"a": few_attacked}, Constraints(0.1, 0.2), Confirmation(prompts=150))
+    for bad in ({"level": 0.0}, {"level": 0.7}, {"max_tries": 0}, {"resamples": 10}, {"prompts": 0},
+                {"quality_losses": [0.05]}):
         with pytest.raises(SpecError, match=r"^confirm\."):
-            ConfirmSettings(**bad)
+            Confirmation(**{"prompts": 150, **bad})
 
 
 def _cell(**extra: list[object]) -> pl.DataFrame:
@@ -280,22 +282,21 @@ def _sweep_tables(rhos: dict[str, float], confirmed_runs: dict[str, float]) -> t
 
 
 def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
-    from mmw.reporting.sweep import confirmed_markdown
+    from mmw.sweep.tables import confirmed_markdown
     from mmw.sweep.cells import confirmed_table, pending_config_ids
-    from mmw.sweep.definition import Split
-    from mmw.reporting.sweep import plan_markdown
+    from mmw.sweep.tables import plan_markdown
     from mmw.sweep.plan import needed_prompts, plan_table
 
-    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150, settings=ConfirmSettings(level=0.05, max_tries=2))
+    confirmation = Confirmation(prompts=150, offset=2, level=0.05, max_tries=2)
     # Ranked by size_valid (c smallest, then b); nothing confirmed yet: every cell waits for c.
     results, _, _ = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {})
     empty = pl.DataFrame(schema={"config_id": pl.String, "status": pl.String, "experiment": pl.String})
-    table, _ = confirmed_table(results, empty, pl.DataFrame(), split, k=2)
+    table, _ = confirmed_table(results, empty, pl.DataFrame(), confirmation, k=2)
     assert table.height == 4 and set(table["status"]) == {PENDING} and pending_config_ids(table) == ["c"]
     # c truly loses 20 % quality: not confirmed anywhere; the fallback b (true 0.99) is confirmed at 10 % and
     # unresolved at 1 %.
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
-    table, tries = confirmed_table(results, reevaluations, prompts, split, k=2)
+    table, tries = confirmed_table(results, reevaluations, prompts, confirmation, k=2)
     rows = {(r["max_quality_loss"], r["min_tamper_resistance"]): r for r in table.iter_rows(named=True)}
     ten = rows[(0.1, 0.0)]
     assert (ten["status"], ten["config_id"], ten["tries"], ten["size_kind"]) == (CONFIRMED, "b", 2, SIZE_VALID)
@@ -305,7 +306,7 @@ def test_confirmed_table_statuses_fallbacks_and_plan() -> None:
     one = rows[(0.01, 0.0)]
     assert one["status"] == UNRESOLVED and one["reason"] == "quality"
     assert tries.filter(pl.col("config_id") == "c")["reason"].unique().to_list() == ["quality"]
-    text = confirmed_markdown(table, split, "test")
+    text = confirmed_markdown(table, confirmation, 2, "test")
     assert "**28.5**" in text and "unresolved (quality)" in text and "confirmed 2" in text
     # The planner: the 1 % cells need more prompts than they have, at a finite cost.
     plan = plan_table(table, k=2, tasks=1, attacked_share=1 / 3, time_model=(40.0, 1.0))
@@ -320,35 +321,34 @@ def test_the_plan_covers_every_unresolved_cell_of_the_table_and_of_randomness() 
     """b's true quality sits on the 10 % constraint: its cell and the randomness cell it answers are unresolved,
     and the planner gives both a row (the randomness one as family ``randomness: <kind>``)."""
     from mmw.sweep.cells import confirmed_randomness, confirmed_table
-    from mmw.sweep.definition import Split
-    from mmw.reporting.sweep import plan_markdown
+    from mmw.sweep.tables import plan_markdown
     from mmw.sweep.plan import sweep_plan
 
-    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150, settings=ConfirmSettings(level=0.05, max_tries=2))
+    confirmation = Confirmation(prompts=150, offset=2, level=0.05, max_tries=2)
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.9})
     results = results.with_columns(pl.lit("text-dependent").alias("randomness_kind"))
     reevaluations = reevaluations.with_columns(pl.lit(80.0).alias("wall_s"))
-    table, _ = confirmed_table(results, reevaluations, prompts, split, k=2)
-    randomness = confirmed_randomness(results, reevaluations, prompts, split, k=2)
+    table, _ = confirmed_table(results, reevaluations, prompts, confirmation, k=2)
+    randomness = confirmed_randomness(results, reevaluations, prompts, confirmation, k=2)
     cells = [(r["temperature"], r["family"], r["max_quality_loss"], r["min_tamper_resistance"])
              for r in table.filter(pl.col("status") == UNRESOLVED).iter_rows(named=True)]
     cells += [(r["temperature"], f"randomness: {r['randomness_kind']}", 0.1, 0.0)
               for r in randomness.filter(pl.col("status") == UNRESOLVED).iter_rows(named=True)]
     assert any(c[1].startswith("randomness") for c in cells) and len(cells) >= 2
-    plan = sweep_plan(table, results, reevaluations, split, 2, randomness)
+    plan = sweep_plan(table, results, reevaluations, confirmation, 2, 2, randomness)
     assert sorted(plan.select("temperature", "family", "max_quality_loss", "min_tamper_resistance").rows()) == \
         sorted(cells)
     assert "randomness: text-dependent" in plan_markdown(plan, 0.05, 2)
 
 
 def test_sweep_plan_never_plans_below_the_smallest_confirmation_set() -> None:
-    from mmw.sweep.definition import Split, min_confirm_prompts
+    from mmw.sweep.definition import min_confirm_prompts
     from mmw.sweep.plan import sweep_plan
 
     # One unresolved 10 % cell at 6 confirmation prompts (2 per task of 3), estimate 0.99, bound 0.88: the
     # variance alone asks for 9 prompts (3 per task), but with a third of each task's prompts attacked an R
     # interval needs 4 per task (5 attacked prompts in all).
-    split = Split(tuning_offset=0, tuning=1, offset=1, prompts=2)
+    confirmation = Confirmation(prompts=2, offset=1)
     table = pl.DataFrame({
         "temperature": [0.7], "family": ["distribution_shift"], "max_quality_loss": [0.1],
         "min_tamper_resistance": [0.0], "config_id": ["a"], "status": ["unresolved"], "reason": ["quality"],
@@ -356,7 +356,7 @@ def test_sweep_plan_never_plans_below_the_smallest_confirmation_set() -> None:
         "n_prompts": [6], "n_attacked": [3]}, schema_overrides={"resistance": pl.Float64,
                                                                 "resistance_low": pl.Float64})
     results = pl.DataFrame({"config_id": ["a"], "attacks.fraction": [1 / 3], "wall_s": [60.0]})
-    plan = sweep_plan(table, results, pl.DataFrame(), split, k=2)
+    plan = sweep_plan(table, results, pl.DataFrame(), confirmation, tuning=1, k=2)
     assert plan["quality_prompts"].to_list() == [9.0]
     assert min_confirm_prompts(1 / 3, 3) == 4 and plan["prompts_per_task"].to_list() == [4]
 
@@ -366,20 +366,19 @@ def test_sweep_plan_command(tmp_path: Path) -> None:
 
     from mmw.cli import app
     from mmw.sweep.cells import confirmed_table
-    from mmw.sweep.definition import Split
 
     repo = Path(__file__).resolve().parents[1]
     runner = CliRunner()
-    # The small sweep has no confirm section: collected, it is planned as a pilot (tests/test_sweep.py); not
-    # collected, the planner says what to run first.
+    # Not collected, the planner says what to run first (an exploratory collection is planned as a pilot:
+    # tests/test_sweep.py).
     result = runner.invoke(app, ["sweep", "plan", "small", "--repo", str(repo), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "mmw sweep collect small first" in result.output
     # smoke has one; without collected tables it says what to run first.
     result = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(repo), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "mmw sweep collect smoke first" in result.output
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
-    split = Split(tuning_offset=0, tuning=1, offset=1, prompts=150)
-    table, _ = confirmed_table(results, reevaluations, prompts, split, k=2)
+    confirmation = Confirmation(prompts=150, offset=1)
+    table, _ = confirmed_table(results, reevaluations, prompts, confirmation, k=2)
     (tmp_path / "smoke").mkdir()
     for name, frame in (("table", table), ("results", results),
                         ("reevaluations", reevaluations.with_columns(pl.lit(90.0).alias("wall_s")))):
@@ -391,13 +390,12 @@ def test_sweep_plan_command(tmp_path: Path) -> None:
 
 def test_randomness_cells_are_confirmed_like_the_papers() -> None:
     from mmw.sweep.cells import confirmed_randomness, pending_config_ids
-    from mmw.sweep.definition import Split
 
-    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150)
+    confirmation = Confirmation(prompts=150, offset=2)
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
     results = results.with_columns(pl.Series("randomness_kind", ["fixed", "text-dependent", "text-dependent"]),
                                    pl.Series("scheme.window", [None, 1, 0]))
-    table = confirmed_randomness(results, reevaluations, prompts, split, k=2)
+    table = confirmed_randomness(results, reevaluations, prompts, confirmation, k=2)
     rows = {r["randomness_kind"]: r for r in table.iter_rows(named=True)}
     # Window 0 (c) is left out: text-dependent's pick is b, confirmed at 10 %; fixed (a) waits for its runs.
     assert (rows["text-dependent"]["status"], rows["text-dependent"]["config_id"]) == (CONFIRMED, "b")
@@ -411,7 +409,7 @@ def test_the_simulator_judges_exactly_as_a_real_cell_is_judged() -> None:
     from sweep_simulation import draw_runs
 
     scenario = Scenario(_four([1.0, 0.93, 0.899, 0.895], [0.5, 0.3, 0.12, 0.11]), Constraints(0.1, 0.2), n_confirm=150)
-    settings = ConfirmSettings(resamples=300)
+    settings = Confirmation(prompts=150, resamples=300)
     sweeps = 24
     runs = draw_runs(scenario, np.arange(sweeps) % 4, scenario.n_confirm, 2, np.random.default_rng(4))
     _, q_low, q_high = quality_bounds(runs.watermarked, runs.baseline, settings.per_try,
@@ -432,7 +430,7 @@ def test_the_simulator_judges_exactly_as_a_real_cell_is_judged() -> None:
 def test_collect_writes_the_confirmed_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The collection of a sweep with held-out prompts, its DVC reads replaced by synthetic runs."""
     import mmw.sweep.collect as collect_module
-    from mmw.sweep.definition import Reevaluation, Split, Sweep
+    from mmw.sweep.definition import Reevaluation, Sweep
     from mmw.sweep.units import Runs
 
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
@@ -444,8 +442,8 @@ def test_collect_writes_the_confirmed_tables(tmp_path: Path, monkeypatch: pytest
     runs = Runs(results, pl.DataFrame(), reevaluations, prompts.with_columns(pl.lit("confirmation").alias("role")),
                 pl.DataFrame())
     monkeypatch.setattr(collect_module, "read_runs", lambda repo, sweep, echo: runs)
-    split = Split(tuning_offset=0, tuning=2, offset=2, prompts=150)
-    sweep = Sweep(name="t", description="", configs=[], reevaluate=Reevaluation(k=2, first_seed=1000), split=split)
+    sweep = Sweep(name="t", description="", configs=[], reevaluate=Reevaluation(k=2, first_seed=1000),
+                  confirmation=Confirmation(prompts=150, offset=2), tuning=2)
     out = tmp_path / "t"
     collected = collect_module.collect(tmp_path, sweep, out, "test", with_timings=False, echo=lambda _: None)
     assert {"prompts.parquet", "tries.parquet", "plan.parquet", "split.json", "table.md", "randomness.md",

@@ -33,7 +33,7 @@ BOARD = yaml.safe_load((REPO / "params.yaml").read_text())
 def test_a_pack_shares_only_stages_that_read_neither_the_scheme_nor_the_key() -> None:
     from mmw.sweep.pipeline import stage_plan
 
-    plan, sources = stage_plan(REPO / "dvc.yaml")
+    plan, sources = stage_plan(REPO)
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     assert [s.name for s in plan] == list(stages)  # every stage, in dvc.yaml's order
     per_config_outs: set[str] = set()
@@ -110,7 +110,7 @@ def test_the_budget_check_and_the_dry_run_price_units_with_the_pack_size() -> No
     from mmw.sweep.schedule import Schedule, dry_run_lines
 
     cost = CostModel(unit_s=100.0, prompt_s=1.0)
-    schedule = Schedule(shards=(4, 8), budget_s=500.0)
+    schedule = Schedule(shards=[4, 8], budget_s=500.0, rule="union")
     # 8 configurations (two baselines of 4) on 4 prompts x 3 tasks: 8 fixed costs, or 2 packed, + 96 prompts
     assert schedule.round_cost(0, [4, 4], 3, cost) == 8 * 100 + 8 * 12
     assert schedule.round_cost(0, 8, 3, cost) == schedule.round_cost(0, [4, 4], 3, cost)  # one unit a config
@@ -152,7 +152,7 @@ def test_each_configurations_stages_see_its_key_and_workspace_and_failures_are_o
     fail["perturb"] = KEYS["exp"]
     pack_module.PackedExecutor(tmp_path, pack=0, echo=lambda _: None).run(jobs, outcomes.append)
     assert Path.cwd() == cwd and "MMW_KEY" not in os.environ
-    shared = {s.name for s in pack_module.stage_plan(tmp_path / "dvc.yaml")[0] if s.shared}
+    shared = {s.name for s in pack_module.stage_plan(tmp_path)[0] if s.shared}
     assert all(key is None and where == "shared" for name, key, where in seen if name in shared)
     for job, workspace in zip(jobs, ("unit-0", "unit-1"), strict=True):
         mine = [(name, where) for name, key, where in seen if key == job.env["MMW_KEY"]]

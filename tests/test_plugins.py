@@ -23,8 +23,8 @@ from scipy import stats
 
 from mmw import plugins
 from mmw.errors import SpecError
-from mmw.plugins.detection import PluginSchemeDetector, build_detector, preflight_detector
-from mmw.plugins.generation import PluginProcessor, build_processor, preflight
+from mmw.plugin_detection import PluginSchemeDetector, build_detector, preflight_detector
+from mmw.plugin_generation import PluginProcessor, build_processor, preflight
 from mmw.processor import WatermarkProcessor
 from mmw.scheme import SchemeSpec
 
@@ -366,7 +366,7 @@ def test_each_plugin_is_its_own_family_in_the_tables_and_the_page():
     import polars as pl
 
     from mmw.reporting import data
-    from mmw.reporting.sweep import FAMILIES, paper_rows
+    from mmw.sweep.tables import FAMILIES, paper_rows
 
     assert data.family_label("hf_synthid") == "SynthID-Text (transformers)"
     assert data.family_label("exponential") == "Exponential"

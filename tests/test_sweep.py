@@ -25,9 +25,10 @@ from typer.testing import CliRunner
 
 from mmw.cli import app
 from mmw.errors import SpecError
-from mmw.sweep.confirm import ConfirmSettings
+from mmw.sweep.confirm import Confirmation
 from mmw.sweep.definition import SCHEME_KEYS, config_id, expand
-from mmw.sweep.runner import set_args
+from mmw.sweep.pipeline import set_args
+from mmw.sweep.tables import split_record
 
 BOARD = yaml.safe_load((REPO / "params.yaml").read_text())
 SWEEPS = REPO / "sweeps"
@@ -78,9 +79,9 @@ def test_small_and_smoke_grids_cover_what_they_promise() -> None:
     assert {c.config_id for c in confirmed.configs} == {c.config_id for c in small.configs
                                                         if c.overrides["model.temperature"] in (0.7, 1.0)}
     assert len(confirmed.configs) == 18 and confirmed.reevaluate.k == 5
-    split = confirmed.split
-    assert (split.tuning_offset, split.tuning, split.offset, split.prompts) == (0, 1, 1, 16)
-    assert split.constraints == ((0.1, 0.2), (0.1, 0.0))
+    confirmation = confirmed.confirmation
+    assert (confirmed.tuning_offset, confirmed.tuning, confirmation.offset, confirmation.prompts) == (0, 1, 1, 16)
+    assert confirmation.constraints == ((0.1, 0.2), (0.1, 0.0))
 
 
 def test_config_ids_are_stable_and_distinct(tmp_path: Path) -> None:
@@ -330,7 +331,7 @@ def test_the_paper_table_picks_per_cell_and_summarises_the_reevaluations() -> No
     ])
     reevaluations = pl.DataFrame({"config_id": ["a"] * 5, "seed": [1000, 1001, 1002, 1003, 1004],
                                   "status": ["done"] * 5, "all.size": [12.0, 14.0, 11.0, 30.0, None]})
-    from mmw.reporting.sweep import table_markdown
+    from mmw.sweep.tables import table_markdown
     from mmw.sweep.collect import paper_table, picked_config_ids
 
     table = paper_table(results, reevaluations, k=5)
@@ -354,15 +355,17 @@ def test_the_paper_table_picks_per_cell_and_summarises_the_reevaluations() -> No
 def test_the_confirmation_split_is_recorded_and_disjoint(tmp_path: Path) -> None:
     repo = _definition(tmp_path, DS, base={"prompts.per_task": 2, "prompts.offset": 1},
                        confirm={"prompts": 6, "level": 0.1, "max_tries": 3})
-    split = expand("bad", BOARD, repo / "sweeps").split
-    assert (split.tuning_offset, split.tuning, split.offset, split.prompts) == (1, 2, 3, 6)
-    assert split.overrides == {"prompts.offset": 3, "prompts.per_task": 6}
-    assert (split.level, split.max_tries) == (0.1, 3)
-    assert expand("smoke", BOARD, SWEEPS).split.overrides == {"prompts.offset": 1, "prompts.per_task": 4}
-    assert split.constraints == ((0.01, 0.2), (0.01, 0.0), (0.1, 0.2), (0.1, 0.0))
+    sweep = expand("bad", BOARD, repo / "sweeps")
+    confirmation = sweep.confirmation
+    assert (sweep.tuning_offset, sweep.tuning, confirmation.offset, confirmation.prompts) == (1, 2, 3, 6)
+    assert confirmation.overrides == {"prompts.offset": 3, "prompts.per_task": 6}
+    assert (confirmation.level, confirmation.max_tries) == (0.1, 3)
+    assert expand("smoke", BOARD, SWEEPS).confirmation.overrides == {"prompts.offset": 1, "prompts.per_task": 4}
+    assert confirmation.constraints == ((0.01, 0.2), (0.01, 0.0), (0.1, 0.2), (0.1, 0.0))
     repo = _definition(tmp_path, DS, base={"prompts.per_task": 2}, confirm={"prompts": 6, "quality_losses": [0.1]})
-    ten = expand("bad", BOARD, repo / "sweeps").split
-    assert ten.constraints == ((0.1, 0.2), (0.1, 0.0)) and ten.as_dict()["quality_losses"] == [0.1]
+    ten = expand("bad", BOARD, repo / "sweeps")
+    assert ten.confirmation.constraints == ((0.1, 0.2), (0.1, 0.0))
+    assert split_record(ten)["quality_losses"] == [0.1]
 
 
 def test_only_the_configured_constraints_are_confirmed() -> None:
@@ -370,12 +373,11 @@ def test_only_the_configured_constraints_are_confirmed() -> None:
     from test_confirm import _sweep_tables
 
     from mmw.sweep.cells import confirmed_table
-    from mmw.sweep.definition import Split
 
     results, reevaluations, prompts = _sweep_tables({"a": 1.0, "b": 1.0, "c": 1.0}, {"c": 0.8, "b": 0.99})
     for losses in ((0.01, 0.1), (0.1,)):
-        split = Split(tuning_offset=0, tuning=2, offset=2, prompts=30, quality_losses=losses)
-        table, _ = confirmed_table(results, reevaluations, prompts, split, k=2)
+        confirmation = Confirmation(prompts=30, offset=2, quality_losses=list(losses))
+        table, _ = confirmed_table(results, reevaluations, prompts, confirmation, k=2)
         assert sorted(set(table["max_quality_loss"])) == list(losses) and table.height == 2 * len(losses)
         ten = table.filter((pl.col("max_quality_loss") == 0.1) & (pl.col("min_tamper_resistance") == 0.0))
         assert ten.select("status", "config_id").row(0) == ("confirmed", "b")
@@ -521,7 +523,7 @@ def serve(monkeypatch: pytest.MonkeyPatch, world: Any) -> None:
 
 def _fake_sweep(monkeypatch: pytest.MonkeyPatch, world: _FakeSweepWorld) -> Any:
     """The sweep ``t`` (one cell, K = 2, 30 held-out prompts), its experiment refs and reads served by ``world``."""
-    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+    from mmw.sweep.definition import Config, Reevaluation, Sweep
 
     serve(monkeypatch, world)
     world.overrides = {}
@@ -530,8 +532,7 @@ def _fake_sweep(monkeypatch: pytest.MonkeyPatch, world: _FakeSweepWorld) -> Any:
     configs = [Config(config_id=c, grid="g", overrides={**scheme, "scheme.delta": float(i)})
                for i, c in enumerate(world.RHO)]
     return Sweep(name="t", description="", configs=configs, reevaluate=Reevaluation(k=2, first_seed=1000),
-                 split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30,
-                             settings=ConfirmSettings(level=0.05, max_tries=2)))
+                 confirmation=Confirmation(prompts=30, offset=2, level=0.05, max_tries=2), tuning=2)
 
 
 def _git_repo(path: Path) -> Path:
@@ -686,7 +687,8 @@ def test_a_sweep_run_before_evidence_files_existed_is_exported_even_under_change
     shutil.rmtree(runs)
     configs = [Config(config_id(o), c.grid, o) for c in sweep.configs
                for o in [dict(sorted({**c.overrides, "scheme.added": None}.items()))]]
-    changed = type(sweep)(name="t", description="", configs=configs, reevaluate=sweep.reevaluate, split=sweep.split)
+    changed = type(sweep)(name="t", description="", configs=configs, reevaluate=sweep.reevaluate,
+                          confirmation=sweep.confirmation, tuning=sweep.tuning)
     monkeypatch.setattr(units_module, "experiment_params",
                         lambda _repo, sha: straight.read_experiment(_repo, sha)[0])
     lines: list[str] = []
@@ -899,6 +901,18 @@ def test_a_killed_local_run_leaves_nothing_that_a_rerun_repeats_or_lists_twice(t
 # ------------------------------------------------------------------------------------------ fast: the pilot plan
 
 
+def _pilot_frames() -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """``(table, results, reevaluations)`` of an exploratory collection: two picks re-run 5 times each."""
+    table = pl.DataFrame({"temperature": [1.0, 1.0], "family": ["binary", "binary"], "max_quality_loss": [0.1, 0.01],
+                          "min_tamper_resistance": [0.0, 0.0], "config_id": ["p", "q"]})
+    quality = {"p": [0.90, 0.92, 0.94, 0.96, 0.98], "q": [1.00, 1.01, 1.02, 1.03, 1.04]}
+    reevaluations = pl.DataFrame([{"config_id": c, "seed": 1000 + i, "status": "done", "all.relative_quality": v,
+                                   "all.tamper_resistance": 0.5} for c, vs in quality.items() for i, v in enumerate(vs)])
+    results = pl.DataFrame({"attacks.fraction": [1 / 3], "prompts.per_task": [1], "all.relative_quality_n": [3],
+                            "wall_s": [60.0]})
+    return table, results, reevaluations
+
+
 def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -> None:
     """Two picks re-run 5 times each on 3 prompts: quality runs 0.90..0.98 (mean 0.94) and 0.99..1.03 (mean 1.02)
     in steps of 0.02 and 0.01: SDs sqrt(0.001) and sqrt(0.00025), pooled sqrt(0.000625) = 0.025. Level 0.05 over
@@ -909,13 +923,7 @@ def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -
 
     from mmw.sweep.plan import pilot_plan, pilot_table
 
-    table = pl.DataFrame({"temperature": [1.0, 1.0], "family": ["binary", "binary"], "max_quality_loss": [0.1, 0.01],
-                          "min_tamper_resistance": [0.0, 0.0], "config_id": ["p", "q"]})
-    quality = {"p": [0.90, 0.92, 0.94, 0.96, 0.98], "q": [1.00, 1.01, 1.02, 1.03, 1.04]}
-    reevaluations = pl.DataFrame([{"config_id": c, "seed": 1000 + i, "status": "done", "all.relative_quality": v,
-                                   "all.tamper_resistance": 0.5} for c, vs in quality.items() for i, v in enumerate(vs)])
-    results = pl.DataFrame({"attacks.fraction": [1 / 3], "prompts.per_task": [1], "all.relative_quality_n": [3],
-                            "wall_s": [60.0]})
+    table, results, reevaluations = _pilot_frames()
     pilot = pilot_table(table, results, reevaluations, level=0.05, max_tries=2)
     half = norm.ppf(1 - 0.025) * 0.000625 ** 0.5 / 5 ** 0.5
     p = pilot.row(0, named=True)
@@ -931,27 +939,30 @@ def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -
     assert rows[0]["cpu_s"] == pytest.approx(5 * 12 * 20.0)
 
 
-def test_plan_on_the_committed_small_sweep_says_it_was_collected_without_confirmation(tmp_path: Path) -> None:
+def test_plan_refuses_tables_collected_without_confirmation_and_plans_a_pilot(tmp_path: Path) -> None:
+    """A sweep with ``confirm`` is planned only from a confirmed collection; the same exploratory tables under a
+    definition without ``confirm`` are planned as a pilot, every picked cell."""
     runner = CliRunner()
-    # small confirms its cells; the committed collection predates that (exploratory): the planner says so.
-    result = runner.invoke(app, ["sweep", "plan", "small", "--repo", str(REPO)])
-    assert result.exit_code == 2 and "collected without confirmation" in result.output
-    # The same tables under a sweep without a confirm section are planned as a pilot, every picked cell.
     definition = yaml.safe_load((REPO / "sweeps/small.yaml").read_text())
-    del definition["confirm"]
     (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps/confirming.yaml").write_text(yaml.safe_dump(definition))
+    del definition["confirm"]
     (tmp_path / "sweeps/pilot.yaml").write_text(yaml.safe_dump(definition))
     for name in ("params.yaml", "dvc.yaml"):
         (tmp_path / name).write_text((REPO / name).read_text())
+    table, results, reevaluations = _pilot_frames()
     out = tmp_path / "reports/sweeps"
-    shutil.copytree(REPO / "reports/sweeps/small", out / "pilot")
+    for name in ("confirming", "pilot"):
+        (out / name).mkdir(parents=True)
+        for stem, frame in (("table", table), ("results", results), ("reevaluations", reevaluations)):
+            frame.write_parquet(out / name / f"{stem}.parquet")
+    result = runner.invoke(app, ["sweep", "plan", "confirming", "--repo", str(tmp_path), "--out", str(out)])
+    assert result.exit_code == 2 and "collected without confirmation" in result.output
     result = runner.invoke(app, ["sweep", "plan", "pilot", "--repo", str(tmp_path), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "pilot: sweep pilot has no confirm section" in result.output
-    picked = pl.read_parquet(REPO / "reports/sweeps/small/table.parquet").filter(pl.col("config_id").is_not_null())
     rows = [line for line in result.output.splitlines() if line.startswith("| ") and "% q" in line]
-    assert len(rows) == picked.height
-    assert any(line.startswith("| 10% q, no R | 1 | distribution_shift | 3 | q ") for line in rows)
+    assert len(rows) == table.filter(pl.col("config_id").is_not_null()).height > 0
     # A sweep with confirm takes its level from its definition.
     refused = runner.invoke(app, ["sweep", "plan", "smoke", "--repo", str(REPO), "--level", "0.1"])
     assert refused.exit_code == 2 and "--level: sweep smoke sets it in its confirm section" in refused.output
@@ -963,13 +974,12 @@ def test_confirmation_runs_go_candidate_major_and_reevaluations_seed_major() -> 
     from dataclasses import replace
 
     from mmw.sweep import reevaluation_jobs
-    from mmw.sweep.definition import Config, Reevaluation, Split, Sweep
+    from mmw.sweep.definition import Config, Reevaluation, Sweep
 
     configs = [Config(config_id=c, grid="g", overrides={"scheme.delta": d}) for c, d in (("a", 1.0), ("b", 2.0))]
     sweep = Sweep(name="t", description="", configs=configs, reevaluate=Reevaluation(k=2, first_seed=1000),
-                  split=Split(tuning_offset=0, tuning=2, offset=2, prompts=30,
-                             settings=ConfirmSettings(level=0.05, max_tries=2)))
+                  confirmation=Confirmation(prompts=30, offset=2, level=0.05, max_tries=2), tuning=2)
     confirming = [j.name for j in reevaluation_jobs(sweep, ["b", "a"])]
     assert confirming == ["reeval-t-b-s1000", "reeval-t-b-s1001", "reeval-t-a-s1000", "reeval-t-a-s1001"]
-    plain = [j.name for j in reevaluation_jobs(replace(sweep, split=None), ["b", "a"])]
+    plain = [j.name for j in reevaluation_jobs(replace(sweep, confirmation=None), ["b", "a"])]
     assert plain == ["reeval-t-b-s1000", "reeval-t-a-s1000", "reeval-t-b-s1001", "reeval-t-a-s1001"]

@@ -84,7 +84,7 @@ def test_without_a_board_only_the_shape_is_checked(tmp_path: Path) -> None:
     repo = _write(tmp_path, {"grids": [{**GRID, "scheme.windoww": 2}], "reevaluate": None, "base": None})
     path, definition = read_definition("bad", None, repo / "sweeps")
     assert definition.base == {} and definition.reevaluate.k == 5 and definition.reevaluate.seeds[0] == 1000
-    assert definition.confirm is None and definition.split(BOARD) is None
+    assert definition.confirm is None and definition.confirmation(BOARD) is None
     with pytest.raises(SpecError, match=r"grids\[0\] \(g0\): scheme.windoww: not a param of params.yaml"):
         read_definition("bad", BOARD, repo / "sweeps")
 
@@ -94,13 +94,14 @@ def test_every_field_says_what_it_accepts_and_the_losses_are_the_papers() -> Non
     assert QUALITY_LOSSES == (0.01, 0.1)
 
 
-def test_the_committed_sweeps_read_and_split_as_declared() -> None:
+def test_the_committed_sweeps_read_and_confirm_as_declared() -> None:
     for name in ("paper", "paper-race", "small", "smoke", "small-race"):
         _, definition = read_definition(name, BOARD, REPO / "sweeps")
         assert definition.grids and definition.reevaluate.k >= 1
     _, confirmed = read_definition("small-confirmed", BOARD, REPO / "sweeps")
-    split = confirmed.split(BOARD)
-    assert split is not None and split.quality_losses and split.offset >= split.tuning_offset + split.tuning
+    confirmation = confirmed.confirmation(BOARD)
+    tuning_offset, tuning = confirmed.tuning(BOARD)
+    assert confirmation is not None and confirmation.quality_losses and confirmation.offset >= tuning_offset + tuning
 
 
 def test_a_definition_extends_another_without_copying_its_grid(tmp_path: Path) -> None:
@@ -116,8 +117,9 @@ def test_a_definition_extends_another_without_copying_its_grid(tmp_path: Path) -
     _, definition = read_definition("paper-race", BOARD, REPO / "sweeps")
     assert definition.base["model.max_new_tokens"] == 1024 and definition.base["prompts.per_task"] == 64
     assert definition.adaptive.shards == [4, 16, 64] and definition.pack == 0
-    split = definition.split(BOARD)
-    assert split is not None and (split.tuning, split.offset, split.prompts) == (64, 64, 32)
+    confirmation = definition.confirmation(BOARD)
+    assert confirmation is not None and (confirmation.offset, confirmation.prompts) == (64, 32)
+    assert definition.tuning(BOARD)[1] == 64
 
     (tmp_path / "a.yaml").write_text("extends: b\ngrids: [{scheme.sampler: binary}]\n")
     (tmp_path / "b.yaml").write_text("extends: a\ngrids: [{scheme.sampler: binary}]\n")

@@ -31,6 +31,7 @@ from types import TracebackType
 
 import typer
 
+from mmw.engines.models import EMBEDDED_PREFIX, embedded_gguf_path
 from mmw.errors import SpecError
 
 DEFAULT_MODEL = "embedded:smollm2-135m"
@@ -61,8 +62,6 @@ def api_key_for(host: str, key_env: str) -> str | None:
 
 def gguf_path(model: str) -> Path:
     """The GGUF file behind ``model``: ``embedded:<name>`` (a model shipped in a PyPI package) or a .gguf path."""
-    from mmw.engines.models import EMBEDDED_PREFIX, embedded_gguf_path
-
     if model.startswith(EMBEDDED_PREFIX):
         return embedded_gguf_path(model[len(EMBEDDED_PREFIX):])
     path = Path(model).expanduser()

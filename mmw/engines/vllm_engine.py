@@ -21,6 +21,7 @@ import polars as pl
 
 from mmw import provenance
 from mmw.engines.generate import GENERATION_SCHEMA, parts_dir_of, row_seed
+from mmw.engines.models import default_cache_dir, resolve_dtype, resolve_source
 from mmw.errors import SpecError
 from mmw.io import PartsStore, plan_units, row_key, write_table
 from mmw.scheme import SchemeSpec
@@ -38,8 +39,6 @@ def require_vllm() -> None:
 
 def model_folder(name: str) -> str:
     """A folder or hub id vLLM can load: embedded GGUF models become a cached HF folder (as for transformers)."""
-    from mmw.engines.models import default_cache_dir, resolve_source
-
     return resolve_source(name, default_cache_dir())
 
 
@@ -81,8 +80,6 @@ class VllmGenerator:
             pass
         vllm_dtype = dtype if dtype != "auto" else ("float32" if on_cpu else "bfloat16")
         if dtype == "fast":  # vLLM has no "fast": load_model's rule, as a dtype name
-            from mmw.engines.models import resolve_dtype
-
             vllm_dtype = str(resolve_dtype(dtype, torch.device("cpu" if on_cpu else "cuda"))).removeprefix("torch.")
         self.name, self.dtype = name, vllm_dtype
         self.llm = LLM(model=folder, tokenizer=folder, dtype=vllm_dtype, seed=0, max_model_len=max_model_len,

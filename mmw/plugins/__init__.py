@@ -24,7 +24,7 @@ A plugin supplies
 
 This module is light (pydantic, numpy, scipy): validation loads the plugin's class, never its heavy
 dependencies, which a plugin imports inside ``processor``/``detector``. The runtime wrappers (sampling, checks,
-sizes) live in ``mmw.plugins.generation`` and ``mmw.plugins.detection``.
+sizes) live in ``mmw.plugin_generation`` and ``mmw.plugin_detection``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""Every report mmw writes: one run's numbers and summary, a sweep's table files, a selection's report,
-``reports/index.html`` (one self-contained file) and the offline ``dvc plots`` page.
+"""The reports mmw writes: one run's numbers and summary, a selection's report, ``reports/index.html`` (one
+self-contained file) and the offline ``dvc plots`` page. A sweep's table files are :mod:`mmw.sweep.tables`'.
 
 - :mod:`mmw.reporting.run`: one run's ``reports/metrics.json`` and ``dvc plots`` tables (stage ``aggregate``).
 - :mod:`mmw.reporting.quality`: one run's ``reports/quality.json`` (stage ``quality``).
 - :mod:`mmw.reporting.summary`: one run's ``reports/summary.md`` and tamper-resistance figure.
 - :mod:`mmw.reporting.formats`: how numbers print, in every report.
-- :mod:`mmw.reporting.sweep`: a sweep's tables as files (``mmw sweep collect``): Parquet, ``results.csv`` and the
-  Markdown of the paper's table, the randomness and delta tables.
 - :mod:`mmw.reporting.selection`: a selection's Markdown report and size-quality figure (``mmw select``).
 - :mod:`mmw.reporting.data`: reads a sweep's tables (``reports/sweeps/<name>/``) or a single run's
   ``reports/metrics.json`` and shapes them into what the page shows (the paper's table cells, figure data).

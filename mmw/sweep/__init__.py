@@ -88,7 +88,7 @@ def reevaluation_jobs(sweep: Sweep, config_ids: list[str]) -> list[Job]:
     once and shared through DVC's run-cache."""
     overrides = {c.config_id: c.overrides for c in sweep.configs}
     seeds = sweep.reevaluate.seeds
-    pairs = [(cid, seed) for cid in config_ids for seed in seeds] if sweep.split is not None \
+    pairs = [(cid, seed) for cid in config_ids for seed in seeds] if sweep.confirmation is not None \
         else [(cid, seed) for seed in seeds for cid in config_ids]
     return [Job(name=reevaluation_name(sweep.name, cid, seed), config_id=cid,
                 overrides=reevaluation_overrides(sweep, overrides[cid], seed), env={"MMW_KEY": secrets.token_hex(16)})
@@ -99,16 +99,17 @@ def confirmation_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Call
                         ) -> Progress | None:
     """Confirm the picks on the held-out prompts: each round runs the K confirmation runs of every cell's
     pending candidate (its pick first, then a fallback where the pick was not confirmed), at most
-    ``split.max_tries`` rounds. Finished runs are never repeated (a rerun resumes)."""
-    assert sweep.split is not None
+    ``confirmation.max_tries`` rounds. Finished runs are never repeated (a rerun resumes)."""
+    confirmation = sweep.confirmation
+    assert confirmation is not None
     progress = None
-    for number in range(1, sweep.split.max_tries + 1):
+    for number in range(1, confirmation.max_tries + 1):
         table, _, randomness = confirmed_tables(repo, read_runs(repo, sweep, echo), sweep)
         pending = list(dict.fromkeys(pending_config_ids(table) + pending_config_ids(randomness)))
         if not pending:
             break
         echo(f"[{sweep.name}] confirmation round {number}: {len(pending)} candidate(s), {sweep.reevaluate.k} "
-             f"runs each on prompts [{sweep.split.offset}, {sweep.split.offset + sweep.split.prompts}) per task")
+             f"runs each on prompts [{confirmation.offset}, {confirmation.offset + confirmation.prompts}) per task")
         progress = run_units(repo, sweep, f"{sweep.name}: confirmation {number}", reevaluation_jobs(sweep, pending),
                          executor, echo)
     return progress
@@ -129,17 +130,17 @@ def run_race(repo: Path, sweep: Sweep, executor: Executor, echo: Callable[[str],
     :func:`race_groups`, its units through :func:`run_units` (evidence written as each lands), the round log
     written to both :func:`rounds_paths`, ranked by the anytime size where every config of a group has a sum score
     (the size the confirmed table ranks by), else the valid size. Returns the summed progress of its rounds."""
-    assert sweep.split is not None and sweep.schedule is not None
+    assert sweep.confirmation is not None and sweep.schedule is not None
     groups = race_groups(sweep)
     scores = {c.config_id: c.overrides.get("scheme.score") for c in sweep.configs}
     columns = {label: "size_anytime" if all(scores[c] == "sum" for c in ids) else "size_valid"
                for label, ids in groups.items()}
     runner = DvcUnitRunner(repo, sweep, executor, echo)
     lasting, working = rounds_paths(repo, sweep.name)
-    echo(f"[{sweep.name}] race over {len(groups)} group(s) x {len(sweep.split.constraints)} cell(s): "
+    echo(f"[{sweep.name}] race over {len(groups)} group(s) x {len(sweep.confirmation.constraints)} cell(s): "
          f"{sweep.schedule.rounds} rounds, level {sweep.schedule.level:g}")
     run_adaptive(groups, sweep.schedule, runner, lasting, sweep.tasks, None,
-                 constraints=[Constraints(loss, r) for loss, r in sweep.split.constraints], size_column=columns,
+                 constraints=[Constraints(loss, r) for loss, r in sweep.confirmation.constraints], size_column=columns,
                  copies=(working,), echo=echo)
     parts = runner.progress
     return Progress(total=sum(p.total for p in parts), done=sum(p.done for p in parts),
@@ -175,7 +176,7 @@ def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, config
         pool = run_units(repo, sweep, f"{sweep.name}: configs", pool_jobs(sweep), executor, echo)
     if not reevaluate:
         return pool, None
-    if sweep.split is not None:
+    if sweep.confirmation is not None:
         return pool, confirmation_rounds(repo, sweep, executor, echo)
     picked = picked_config_ids(read_runs(repo, sweep, echo).results)
     echo(f"[{sweep.name}] {len(picked)} distinct picks over temperature x family x 4 constraints; "

@@ -24,7 +24,8 @@ from mmw.sweep.cost import GPU_STAGED, CostModel
 from mmw.sweep.evidence import finite_number
 from mmw.sweep.race import IN, REASONS, Race
 from mmw.sweep.race_bounds import Bounds, race_bounds, tuning_arrays
-from mmw.sweep.runner import Job
+from mmw.sweep.definition import Sweep
+from mmw.sweep.runner import Executor, Job, Progress
 from mmw.sweep.schedule import Schedule
 from mmw.sweep.units import race_name, read_unit, run_units, sweep_units, unit_path
 
@@ -63,15 +64,15 @@ class DvcUnitRunner:
     each one that finishes gets its evidence file as it lands, and its rows are read back from that file alone (a
     clone without experiment refs or DVC cache resumes the race)."""
 
-    def __init__(self, repo: Path, sweep: Any, executor: Any, echo: Callable[[str], None] = print) -> None:
+    def __init__(self, repo: Path, sweep: Sweep, executor: Executor, echo: Callable[[str], None] = print) -> None:
         self.repo, self.sweep, self.executor, self.echo = repo, sweep, executor, echo
         self.units = sweep_units(sweep)
-        self.progress: list[Any] = []
+        self.progress: list[Progress] = []
 
     def name(self, unit: RaceUnit) -> str:
         return race_name(self.sweep.name, unit.config_id, unit.shard)
 
-    def job(self, unit: RaceUnit) -> Any:
+    def job(self, unit: RaceUnit) -> Job:
         stored = self.units[self.name(unit)]
         return Job(name=stored.experiment, config_id=stored.config_id, overrides=dict(stored.overrides))
 

@@ -4,7 +4,7 @@ tries and the cell's status with its evidence (see :mod:`mmw.sweep.confirm` for 
 Inputs are the collection's tables: ``results`` (one row per config: the tuning runs), ``reevaluations`` (one row
 per confirmation run: ``config_id``, ``seed``, ``status``, the size columns) and the per-prompt rows of the
 confirmation runs (:mod:`mmw.sweep.evidence`, column ``experiment``). Its Markdown is
-:func:`mmw.reporting.sweep.confirmed_markdown`'s.
+:func:`mmw.sweep.tables.confirmed_markdown`'s.
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from mmw.sweep.confirm import (
     UNRESOLVED,
     CellOutcome,
     Check,
-    ConfirmSettings,
+    Confirmation,
     Evidence,
     confirm_cell,
     ranked_candidates,
     size_kind,
     valid_size_measured,
 )
-from mmw.sweep.definition import Split
 from mmw.sweep.evidence import evidence
 
 CELL = ("model.temperature", "family")
@@ -67,13 +66,14 @@ def _labels(by: tuple[str, ...], key: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def _row(labels: dict[str, Any], constraints: Constraints, outcome: CellOutcome, kind: str,
-         e_medians: dict[str, float | None], settings: ConfirmSettings, k: int, extra: dict[str, Any]) -> dict:
+         e_medians: dict[str, float | None], confirmation: Confirmation, k: int, extra: dict[str, Any]) -> dict:
     last: Check | None = outcome.tries[-1] if outcome.tries else None
     shown = next((t for t in outcome.tries if t.config_id == outcome.pick), last)
     row: dict[str, Any] = {**labels, "max_quality_loss": constraints.max_quality_loss,
                            "min_tamper_resistance": constraints.min_tamper_resistance,
                            "status": outcome.status, "reason": outcome.reason, "size_kind": kind,
-                           "level": settings.level, "tries": len(outcome.tries), "max_tries": settings.max_tries,
+                           "level": confirmation.level, "tries": len(outcome.tries),
+                           "max_tries": confirmation.max_tries,
                            "k_planned": k, "pending": outcome.pending, **extra}
     if shown is not None:
         row.update(config_id=shown.config_id, size_median=shown.size_median, size_mad=shown.size_mad,
@@ -84,8 +84,8 @@ def _row(labels: dict[str, Any], constraints: Constraints, outcome: CellOutcome,
     return row
 
 
-def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts: pl.DataFrame, split: Split,
-                    k: int, by: tuple[str, str] = CELL,
+def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts: pl.DataFrame,
+                    confirmation: Confirmation, k: int, by: tuple[str, str] = CELL,
                     constraint_list: tuple[tuple[float, float], ...] | None = None
                     ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``(table, tries)``: one row per cell (``by``: temperature x family for the paper's table) x constraint
@@ -93,9 +93,8 @@ def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts:
     :class:`~mmw.sweep.confirm.Check` fields).
 
     ``pending`` names the candidate whose K confirmation runs are needed next (the runner's work list).
-    ``constraint_list``: (quality loss, R) pairs, default the split's (``confirm.quality_losses``)."""
-    settings = split.settings
-    constraint_list = split.constraints if constraint_list is None else constraint_list
+    ``constraint_list``: (quality loss, R) pairs, default the confirmation's (``confirm.quality_losses``)."""
+    constraint_list = confirmation.constraints if constraint_list is None else constraint_list
     done = results.filter(pl.col("status") == "done")
     rows: list[dict[str, Any]] = []
     tries: list[dict[str, Any]] = []
@@ -108,17 +107,17 @@ def confirmed_table(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts:
             _, candidates = ranked_candidates(cell, constraints, kind)
             found: dict[str, Evidence] = {}
             e_medians: dict[str, float | None] = {}
-            for config_id in candidates[:settings.max_tries]:
+            for config_id in candidates[:confirmation.max_tries]:
                 pair = _evidence_of(config_id, kind, reevaluations, prompts, k)
                 if pair is not None:
                     found[config_id], e_medians[config_id] = pair
             try:
-                outcome = confirm_cell(candidates, found, constraints, settings)
+                outcome = confirm_cell(candidates, found, constraints, confirmation)
             except SpecError as err:  # e.g. too few attacked prompts for this cell's R interval
                 outcome = CellOutcome(UNRESOLVED, f"{err.key}: {err.problem}", None, candidates=tuple(candidates))
             pick_size = cell.filter(pl.col("config_id") == candidates[0])[kind].item() if candidates else None
             extra = {"n_settings": cell.height, "n_feasible": len(candidates), "pick_size": pick_size}
-            rows.append(_row(labels, constraints, outcome, kind, e_medians, settings, k, extra))
+            rows.append(_row(labels, constraints, outcome, kind, e_medians, confirmation, k, extra))
             for number, tried in enumerate(outcome.tries, start=1):
                 tries.append({**labels, "max_quality_loss": loss, "min_tamper_resistance": r_min, "try": number,
                               **asdict(tried)})
@@ -137,15 +136,15 @@ RANDOMNESS_COLUMNS = ("temperature", "randomness_kind", "status", "reason", "con
                       "pending")
 
 
-def confirmed_randomness(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts: pl.DataFrame, split: Split,
-                         k: int) -> pl.DataFrame:
+def confirmed_randomness(results: pl.DataFrame, reevaluations: pl.DataFrame, prompts: pl.DataFrame,
+                         confirmation: Confirmation, k: int) -> pl.DataFrame:
     """Text-dependent vs fixed randomness, confirmed: per temperature x randomness kind, the smallest config at
     quality loss <= 10 % (window 0 excluded, as :func:`mmw.sweep.collect.randomness_table`), re-checked on the
     confirmation runs like a cell of the paper's table."""
     kept = results.filter(pl.col("randomness_kind").is_not_null())
     if "scheme.window" in kept.columns:
         kept = kept.filter(pl.col("scheme.window").is_null() | (pl.col("scheme.window") != 0))
-    table, _ = confirmed_table(kept, reevaluations, prompts, split, k, ("model.temperature", "randomness_kind"),
+    table, _ = confirmed_table(kept, reevaluations, prompts, confirmation, k, ("model.temperature", "randomness_kind"),
                                RANDOMNESS_CONSTRAINT)
     return table.select(RANDOMNESS_COLUMNS)
 

@@ -18,15 +18,14 @@ from typer.core import TyperGroup
 
 from mmw.errors import SpecError
 from mmw.reporting.page import build_report
-from mmw.reporting.sweep import plan_markdown
 from mmw.sweep import load_sweep, run_sweep
 from mmw.sweep.cost import cost_for_pack, packed_units
 from mmw.sweep.schedule import dry_run_lines
 from mmw.sweep.collect import collect
-from mmw.sweep.confirm import ConfirmSettings
-from mmw.sweep.definition import apply_overrides
+from mmw.sweep.definition import Sweep, apply_overrides
 from mmw.sweep.pack import check_pack
 from mmw.sweep.plan import pilot_plan, sweep_plan
+from mmw.sweep.tables import plan_markdown
 from mmw.sweep.ray_executor import RayExecutor
 from mmw.sweep.units import export, load_units, runs_dir
 
@@ -57,7 +56,7 @@ ScaleOption = Annotated[str | None, typer.Option(help="the scale shown beside th
 TimingsOption = Annotated[bool, typer.Option(help="collect per-stage wall times (slow)")]
 
 
-def _load_sweep(repo: Path, name: str, validate: bool = True) -> Any:
+def _load_sweep(repo: Path, name: str, validate: bool = True) -> Sweep:
     """The expanded sweep and its counts on stdout; exit 2 with one line on an unknown or invalid one."""
     try:
         # Collecting and planning read what ran: today's params validation is not a condition for that.
@@ -70,11 +69,12 @@ def _load_sweep(repo: Path, name: str, validate: bool = True) -> Any:
         grids[config.grid] = grids.get(config.grid, 0) + 1
     typer.echo(f"sweep {name}: {len(definition.configs)} configs ("
                + ", ".join(f"{g} {n}" for g, n in grids.items()) + f"); re-evaluation k={definition.reevaluate.k}")
-    if definition.split is not None:
-        split = definition.split
-        typer.echo(f"  tuning prompts [{split.tuning_offset}, {split.tuning_offset + split.tuning}) per task; "
-                   f"confirmation [{split.offset}, {split.offset + split.prompts}) per task, level {split.level:g} "
-                   f"per cell over at most {split.max_tries} tries")
+    confirmation = definition.confirmation
+    if confirmation is not None and definition.tuning is not None:
+        start, end = definition.tuning_offset, definition.tuning_offset + definition.tuning
+        typer.echo(f"  tuning prompts [{start}, {end}) per task; confirmation [{confirmation.offset}, "
+                   f"{confirmation.offset + confirmation.prompts}) per task, level {confirmation.level:g} per cell "
+                   f"over at most {confirmation.max_tries} tries")
     return definition
 
 
@@ -122,9 +122,9 @@ def sweep_run(
         try:
             definition = dataclasses.replace(definition, pack=check_pack(pack, "--pack"))
             if definition.schedule is not None:  # the budget must still pay for round 1, priced with this pack
-                definition.schedule.check(definition.split.tuning, definition.baselines(), definition.tasks,
+                definition.schedule.check(definition.tuning, definition.baselines(), definition.tasks,
                                           cost_for_pack(definition.pack),
-                                          max_tries=definition.split.max_tries)
+                                          max_tries=definition.confirmation.max_tries)
         except SpecError as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from None
@@ -135,7 +135,7 @@ def sweep_run(
     if uniform:
         definition = dataclasses.replace(definition, uniform=True)
     elif definition.schedule is not None:
-        for line in dry_run_lines(definition.schedule, definition.baselines(), definition.split.tuning,
+        for line in dry_run_lines(definition.schedule, definition.baselines(), definition.tuning,
                                   definition.tasks, cost_for_pack(definition.pack)):
             typer.echo(line)
     if definition.pack != 1:
@@ -221,44 +221,43 @@ def sweep_plan_command(
     _plan_sweep(definition, out / name, level, max_tries)
 
 
-def _plan_sweep(definition: Any, dest: Path, level: float | None, max_tries: int | None) -> None:
+def _plan_sweep(definition: Sweep, dest: Path, level: float | None, max_tries: int | None) -> None:
     """Print the prompts and time each unresolved cell of a collected sweep needs (exit 2 without one); a sweep
     without a confirm section is planned as a pilot."""
-    split = definition.split
+    confirmation = definition.confirmation
     try:
-        if split is not None and (level is not None or max_tries is not None):
+        if confirmation is not None and (level is not None or max_tries is not None):
             raise SpecError("--level" if level is not None else "--max-tries", f"sweep {definition.name} sets it in "
                             "its confirm section", "leave it out (it applies to a sweep without confirm)")
-        settings = ConfirmSettings(level=0.05 if level is None else level, max_tries=max_tries or 2) \
-            if split is None else None
         missing = [f for f in ("table", "results", "reevaluations") if not (dest / f"{f}.parquet").is_file()]
         if missing:
             raise SpecError("sweep", f"{dest} has no {', '.join(missing)}.parquet",
                             f"mmw sweep collect {definition.name} first")
         table, results, reevaluations = (pl.read_parquet(dest / f"{f}.parquet")
                                          for f in ("table", "results", "reevaluations"))
-        if split is not None and ("status" not in table.columns or "n_prompts" not in table.columns):
+        if confirmation is not None and ("status" not in table.columns or "n_prompts" not in table.columns):
             raise SpecError("sweep", f"{dest}/table.parquet was collected without confirmation",
                             f"mmw sweep collect {definition.name} again")
-        if split is None and "config_id" not in table.columns:
+        if confirmation is None and "config_id" not in table.columns:
             raise SpecError("sweep", f"{dest}/table.parquet has no picks", f"mmw sweep collect {definition.name} again")
     except SpecError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    if settings is None:
+    if confirmation is not None and definition.tuning is not None:
         randomness = dest / "randomness.parquet"
-        plan = sweep_plan(table, results, reevaluations, split, definition.reevaluate.k,
+        plan = sweep_plan(table, results, reevaluations, confirmation, definition.tuning, definition.reevaluate.k,
                           pl.read_parquet(randomness) if randomness.is_file() else None)
-        typer.echo(plan_markdown(plan, split.level, definition.reevaluate.k))
+        typer.echo(plan_markdown(plan, confirmation.level, definition.reevaluate.k))
         return
-    plan = pilot_plan(table, results, reevaluations, settings.level, settings.max_tries, definition.reevaluate.k)
+    level, max_tries = 0.05 if level is None else level, max_tries or 2
+    plan = pilot_plan(table, results, reevaluations, level, max_tries, definition.reevaluate.k)
     typer.echo(f"pilot: sweep {definition.name} has no confirm section; every picked cell is planned from the spread "
                f"of its pick's re-runs on the tuning prompts (same prompts every run: the prompt counts are lower "
-               f"bounds), level {settings.level:g} split over {settings.max_tries} tries per cell")
-    typer.echo(plan_markdown(plan, settings.level, definition.reevaluate.k))
+               f"bounds), level {level:g} split over {max_tries} tries per cell")
+    typer.echo(plan_markdown(plan, level, definition.reevaluate.k))
 
 
-def _collect_sweep(repo: Path, definition: Any, dest: Path, scale: str | None, timings: bool) -> None:
+def _collect_sweep(repo: Path, definition: Sweep, dest: Path, scale: str | None, timings: bool) -> None:
     """Write a sweep's tables to ``dest`` (reports/sweeps/<name>/) and say what they hold."""
     try:
         collected = collect(repo, definition, dest, scale or _scale_of(definition, repo), with_timings=timings,
@@ -271,7 +270,7 @@ def _collect_sweep(repo: Path, definition: Any, dest: Path, scale: str | None, t
                + f"; {collected.reevaluations.height} re-evaluation runs")
 
 
-def _scale_of(definition: Any, repo: Path) -> str:
+def _scale_of(definition: Sweep, repo: Path) -> str:
     """``<prompts per task> prompts/task x <tokens> tokens, <model>, judge <judge>`` of a sweep's first config: its
     overrides, else the repository's params.yaml (what the table states)."""
     params = repo / "params.yaml"

@@ -35,7 +35,6 @@ from typing import Any
 
 import polars as pl
 
-from mmw.reporting.sweep import plan_markdown, race_markdown, write_sweep_tables
 from mmw.selection import (
     PAPER_CONSTRAINTS,
     Constraints,
@@ -52,6 +51,7 @@ from mmw.sweep.claims import check_claims
 from mmw.sweep.cost import measured_costs
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
 from mmw.sweep.plan import sweep_plan
+from mmw.sweep.tables import plan_markdown, race_markdown, write_sweep_tables
 from mmw.sweep.units import Runs, read_runs, rounds_paths
 
 SIZE, QUALITY, RESISTANCE = "all.size", "all.relative_quality", "all.tamper_resistance"
@@ -181,20 +181,21 @@ def confirmed_tables(repo: Path, runs: Runs, sweep: Sweep) -> tuple[pl.DataFrame
     """``(table, tries, randomness)`` of a sweep with ``confirm`` (:mod:`mmw.sweep.cells`). For a race, each cell
     ranks only the configurations still contending in it (the round log's ``cells_left``) and the randomness
     comparison those still in their 10 %-quality cell; ``n_settings`` counts every configuration of the cell."""
-    assert sweep.split is not None
+    confirmation = sweep.confirmation
+    assert confirmation is not None
     results, reevaluations, k = runs.results, runs.reevaluations, sweep.reevaluate.k
     prompts = runs.prompts.filter(pl.col("role") == "confirmation")
     if not sweep.racing:
-        table, tries = confirmed_table(results, reevaluations, prompts, sweep.split, k)
-        return table, tries, confirmed_randomness(results, reevaluations, prompts, sweep.split, k)
+        table, tries = confirmed_table(results, reevaluations, prompts, confirmation, k)
+        return table, tries, confirmed_randomness(results, reevaluations, prompts, confirmation, k)
     out = cells_left(round_log(repo, sweep))
 
     def contending(cell: tuple[float, float]) -> pl.DataFrame:
         return results.filter(~pl.col("config_id").is_in([c for c, cells in out.items() if cell in cells]))
 
     tables, tried = [], []
-    for cell in sweep.split.constraints:
-        table, tries = confirmed_table(contending(cell), reevaluations, prompts, sweep.split, k,
+    for cell in confirmation.constraints:
+        table, tries = confirmed_table(contending(cell), reevaluations, prompts, confirmation, k,
                                        constraint_list=(cell,))
         tables.append(table)
         tried += [tries] if tries.height else []
@@ -204,14 +205,14 @@ def confirmed_tables(repo: Path, runs: Runs, sweep: Sweep) -> tuple[pl.DataFrame
              .with_columns(pl.col("_n").alias("n_settings")).drop("_n")
              .sort(["temperature", "family", "max_quality_loss", "min_tamper_resistance"],
                    descending=[False, False, False, True]))
-    randomness = confirmed_randomness(contending((0.1, 0.0)), reevaluations, prompts, sweep.split, k)
+    randomness = confirmed_randomness(contending((0.1, 0.0)), reevaluations, prompts, confirmation, k)
     return table, pl.concat(tried, how="diagonal_relaxed") if tried else pl.DataFrame(), randomness
 
 
 def race_frames(repo: Path, runs: Runs, sweep: Sweep) -> tuple[dict[str, pl.DataFrame], dict[str, Any]]:
     """The race's report tables (``rounds``: the round log; ``race``: per round, units, kept, dropped by reason,
     cells stopped) and its costs (:func:`mmw.sweep.cost.measured_costs`)."""
-    assert sweep.split is not None and sweep.schedule is not None
+    assert sweep.confirmation is not None and sweep.schedule is not None and sweep.tuning is not None
     log = round_log(repo, sweep)
     reason = pl.col("reason").fill_null("")
     summary = (log.group_by("round", maintain_order=True).agg(
@@ -222,7 +223,7 @@ def race_frames(repo: Path, runs: Runs, sweep: Sweep) -> tuple[dict[str, pl.Data
         pl.concat_str(pl.col("group"), pl.lit(": "), pl.col("cells_stopped")).drop_nulls().unique().sort()
         .str.join("; ").alias("cells_stopped"))
         .with_columns(pl.col("round") + 1).sort("round")) if log.height else pl.DataFrame()
-    costs = measured_costs(runs.race_units, len(sweep.configs), sweep.split.tuning, sweep.tasks)
+    costs = measured_costs(runs.race_units, len(sweep.configs), sweep.tuning, sweep.tasks)
     costs.update(race_rounds=sweep.schedule.rounds, race_level=sweep.schedule.level,
                  race_shards=",".join(str(s) for s in sweep.schedule.shards))
     return {"rounds": log, "race": summary}, costs
@@ -240,12 +241,15 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
              "across them (check the sweep's base)")
     extra: dict[str, pl.DataFrame] = {}
     race_text = ""
-    if sweep.split is not None:
+    confirmation = sweep.confirmation
+    if confirmation is not None:
+        assert sweep.tuning is not None  # a confirmed sweep's tuning runs leave prompts for confirmation
         check_single_valued(results)
         table, tries, randomness = confirmed_tables(repo, runs, sweep)
-        plan = sweep_plan(table, results, reevaluations, sweep.split, sweep.reevaluate.k, randomness)
+        plan = sweep_plan(table, results, reevaluations, confirmation, sweep.tuning, sweep.reevaluate.k,
+                          randomness)
         claims = check_claims(table, randomness, runs.prompts.filter(pl.col("role") == "confirmation"),
-                              level=sweep.split.level)
+                              level=confirmation.level)
         extra = {"prompts": runs.prompts, "tries": tries, "plan": plan, "claims": claims}
         if sweep.racing:
             frames, costs = race_frames(repo, runs, sweep)
@@ -261,7 +265,7 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
               "randomness": randomness, "delta": delta, **extra}
     if with_timings:
         frames["timings"] = runs.timings
-    plan_text = plan_markdown(extra["plan"], sweep.split.level, sweep.reevaluate.k) if sweep.split else ""
-    write_sweep_tables(out_dir, frames, sweep.split, scale, plan_text + race_text)
+    plan_text = plan_markdown(extra["plan"], confirmation.level, sweep.reevaluate.k) if confirmation else ""
+    write_sweep_tables(out_dir, frames, sweep, scale, plan_text + race_text)
     return Collected(results=results, attacks=attacks, reevaluations=reevaluations, table=table,
                      randomness=randomness, delta=delta, groups=groups)

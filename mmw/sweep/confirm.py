@@ -35,15 +35,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import polars as pl
-from pydantic import ValidationError
+from pydantic import AfterValidator, ValidationError
 
 from mmw.betting import ratio_bounds
 from mmw.errors import SpecError
-from mmw.selection import Constraints, median_mad, select
+from mmw.selection import PAPER_CONSTRAINTS, Constraints, median_mad, select
 from mmw.validation import Integer, Section, allowed, spec_error
 
 CONFIRMED, NOT_CONFIRMED, UNRESOLVED, NO_FEASIBLE, PENDING = (
@@ -59,20 +59,45 @@ RATING_MAX = 100.0
 MIN_PROMPTS = 5
 
 
-class ConfirmSettings(Section):
-    """How cells are confirmed (validated like every params section: a bad value is a SpecError naming
-    ``confirm.<key>`` and what it accepts).
+#: The quality losses of the paper's constraints, each confirmed cell's first coordinate.
+QUALITY_LOSSES = tuple(sorted({loss for loss, _ in PAPER_CONSTRAINTS}))
+
+
+def _paper_loss(value: float) -> float:
+    if value not in QUALITY_LOSSES:
+        raise ValueError(f"got {value!r}: the paper's table has the constraints quality loss <= "
+                         + " and <= ".join(f"{loss:.0%}".replace("%", " %") for loss in QUALITY_LOSSES))
+    return value
+
+
+def _distinct(values: list[float]) -> list[float]:
+    if len(set(values)) < len(values):
+        raise ValueError(f"got {values!r}: a loss is listed twice")
+    return values
+
+
+class Confirmation(Section):
+    """How a sweep's cells are confirmed: its definition's ``confirm`` section, the one model of it from the file
+    to the tables (validated like every params section: a bad value is a SpecError naming ``confirm.<key>`` and
+    what it accepts).
 
     * ``level`` in (0, 0.5): the per-cell chance of confirming a setting that violates a constraint;
     * ``max_tries`` >= 1: the pick plus at most ``max_tries - 1`` fallbacks; each try is tested at
       ``level / max_tries``;
-    * ``resamples`` >= 200 bootstrap resamples of R's bound, ``seed`` of the resampling (deterministic bounds).
+    * ``resamples`` >= 200 bootstrap resamples of R's bound, ``seed`` of the resampling (deterministic bounds);
+    * ``prompts`` held-out prompts per task from position ``offset`` (None as written: right after the tuning
+      prompts; an expanded sweep's is resolved, :meth:`mmw.sweep.definition.SweepFile.confirmation`);
+    * ``quality_losses``: the paper's quality-loss constraints whose cells are confirmed (both by default).
     """
 
     level: float = allowed("a number in (0, 0.5), e.g. 0.05", gt=0, lt=0.5, default=0.05)
     max_tries: Integer = allowed("an integer >= 1 (the pick plus fallbacks), e.g. 2", ge=1, default=2)
     resamples: Integer = allowed("an integer >= 200", ge=200, default=2000)
     seed: Integer = allowed("an integer >= 0", ge=0, default=0)
+    prompts: Integer = allowed("an integer >= 1 (per task)", ge=1)
+    offset: Integer | None = allowed("an integer >= 0 (default: after the tuning prompts)", ge=0, default=None)
+    quality_losses: Annotated[list[Annotated[float, AfterValidator(_paper_loss)]], AfterValidator(_distinct)] = \
+        allowed(f"a non-empty subset of {list(QUALITY_LOSSES)}", min_length=1, default=list(QUALITY_LOSSES))
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -84,6 +109,17 @@ class ConfirmSettings(Section):
     def per_try(self) -> float:
         """The level of each try's one-sided bounds."""
         return self.level / self.max_tries
+
+    @property
+    def constraints(self) -> tuple[tuple[float, float], ...]:
+        """The paper's (quality loss, R) constraints this sweep confirms, in the paper's order."""
+        return tuple(c for c in PAPER_CONSTRAINTS if c[0] in self.quality_losses)
+
+    @property
+    def overrides(self) -> dict[str, int]:
+        """What a confirmation run sets on top of its config (``offset`` resolved)."""
+        assert self.offset is not None, "an expanded sweep's confirmation has its offset"
+        return {"prompts.offset": self.offset, "prompts.per_task": self.prompts}
 
 
 # -- bootstrap over prompts -------------------------------------------------------------------------------------
@@ -302,9 +338,9 @@ def verdict(undetected: np.ndarray, q_low: np.ndarray, q_high: np.ndarray, r_low
     return status, reason
 
 
-def check(config_id: str, evidence: Evidence, constraints: Constraints, settings: ConfirmSettings) -> Check:
-    """Judge one try of a cell on its confirmation runs at level ``settings.per_try``."""
-    alpha = settings.per_try
+def check(config_id: str, evidence: Evidence, constraints: Constraints, confirmation: Confirmation) -> Check:
+    """Judge one try of a cell on its confirmation runs at level ``confirmation.per_try``."""
+    alpha = confirmation.per_try
     if evidence.k < 2:
         raise SpecError("reevaluate.k", f"{evidence.k} confirmation run(s) of {config_id}", "an integer >= 2")
     if evidence.n_prompts < MIN_PROMPTS:
@@ -319,7 +355,7 @@ def check(config_id: str, evidence: Evidence, constraints: Constraints, settings
         if constraints.min_tamper_resistance > 0 and n_attacked < MIN_PROMPTS:
             raise SpecError("attacks.fraction", f"{n_attacked} attacked confirmation prompt(s) of {config_id}: too "
                             "few for an interval of R", f"at least {MIN_PROMPTS} attacked prompts per run")
-        a_counts = resample_counts(n_attacked, settings.resamples, settings.seed + 1)
+        a_counts = resample_counts(n_attacked, confirmation.resamples, confirmation.seed + 1)
         r, r_low, r_high = resistance_bounds(evidence.attacks, alpha, a_counts)
     sizes = [float(s) if math.isfinite(s) else None for s in np.asarray(evidence.sizes, dtype=float)]
     median, mad = median_mad(sizes)
@@ -346,8 +382,8 @@ class CellOutcome:
 
 
 def confirm_cell(candidates: Sequence[str], evidence: Mapping[str, Evidence], constraints: Constraints,
-                 settings: ConfirmSettings) -> CellOutcome:
-    """Walk the tuning ranking: judge each of the first ``settings.max_tries`` candidates on its confirmation
+                 confirmation: Confirmation) -> CellOutcome:
+    """Walk the tuning ranking: judge each of the first ``confirmation.max_tries`` candidates on its confirmation
     runs until one is confirmed. A candidate without evidence stops the walk (status ``pending``).
 
     After the tries: ``unresolved`` when any try was, else ``not confirmed`` with the first try's reason."""
@@ -355,10 +391,10 @@ def confirm_cell(candidates: Sequence[str], evidence: Mapping[str, Evidence], co
     if not candidates:
         return CellOutcome(NO_FEASIBLE, None, None, candidates=candidates)
     tries: list[Check] = []
-    for config_id in candidates[:settings.max_tries]:
+    for config_id in candidates[:confirmation.max_tries]:
         if config_id not in evidence:
             return CellOutcome(PENDING, None, None, tuple(tries), config_id, candidates)
-        tried = check(config_id, evidence[config_id], constraints, settings)
+        tried = check(config_id, evidence[config_id], constraints, confirmation)
         tries.append(tried)
         if tried.status == CONFIRMED:
             return CellOutcome(CONFIRMED, None, config_id, tuple(tries), None, candidates)

@@ -22,7 +22,7 @@ configs whatever order the grid is written in.
 
 Everything is validated before anything is queued, by the params' mechanism (:mod:`mmw.validation`): the file is
 a :class:`SweepFile` section model (its fields' types and ranges; its validator checks the keys against the
-repository's ``params.yaml`` and the confirmation split), and every expanded config is validated by the params
+repository's ``params.yaml`` and the confirmation prompts), and every expanded config is validated by the params
 sections and :class:`mmw.scheme.SchemeSpec`. Errors are :class:`SpecError` naming the file, the entry and the
 allowed values (``sweeps/small.yaml: grids[2] (ds-sum): scheme.delta: ...``).
 """
@@ -36,20 +36,19 @@ import json
 import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Self
 
 import yaml
-from pydantic import AfterValidator, BeforeValidator, ValidationInfo, model_validator
+from pydantic import BeforeValidator, ValidationInfo, model_validator
 
 from mmw.errors import SpecError
 from mmw.scheme import KNOWN_KEYS, SchemeSpec
 from mmw.params import parse_params
-from mmw.selection.selecting import PAPER_CONSTRAINTS
-from mmw.sweep.confirm import ConfirmSettings
+from mmw.sweep.confirm import QUALITY_LOSSES, Confirmation
 from mmw.sweep.cost import cost_for_pack
-from mmw.sweep.schedule import AdaptiveSection, schedule_from
+from mmw.sweep.schedule import Schedule, schedule_from
 from mmw.validation import Integer, Section, allowed, allowed_text, validate
 
 SWEEPS_DIR = Path("sweeps")
@@ -63,8 +62,6 @@ FORBIDDEN = frozenset({"scheme.key", "key"})
 SINGLE_VALUED = ("model.name", "model.engine", "rate.judge", "rate.backend", "rate.base_url", "rate.mode")
 #: Fewest confirmation prompts for an interval (mmw.sweep.confirm.MIN_PROMPTS).
 MIN_CONFIRM_PROMPTS = 5
-#: The quality losses of the paper's constraints, each confirmed cell's first coordinate.
-QUALITY_LOSSES = tuple(sorted({loss for loss, _ in PAPER_CONSTRAINTS}))
 
 
 @dataclass(frozen=True)
@@ -84,22 +81,8 @@ def _or_empty(value: Any) -> Any:
     return {} if value is None else value
 
 
-def _paper_loss(value: float) -> float:
-    if value not in QUALITY_LOSSES:
-        raise ValueError(f"got {value!r}: the paper's table has the constraints quality loss <= "
-                         + " and <= ".join(f"{loss:.0%}".replace("%", " %") for loss in QUALITY_LOSSES))
-    return value
-
-
-def _distinct(values: list[float]) -> list[float]:
-    if len(set(values)) < len(values):
-        raise ValueError(f"got {values!r}: a loss is listed twice")
-    return values
-
-
 #: The dotted params of a base or grid entry and their values (a list is an axis of the grid).
 Entries = Annotated[dict[str, Any], BeforeValidator(_or_empty)]
-_LOSSES_TEXT = f"a non-empty subset of {list(QUALITY_LOSSES)}"
 
 
 class Reevaluation(Section):
@@ -113,64 +96,14 @@ class Reevaluation(Section):
         return list(range(self.first_seed, self.first_seed + self.k))
 
 
-class ConfirmSection(ConfirmSettings):
-    """A definition's ``confirm`` section: how cells are confirmed (``level``, ``max_tries`` and the resampling of
-    R's bound, :class:`mmw.sweep.confirm.ConfirmSettings`) plus where the held-out prompts are and which quality
-    constraints are confirmed; the checks that need the tuning prompts are :meth:`SweepFile.split`'s."""
-
-    prompts: Integer = allowed("an integer >= 1 (per task)", ge=1)
-    offset: Integer | None = allowed("an integer >= 0 (default: after the tuning prompts)", ge=0, default=None)
-    quality_losses: Annotated[list[Annotated[float, AfterValidator(_paper_loss)]], AfterValidator(_distinct)] = \
-        allowed(_LOSSES_TEXT, min_length=1, default=list(QUALITY_LOSSES))
-
-
 def _mapping_text(model: type[Section]) -> str:
     """What a nested section accepts, from its fields: "{k: an integer >= 1, first_seed: ...}"."""
     return "{" + ", ".join(f"{name}: {allowed_text(model, name)}" for name in model.model_fields) + "}"
 
 
-@dataclass(frozen=True)
-class Split:
-    """Tuning and confirmation prompts, per task: tuning runs take ``[tuning_offset, tuning_offset + tuning)``
-    (the sweep's ``prompts.offset`` / ``prompts.per_task``), the re-runs of picks ``[offset, offset +
-    prompts)``, disjoint from them; ``settings``: how the cells are confirmed (the definition's ``confirm``
-    section)."""
-
-    tuning_offset: int
-    tuning: int
-    offset: int
-    prompts: int
-    settings: ConfirmSettings = field(default_factory=ConfirmSettings)
-    #: The paper's quality-loss constraints whose cells are confirmed (both by default).
-    quality_losses: tuple[float, ...] = QUALITY_LOSSES
-
-    @property
-    def level(self) -> float:
-        return self.settings.level
-
-    @property
-    def max_tries(self) -> int:
-        return self.settings.max_tries
-
-    @property
-    def constraints(self) -> tuple[tuple[float, float], ...]:
-        """The paper's (quality loss, R) constraints this sweep confirms, in the paper's order."""
-        return tuple(c for c in PAPER_CONSTRAINTS if c[0] in self.quality_losses)
-
-    @property
-    def overrides(self) -> dict[str, int]:
-        """What a confirmation run sets on top of its config."""
-        return {"prompts.offset": self.offset, "prompts.per_task": self.prompts}
-
-    def as_dict(self) -> dict[str, float | int]:
-        return {"tuning_offset": self.tuning_offset, "tuning_prompts_per_task": self.tuning,
-                "confirm_offset": self.offset, "confirm_prompts_per_task": self.prompts, "level": self.level,
-                "max_tries": self.max_tries, "quality_losses": list(self.quality_losses)}
-
-
 class SweepFile(Section):
     """A sweep definition file as written. Validated with ``context={"board": <params mapping>}`` (see
-    :func:`read_definition`), its validator checks every dotted key against the board and the confirmation split
+    :func:`read_definition`), its validator checks every dotted key against the board and the confirmation prompts
     against the tuning prompts; without a board only the file's shape is checked."""
 
     description: str = allowed("one line of text", default="")
@@ -181,10 +114,10 @@ class SweepFile(Section):
                                    "list of values)", min_length=1)
     reevaluate: Annotated[Reevaluation, BeforeValidator(_or_empty)] = allowed(
         _mapping_text(Reevaluation), default=Reevaluation())
-    confirm: ConfirmSection | None = allowed(_mapping_text(ConfirmSection), default=None)
+    confirm: Confirmation | None = allowed(_mapping_text(Confirmation), default=None)
     #: The race's schedule as written: its values checked here, the rules between them and against the configs
     #: and tasks by :func:`expand` (:func:`mmw.sweep.schedule.schedule_from`).
-    adaptive: AdaptiveSection | None = allowed(_mapping_text(AdaptiveSection), default=None)
+    adaptive: Schedule | None = allowed(_mapping_text(Schedule), default=None)
     #: Configurations per unit (:mod:`mmw.sweep.pack`): 1 = one ``dvc exp run`` each; k > 1 = up to k that share a
     #: baseline in one process; 0 = all that share one.
     pack: Integer = allowed("an integer >= 0 (configurations per unit: 1 = one DVC experiment each, 0 = every "
@@ -204,23 +137,29 @@ class SweepFile(Section):
                 for key, value in grid.items():
                     if key != "name" and _axis(value) == []:
                         raise SpecError(f"{where}: {key}", "empty list (the grid would have no config)")
-            self.split(board)
+            self.confirmation(board)
         return self
 
     def grid_label(self, index: int) -> str:
         """How errors name the grid entry ``index``: ``grids[2] (ds-sum)``."""
         return f"grids[{index}] ({self.grids[index].get('name', f'#{index}')})"
 
-    def split(self, board: Mapping[str, Any]) -> Split | None:
-        """The ``confirm`` section against the tuning prompts: K >= 2, enough prompts for an interval of quality
-        and of R, disjoint from the tuning prompts (None without a ``confirm`` section)."""
+    def tuning(self, board: Mapping[str, Any]) -> tuple[int, int | None]:
+        """``(offset, per_task)`` of the tuning prompts: the base's ``prompts.offset`` / ``prompts.per_task``, else
+        the board's (per_task None: every prompt)."""
+        prompts_board = board.get("prompts", {})
+        per_task = self.base.get("prompts.per_task", prompts_board.get("per_task"))
+        offset = self.base.get("prompts.offset", prompts_board.get("offset", 0)) or 0
+        return int(offset), None if per_task is None else int(per_task)
+
+    def confirmation(self, board: Mapping[str, Any]) -> Confirmation | None:
+        """The ``confirm`` section against the tuning prompts, its offset resolved: K >= 2, enough prompts for an
+        interval of quality and of R, disjoint from the tuning prompts (None without a ``confirm`` section)."""
         raw = self.confirm
         if raw is None:
             return None
-        prompts_board = board.get("prompts", {})
-        tuning = self.base.get("prompts.per_task", prompts_board.get("per_task"))
-        tuning_offset = self.base.get("prompts.offset", prompts_board.get("offset", 0)) or 0
-        tasks = self.base.get("prompts.tasks", prompts_board.get("tasks")) or []
+        tuning_offset, tuning = self.tuning(board)
+        tasks = self.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or []
         if self.reevaluate.k < 2:
             raise SpecError("reevaluate.k", f"{self.reevaluate.k} confirmation run(s): an interval over runs needs "
                             "at least 2", "an integer >= 2")
@@ -243,23 +182,25 @@ class SweepFile(Section):
             raise SpecError("confirm.offset", f"confirmation prompts [{offset}, {offset + count}) overlap the "
                             f"tuning prompts [{tuning_offset}, {tuning_offset + tuning})",
                             f"an offset >= {tuning_offset + tuning}")
-        return Split(tuning_offset=int(tuning_offset), tuning=int(tuning), offset=int(offset), prompts=count,
-                     settings=raw, quality_losses=tuple(sorted(raw.quality_losses)))
+        return raw.model_copy(update={"offset": int(offset), "quality_losses": sorted(raw.quality_losses)})
 
 
 @dataclass(frozen=True)
 class Sweep:
-    """An expanded, validated sweep: ``configs`` in definition order (duplicates removed); ``split``: the
-    tuning / confirmation prompts (None: the definition has no ``confirm`` section and picks are re-run on the
-    tuning prompts, as before confirmation existed)."""
+    """An expanded, validated sweep: ``configs`` in definition order (duplicates removed); ``confirmation``: how
+    its cells are confirmed, on held-out prompts (None: the definition has no ``confirm`` section and its picks
+    are re-run on the tuning prompts: an exploratory table, never confirmed)."""
 
     name: str
     description: str
     configs: list[Config]
     reevaluate: Reevaluation
-    split: Split | None = None
-    #: The race (:class:`mmw.sweep.schedule.Schedule`) of a definition with an ``adaptive`` section, else None.
-    schedule: Any = None
+    confirmation: Confirmation | None = None
+    #: The race of a definition with an ``adaptive`` section, else None.
+    schedule: Schedule | None = None
+    #: The tuning prompts per task: ``[tuning_offset, tuning_offset + tuning)`` (tuning None: every prompt).
+    tuning_offset: int = 0
+    tuning: int | None = None
     #: Run (and collect) an adaptive definition as the plain grid, for comparison (``mmw sweep run --uniform``).
     uniform: bool = False
     #: Tasks per run (``prompts.tasks``): a race unit's prompts are its shard's per-task prompts times this.
@@ -464,18 +405,20 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
                 cid = config_id(overrides)
                 configs.setdefault(cid, Config(config_id=cid, grid=str(label), overrides=overrides))
     _single_valued(path, board, list(configs.values()))
-    split = definition.split(board)
+    confirmation = definition.confirmation(board)
+    tuning_offset, tuning = definition.tuning(board)
     schedule = None
     tasks = definition.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or []
     per_baseline = list(Counter(pack_key(board, c.overrides) for c in configs.values()).values())
     if definition.adaptive is not None:
         try:
-            schedule = schedule_from(definition.adaptive, split.tuning if split else None,
-                                     split.max_tries if split else None, per_baseline, len(tasks),
+            schedule = schedule_from(definition.adaptive, tuning if confirmation else None,
+                                     confirmation.max_tries if confirmation else None, per_baseline, len(tasks),
                                      cost_for_pack(definition.pack))
         except SpecError as err:
             raise SpecError(f"{path}: {err.key}", err.problem, err.allowed) from None
     return Sweep(name=name, description=definition.description, configs=list(configs.values()),
-                 reevaluate=definition.reevaluate, split=split, schedule=schedule, tasks=len(tasks),
-                 pack=definition.pack, per_baseline=tuple(per_baseline))
+                 reevaluate=definition.reevaluate, confirmation=confirmation, schedule=schedule,
+                 tuning_offset=tuning_offset, tuning=tuning, tasks=len(tasks), pack=definition.pack,
+                 per_baseline=tuple(per_baseline))
 

@@ -165,7 +165,7 @@ class PackedExecutor:
         self.decode_together = decode_together
         self.decode_rows = decode_rows
         self.board = dict(board) if board is not None else yaml.safe_load((self.repo / PARAMS).read_text())
-        self.plan, self.sources = stage_plan(self.repo / "dvc.yaml")
+        self.plan, self.sources = stage_plan(self.repo)
 
     def run(self, jobs: Sequence[Job], record: Callable[[Outcome], None]) -> None:
         lock = hold_run_lock(self.repo)
@@ -232,7 +232,7 @@ class PackedExecutor:
         (vLLM batches requests itself), is left out: its own stage runs and fails or runs as it would alone. A
         decode holds at most ``decode_rows`` rows (default ``model.batch_size``: the memory of one configuration's
         own generation); when a configuration's batch already fills it, nothing is decoded here."""
-        from mmw.plugins.generation import build_processor  # imports torch and transformers
+        from mmw.plugin_generation import build_processor  # imports torch and transformers
         from mmw.sweep.decode import generate_together  # imports torch and transformers
         ready: list[tuple[int, Any, int]] = []
         for index, job in enumerate(jobs):

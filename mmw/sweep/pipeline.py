@@ -1,14 +1,18 @@
-"""The pipeline as the sweep sees it: the stages of ``dvc.yaml`` in order, which of them a pack shares, and running
-one in process.
+"""The pipeline as the sweep sees it: the one interface through which the sweep reads ``dvc.yaml`` and
+``dvc.lock`` and runs stages.
 
-The sweep drives the pipeline in two ways, both behind :class:`mmw.sweep.runner.Executor`: ``dvc exp run`` (DVC
-reads ``dvc.yaml`` itself) and the packed executor, which runs the same stage commands in one process. This module
-is the one place the sweep reads ``dvc.yaml``.
+The sweep drives the pipeline in two ways, both behind :class:`mmw.sweep.runner.Executor`: a ``dvc exp run`` per
+unit (:func:`exp_run_command`: DVC reads ``dvc.yaml`` itself), locally or on a Ray node, and the packed executor,
+which runs the same stage commands in one process (:func:`stage_plan`, :func:`run_stage`). What a finished
+experiment's stages wrote is read from its ``dvc.lock`` (:func:`locked_outputs`).
 """
 
 from __future__ import annotations
 
 import importlib
+import shutil
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +21,11 @@ from typing import Any
 import yaml
 
 from mmw.errors import SpecError
+from mmw.selection.rerun import override_value
 from mmw.sweep.definition import VARYING
+
+#: The pipeline's definition and its lock, relative to the repository.
+DVC_YAML, DVC_LOCK = "dvc.yaml", "dvc.lock"
 
 #: ``dvc.yaml`` commands whose stage module is not named like the command.
 MODULES = {"low-entropy-inputs": "low_entropy"}
@@ -41,11 +49,12 @@ def _paths(entries: Sequence[Any]) -> list[str]:
     return [str(next(iter(e))) if isinstance(e, Mapping) else str(e) for e in entries or []]
 
 
-def stage_plan(dvc_yaml: Path) -> tuple[list[Stage], list[str]]:
-    """The pipeline's stages in ``dvc.yaml`` order (each after its inputs) and the source data paths its stages
-    read (``data/...`` deps no stage writes). A stage is per configuration when it always runs (the key), reads
-    ``scheme`` params, or reads an output of a per-configuration stage (or the key's); every other one is shared."""
-    stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages") or {}
+def stage_plan(repo: Path) -> tuple[list[Stage], list[str]]:
+    """The stages of ``repo``'s pipeline in ``dvc.yaml`` order (each after its inputs) and the source data paths
+    its stages read (``data/...`` deps no stage writes). A stage is per configuration when it always runs (the
+    key), reads ``scheme`` params, or reads an output of a per-configuration stage (or the key's); every other
+    one is shared."""
+    stages = (yaml.safe_load((repo / DVC_YAML).read_text()) or {}).get("stages") or {}
     per_config: set[str] = set()
     plan: list[Stage] = []
     written = {out for stage in stages.values() for out in _paths(stage.get("outs", [])) + _paths(
@@ -73,3 +82,42 @@ def stage_plan(dvc_yaml: Path) -> tuple[list[Stage], list[str]]:
 def run_stage(stage: Stage) -> None:
     """Run one stage in this process, as its ``dvc.yaml`` command would (in the current directory)."""
     importlib.import_module(f"mmw.stages.{stage.module}").run(*stage.args, PARAMS)
+
+
+def locked_outputs(repo: Path, sha: str) -> dict[str, dict[str, str | None]]:
+    """Per stage, the md5 of each output in the ``dvc.lock`` committed at ``sha`` (empty when there is none)."""
+    shown = subprocess.run(["git", "show", f"{sha}:{DVC_LOCK}"], cwd=repo, capture_output=True, text=True)
+    lock = (yaml.safe_load(shown.stdout) if shown.returncode == 0 else None) or {}
+    return {name: {o["path"]: o.get("md5") for o in (stage.get("outs") or [])}
+            for name, stage in (lock.get("stages") or {}).items()}
+
+
+def dvc_executable() -> str:
+    """The ``dvc`` installed next to this interpreter, else the one on PATH."""
+    found = shutil.which("dvc", path=str(Path(sys.executable).parent)) or shutil.which("dvc")
+    if found is None:
+        raise SpecError("dvc", "command not found next to this Python nor on PATH", "pip install 'mmw[pipeline]'")
+    return found
+
+
+def _hydra_value(value: Any) -> str:
+    """``value`` in the override grammar ``dvc exp run -S`` parses (Hydra): lists and mappings as literals."""
+    if isinstance(value, list):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    return override_value(value)
+
+
+def set_args(overrides: Mapping[str, Any]) -> list[str]:
+    """``-S key=value`` arguments for ``dvc exp run``."""
+    args: list[str] = []
+    for key, value in overrides.items():
+        args += ["-S", f"{key}={_hydra_value(value)}"]
+    return args
+
+
+def exp_run_command(name: str, overrides: Mapping[str, Any], temp: bool) -> list[str]:
+    """The ``dvc exp run`` of one unit named ``name``, its params set to ``overrides``: in a temporary copy of the
+    workspace (``temp``, a local run) or in the workspace itself (a Ray node's clone)."""
+    return [dvc_executable(), "exp", "run", *(["--temp"] if temp else []), "-n", name, *set_args(overrides)]

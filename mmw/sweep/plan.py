@@ -37,6 +37,7 @@ import polars as pl
 from scipy.stats import norm
 
 from mmw.sweep.cells import RANDOMNESS_CONSTRAINT
+from mmw.sweep.confirm import Confirmation
 from mmw.sweep.definition import min_confirm_prompts
 
 #: Full-scale cost model, one H100 (bench/RESULTS.md "Cost model for the paper's grid, measured end to end").
@@ -199,23 +200,23 @@ def randomness_cells(randomness: pl.DataFrame) -> pl.DataFrame:
         pl.lit(None, dtype=pl.Float64).alias("resistance"), pl.lit(None, dtype=pl.Float64).alias("resistance_low"))
 
 
-def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, split: Any, k: int,
-               randomness: pl.DataFrame | None = None) -> pl.DataFrame:
+def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, confirmation: Confirmation,
+               tuning: int, k: int, randomness: pl.DataFrame | None = None) -> pl.DataFrame:
     """:func:`plan_table` for a collected sweep, over every unresolved cell of the paper's table and (when given)
     of the confirmed randomness table: tasks and the attacked share from the confirmed cells, the run time model
-    from the tuning runs (``split.tuning`` prompts per task) and the confirmation runs (``split.prompts`` per
+    from the tuning runs (``tuning`` prompts per task) and the confirmation runs (``confirmation.prompts`` per
     task, their ``wall_s``); no plan below the smallest confirmation set the definition accepts."""
     if randomness is not None and randomness.height and table.height:
         cells = randomness_cells(randomness)
         table = pl.concat([table, cells.select([c for c in table.columns if c in cells.columns])],
                           how="diagonal_relaxed")
     measured = table.filter(pl.col("n_prompts").is_not_null() & (pl.col("n_prompts") > 0))
-    tasks = max(1, round(measured["n_prompts"][0] / split.prompts)) if measured.height else 1
+    tasks = max(1, round(measured["n_prompts"][0] / confirmation.prompts)) if measured.height else 1
     share = float((measured["n_attacked"] / measured["n_prompts"]).median()) if measured.height else 1 / 3
     walls = []
     if "wall_s" in reevaluations.columns:
-        walls = [(split.prompts * tasks, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
-    model = run_time_model(results, walls, split.tuning * tasks)
+        walls = [(confirmation.prompts * tasks, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
+    model = run_time_model(results, walls, tuning * tasks)
     return plan_table(table, k, tasks, share, model, min_confirm_prompts(attack_fraction(results, share), tasks) or 1)
 
 

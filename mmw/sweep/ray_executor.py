@@ -70,7 +70,8 @@ import yaml
 from mmw.errors import SpecError
 from mmw.keys import KEY_ENV, key_fingerprint, resolve_key
 from mmw.sweep.pack import PackedExecutor, check_pack, packs
-from mmw.sweep.runner import Job, Outcome, dvc_executable, error_text, head_commit, set_args
+from mmw.sweep.pipeline import dvc_executable, exp_run_command
+from mmw.sweep.runner import Job, Outcome, error_text, head_commit
 
 #: The Ray task's name (the dashboard's task list, and the state-API filter of the progress view).
 TASK_NAME = "mmw-sweep-config"
@@ -179,12 +180,11 @@ def _run_job(source: str, baseline: str, cache_dir: str, name: str, config_id: s
         if problem is not None:
             output = f"error: {problem}"
         else:
-            dvc = dvc_executable()
-            subprocess.run([dvc, "config", "--local", "cache.dir", cache_dir], cwd=clone, check=True,
+            subprocess.run([dvc_executable(), "config", "--local", "cache.dir", cache_dir], cwd=clone, check=True,
                            capture_output=True, timeout=_remaining(deadline))
             bin_dir = str(Path(sys.executable).parent)
             env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-            child = subprocess.Popen([dvc, "exp", "run", "-n", name, *set_args(overrides)], cwd=clone, env=env,
+            child = subprocess.Popen(exp_run_command(name, overrides, temp=False), cwd=clone, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      preexec_fn=_die_with_parent, start_new_session=True)
             try:

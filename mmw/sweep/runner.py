@@ -42,14 +42,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from mmw.errors import SpecError
-from mmw.selection.rerun import override_value
+from mmw.sweep.pipeline import exp_run_command
 
 LOG_DIR = Path(".dvc/tmp/sweeps")
 #: Held by the local runner and the ``dvc exp run`` it started while either lives.
@@ -97,31 +97,6 @@ class Executor(Protocol):
     """Runs jobs and calls ``record`` once per finished attempt (in any order, from the calling thread)."""
 
     def run(self, jobs: Sequence[Job], record: Callable[[Outcome], None]) -> None: ...
-
-
-def _hydra_value(value: Any) -> str:
-    """``value`` in the override grammar ``dvc exp run -S`` parses (Hydra): lists and mappings as literals."""
-    if isinstance(value, list):
-        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
-    return override_value(value)
-
-
-def set_args(overrides: Mapping[str, Any]) -> list[str]:
-    """``-S key=value`` arguments for ``dvc exp run``."""
-    args: list[str] = []
-    for key, value in overrides.items():
-        args += ["-S", f"{key}={_hydra_value(value)}"]
-    return args
-
-
-def dvc_executable() -> str:
-    """The ``dvc`` installed next to this interpreter, else the one on PATH."""
-    found = shutil.which("dvc", path=str(Path(sys.executable).parent)) or shutil.which("dvc")
-    if found is None:
-        raise SpecError("dvc", "command not found next to this Python nor on PATH", "pip install 'mmw[pipeline]'")
-    return found
 
 
 def _stage_path_env() -> dict[str, str]:
@@ -225,7 +200,7 @@ class LocalDvcExecutor:
                 signal.signal(signum, handler)
 
     def _run_one(self, job: Job) -> Outcome:
-        command = [dvc_executable(), "exp", "run", "--temp", "-n", job.name, *set_args(job.overrides)]
+        command = exp_run_command(job.name, job.overrides, temp=True)
         env = {**os.environ, **_stage_path_env(), **job.env}
         started = time.perf_counter()
         # The child inherits the lock: should this process die without stopping it, no rerun starts beside it.

@@ -5,15 +5,16 @@ level, the elimination rule, the budget, and the dry run's lines that price it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, ValidationError
 
 from mmw.errors import SpecError
 from mmw.sweep.confirm import MIN_PROMPTS
 from mmw.sweep.cost import GPU_STAGED, CostModel, config_counts, packed_units
 from mmw.sweep.race_bounds import ONE_SIGMA
-from mmw.validation import Integer, Section, allowed, validate
+from mmw.validation import Integer, Section, allowed, spec_error, validate
 
 
 #: The elimination rules of :class:`Schedule`.
@@ -26,49 +27,47 @@ def bounds_per_config(m: int) -> int:
     return 4 + 2 * (2 * m + 1)
 
 
-@dataclass(frozen=True)
-class Schedule:
-    """A race's rounds.
+def _increasing(shards: list[int]) -> list[int]:
+    if not shards or shards[0] < 1 or any(b <= a for a, b in zip(shards, shards[1:], strict=False)):
+        raise ValueError(f"{shards!r} is not a strictly increasing list of prompts per task")
+    return shards
+
+
+class Schedule(Section):
+    """A race's rounds: a sweep definition's ``adaptive`` section, the one model of it from the file to the race
+    (validated like every params section: a bad value is a SpecError naming ``adaptive.<key>``).
 
     * ``shards``: cumulative tuning prompts per task after each round, strictly increasing (round ``r`` runs the
       prompts ``[shards[r-1], shards[r])`` of every task, from the tuning offset);
     * ``level`` in (0, 1): the chance, per group, that any bound of the race is wrong;
     * ``budget_s``: tuning seconds of the whole race (None: unlimited), shared equally by the cells;
-    * ``keep``: leaders kept per cell (the confirmation's ``max_tries``);
-    * ``corrected``: False tests every bound at ``level`` itself (no multiplicity correction: the reckless
-      negative control of the simulation study, never a sweep setting);
+    * ``keep``: leaders kept per cell, the confirmation's ``max_tries`` (a definition that leaves it out gets
+      that, :func:`schedule_from`);
     * ``rule``: the elimination rule. ``"union"`` (:func:`eliminate`): drop only what is confidently out, with
       every bound at the union-bound level of :meth:`alpha`; the race then never loses a cell's true answer with
-      probability ``>= 1 - level``. ``"screen"`` (:func:`screen`): drop what is unlikely to be among the grid's
-      ``keep`` first candidates at the last shard, at most ``level`` of predictive chance per cell and round;
-      it targets agreement with the grid at a fraction of its cost, and leaves the error guarantee to
+      probability ``>= 1 - level``. ``"screen"`` (:func:`screen`, the default): drop what is unlikely to be among
+      the grid's ``keep`` first candidates at the last shard, at most ``level`` of predictive chance per cell and
+      round; it targets agreement with the grid at a fraction of its cost, and leaves the error guarantee to
       confirmation.
     """
 
-    shards: tuple[int, ...]
-    level: float = 0.05
-    budget_s: float | None = None
-    keep: int = 2
-    corrected: bool = True
-    rule: str = "union"
+    shards: Annotated[list[Integer], AfterValidator(_increasing)] = allowed(
+        "[int, ...] (cumulative tuning prompts per task, strictly increasing), e.g. [4, 16, 64]")
+    level: float = allowed("a number in (0, 1), e.g. 0.05", gt=0.0, lt=1.0, default=0.05)
+    budget_s: float | None = allowed("a number of seconds > 0", gt=0.0, default=None)
+    keep: Integer = allowed("an integer >= 1 (default: confirm.max_tries, which it must equal)", ge=1, default=2)
+    rule: Literal["union", "screen"] = allowed(" or ".join(RULES) + " (the elimination rule)", default="screen")
 
-    def __post_init__(self) -> None:
-        if isinstance(self.level, bool) or not isinstance(self.level, int | float) or not 0 < self.level < 1:
-            raise SpecError("adaptive.level", f"{self.level!r} is outside (0, 1)", "a number in (0, 1), e.g. 0.05")
-        shards = self.shards
-        if (not shards or any(isinstance(s, bool) or not isinstance(s, int) for s in shards)
-                or shards[0] < 1 or any(b <= a for a, b in zip(shards, shards[1:], strict=False))):
-            raise SpecError("adaptive.shards", f"{list(shards)!r} is not a strictly increasing list of prompts per "
-                            "task", "integers >= 1, increasing, e.g. [4, 16, 64]")
-        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
-            raise SpecError("adaptive.keep", f"{self.keep!r} is not a positive integer", "an integer >= 1")
-        if self.rule not in RULES:
-            raise SpecError("adaptive.rule", f"{self.rule!r} is not an elimination rule", " or ".join(RULES))
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise spec_error(err, type(self), "adaptive") from None
 
     @classmethod
     def uniform(cls, tuning: int, keep: int = 2) -> Schedule:
         """The grid: one round, every configuration, every tuning prompt, nothing dropped."""
-        return cls(shards=(tuning,), level=0.5, budget_s=None, keep=keep)
+        return cls(shards=[tuning], level=0.5, budget_s=None, keep=keep, rule="union")
 
     @property
     def rounds(self) -> int:
@@ -84,8 +83,6 @@ class Schedule:
         reads its standard errors off one-sigma bounds (:data:`ONE_SIGMA`)."""
         if self.rule == "screen":
             return ONE_SIGMA
-        if not self.corrected:
-            return self.level
         return self.level / (self.rounds * max(n_configs, 1) * bounds_per_config(attacks))
 
     def round_cost(self, r: int, running: int | Sequence[int], tasks: int, cost: CostModel) -> float:
@@ -120,27 +117,14 @@ class Schedule:
                             f"{first:,.0f} s)", f"at least {math.ceil(first)}")
 
 
-class AdaptiveSection(Section):
-    """A sweep definition's ``adaptive:`` section as written; the rules between its values are
-    :class:`Schedule`'s."""
-
-    shards: list[Integer] = allowed("[int, ...] (cumulative tuning prompts per task), e.g. [4, 16, 64]", default=[])
-    level: float = allowed("a number in (0, 1), e.g. 0.05", default=0.05)
-    budget_s: float | None = allowed("a number of seconds > 0", gt=0.0, default=None)
-    keep: Integer | None = allowed("an integer >= 1 (default: confirm.max_tries, which it must equal)", default=None)
-    rule: str = allowed(" or ".join(RULES) + " (the elimination rule)", default="screen")
-
-
-def schedule_from(section: AdaptiveSection | Any, tuning: int | None, confirm_tries: int | None,
+def schedule_from(section: Schedule | Mapping[str, Any], tuning: int | None, confirm_tries: int | None,
                   n_configs: int | Sequence[int], tasks: int, cost: CostModel = GPU_STAGED) -> Schedule:
-    """The ``adaptive:`` section of a sweep definition (:class:`AdaptiveSection`, or its mapping, validated
-    here), checked against the sweep (:meth:`Schedule.check`) before anything runs. One round is the uniform grid
-    (``--uniform``), not a race."""
-    if not isinstance(section, AdaptiveSection):
-        section = validate(AdaptiveSection, section, "adaptive")
-    keep = section.keep if section.keep is not None else confirm_tries if confirm_tries is not None else 2
-    schedule = Schedule(shards=tuple(section.shards), level=section.level, budget_s=section.budget_s, keep=keep,
-                        rule=section.rule)
+    """The ``adaptive:`` section of a sweep definition (a :class:`Schedule`, or its mapping, validated here), its
+    ``keep`` the confirmation's ``max_tries`` where the file leaves it out, checked against the sweep
+    (:meth:`Schedule.check`) before anything runs. One round is the uniform grid (``--uniform``), not a race."""
+    schedule = section if isinstance(section, Schedule) else validate(Schedule, section, "adaptive")
+    if "keep" not in schedule.model_fields_set and confirm_tries is not None:
+        schedule = schedule.model_copy(update={"keep": confirm_tries})
     if schedule.rounds < 2:
         raise SpecError("adaptive.shards", f"{list(schedule.shards)!r} is one round: that is the uniform grid, "
                         "not a race", "at least two increasing values, e.g. [4, 16] (or run --uniform)")

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import yaml
 
 from mmw.errors import SpecError
 from mmw.io import write_with
@@ -44,6 +43,7 @@ from mmw.selection.reading import column, read_revision
 from mmw.selection.reeval import REEVAL_PREFIX
 from mmw.sweep.definition import SINGLE_VALUED, Sweep, config_id
 from mmw.sweep.evidence import COLUMNS, KEYS, pooled_metrics, prompt_rows
+from mmw.sweep.pipeline import locked_outputs
 from mmw.sweep.runner import (
     LOG_DIR,
     Executor,
@@ -102,7 +102,7 @@ class Unit:
 
 def reevaluation_overrides(sweep: Sweep, overrides: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """What a re-run of a config sets: its overrides, the held-out prompts (with ``confirm``) and the seed."""
-    held_out = sweep.split.overrides if sweep.split is not None else {}
+    held_out = sweep.confirmation.overrides if sweep.confirmation is not None else {}
     return {**overrides, **held_out, "seed": seed}
 
 
@@ -110,18 +110,18 @@ def sweep_units(sweep: Sweep) -> dict[str, Unit]:
     """Every unit the definition can ask for, by experiment name: each config's tuning run, its race units (one
     per round of an ``adaptive`` definition: the round's shard of the tuning prompts) and its K re-runs (any config
     may become a pick or a fallback)."""
-    role = CONFIRMATION if sweep.split is not None else REEVALUATION
+    role = CONFIRMATION if sweep.confirmation is not None else REEVALUATION
     units: dict[str, Unit] = {}
     for config in sweep.configs:
         name = experiment_name(sweep.name, config.config_id)
         units[name] = Unit(name, config.config_id, TUNING, None, dict(config.overrides))
-    if sweep.schedule is not None and sweep.split is not None:
+    if sweep.schedule is not None and sweep.confirmation is not None:
         for config in sweep.configs:
             for shard in range(sweep.schedule.rounds):
                 start, size = sweep.schedule.shard(shard)
                 name = race_name(sweep.name, config.config_id, shard)
                 units[name] = Unit(name, config.config_id, RACE, None,
-                                   {**config.overrides, "prompts.offset": sweep.split.tuning_offset + start,
+                                   {**config.overrides, "prompts.offset": sweep.tuning_offset + start,
                                     "prompts.per_task": size}, shard)
     for config in sweep.configs:
         for seed in sweep.reevaluate.seeds:
@@ -144,13 +144,11 @@ def stage_timings(repo: Path, sha: str, ran: list[str]) -> dict[str, float]:
     ran = [s for s in ran if s in TIMED_STAGES]
     if not ran:
         return {}
-    shown = subprocess.run(["git", "show", f"{sha}:dvc.lock"], cwd=repo, capture_output=True, text=True)
-    lock = (yaml.safe_load(shown.stdout) if shown.returncode == 0 else None) or {}
+    locked = locked_outputs(repo, sha)
     cache = repo / ".dvc" / "cache" / "files" / "md5"
     found: dict[str, float] = {}
     for stage in ran:
-        outs = {o["path"]: o.get("md5") for o in (lock.get("stages", {}).get(stage, {}).get("outs") or [])}
-        digest = outs.get(f"reports/timings/{stage}.json")
+        digest = locked.get(stage, {}).get(f"reports/timings/{stage}.json")
         path = cache / digest[:2] / digest[2:] if digest else None
         if path is not None and path.is_file():  # not in this cache: only that number is lost
             found[stage] = float(json.loads(path.read_text()).get("wall_s", math.nan))
@@ -450,11 +448,11 @@ def _pooled_meta(sweep: Sweep, ran: list[StoredUnit]) -> dict[str, Any]:
     """A raced configuration as one tuning run: its race units' per-prompt rows pooled
     (:func:`mmw.sweep.evidence.pooled_metrics`), the params of its first unit with the prompts it saw
     (``prompts.offset`` / ``prompts.per_task`` over its shards), ``race.rounds``, the summed wall time."""
-    assert sweep.split is not None and sweep.schedule is not None
+    assert sweep.confirmation is not None and sweep.schedule is not None
     frames = [u.rows for u in ran if u.meta.get("has_rows")]
     metrics, attacks = pooled_metrics(pl.concat(frames, how="diagonal_relaxed")) if frames else ({}, {})
     last = max(u.meta["shard"] for u in ran)
-    params = {**ran[0].meta["params"], "prompts.offset": sweep.split.tuning_offset,
+    params = {**ran[0].meta["params"], "prompts.offset": sweep.tuning_offset,
               "prompts.per_task": sweep.schedule.shards[last]}
     walls = [u.meta["wall_s"] for u in ran]
     stages = lambda key: list(dict.fromkeys(s for u in ran for s in u.meta[key]))  # noqa: E731

@@ -1,6 +1,6 @@
 """A sweep's tables as files: the Parquet tables, ``results.csv`` and the Markdown of the paper's table (with or
-without confirmation), the randomness and delta tables (``mmw sweep collect``). Computing the tables is
-:mod:`mmw.sweep`'s (:mod:`mmw.sweep.collect`, :mod:`mmw.sweep.cells`); this writes them.
+without confirmation), the randomness and delta tables (``mmw sweep collect``). :mod:`mmw.sweep.collect` and
+:mod:`mmw.sweep.cells` compute the tables; this writes them.
 """
 
 from __future__ import annotations
@@ -9,16 +9,15 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
 from mmw.io import write_text, write_with
 from mmw.reporting.formats import fmt_tokens
 from mmw.samplers import LABELS
-
-if TYPE_CHECKING:
-    from mmw.sweep.definition import Split
+from mmw.sweep.confirm import Confirmation
+from mmw.sweep.definition import Sweep
 
 
 def _plain(value: Any, digits: int = 4) -> str:
@@ -110,15 +109,16 @@ def paper_rows(table: pl.DataFrame, cell: Callable[[dict[str, Any]], str], r_sig
     return lines
 
 
-def confirmed_markdown(table: pl.DataFrame, split: Split, scale: str) -> str:
+def confirmed_markdown(table: pl.DataFrame, confirmation: Confirmation, tuning: int | None, scale: str) -> str:
     """The paper's layout with statuses: confirmed cells show the median (MAD) size over the confirmation runs
-    and the one-sided bounds that confirmed them; every other cell says why it is not an answer."""
+    and the one-sided bounds that confirmed them; every other cell says why it is not an answer. ``tuning``: the
+    tuning prompts per task."""
     kinds = ", ".join(sorted(table["size_kind"].drop_nulls().unique().to_list())) if table.height else "-"
     lines = [f"Size of the ideal watermark under four constraints ({scale}), confirmed on held-out prompts "
-             f"({split.prompts} per task from position {split.offset}; tuning {split.tuning} per task). Confirmed "
-             f"cells: median (MAD) size ({kinds}) over the confirmation runs, with the one-sided bounds at level "
-             f"{split.level:g} per cell (split over up to {split.max_tries} tries). Unresolved: an interval "
-             "straddles the constraint — not a result.", "", *paper_rows(table, cell_text, ">")]
+             f"({confirmation.prompts} per task from position {confirmation.offset}; tuning {tuning} per task). "
+             f"Confirmed cells: median (MAD) size ({kinds}) over the confirmation runs, with the one-sided bounds at "
+             f"level {confirmation.level:g} per cell (split over up to {confirmation.max_tries} tries). Unresolved: an "
+             "interval straddles the constraint — not a result.", "", *paper_rows(table, cell_text, ">")]
     counts = table.group_by("status").len().sort("status").iter_rows() if table.height else []
     lines += ["", "Cells: " + ", ".join(f"{status} {n}" for status, n in counts)]
     return "\n".join(lines) + "\n"
@@ -206,26 +206,38 @@ def race_markdown(summary: pl.DataFrame, costs: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_sweep_tables(out_dir: Path, frames: Mapping[str, pl.DataFrame], split: Split | None, scale: str,
+def split_record(sweep: Sweep) -> dict[str, Any]:
+    """``split.json``: where a confirmed sweep's tuning and confirmation prompts are, and its level."""
+    confirmation = sweep.confirmation
+    assert confirmation is not None
+    return {"tuning_offset": sweep.tuning_offset, "tuning_prompts_per_task": sweep.tuning,
+            "confirm_offset": confirmation.offset, "confirm_prompts_per_task": confirmation.prompts,
+            "level": confirmation.level, "max_tries": confirmation.max_tries,
+            "quality_losses": list(confirmation.quality_losses)}
+
+
+def write_sweep_tables(out_dir: Path, frames: Mapping[str, pl.DataFrame], sweep: Sweep, scale: str,
                        plan_text: str = "") -> None:
-    """Write every frame of ``frames`` as ``<name>.parquet``, ``results.csv``, ``table.md`` (confirmed with a
-    ``split``, followed by ``plan_text``; else the re-evaluated picks), ``split.json``, ``randomness.md`` and
+    """Write every frame of ``frames`` as ``<name>.parquet``, ``results.csv``, ``table.md`` (confirmed when the
+    sweep confirms, followed by ``plan_text``; else the exploratory picks), ``split.json``, ``randomness.md`` and
     ``delta.md`` to ``out_dir``. ``frames`` holds at least results, table, randomness and delta."""
+    confirmation = sweep.confirmation
     results, table, randomness, delta = (frames[name] for name in ("results", "table", "randomness", "delta"))
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, frame in frames.items():
         write_with(out_dir / f"{name}.parquet", frame.write_parquet)
     flat = results.select([c for c in results.columns if results[c].dtype != pl.Null] or results.columns)
     write_with(out_dir / "results.csv", flat.write_csv)
-    if split is not None:
+    if confirmation is not None:
         claims_text = "\n" + claims_markdown(frames["claims"]) if "claims" in frames else ""
-        write_text(confirmed_markdown(table, split, scale) + "\n" + plan_text + claims_text, out_dir / "table.md")
-        write_text(json.dumps(split.as_dict(), indent=2) + "\n", out_dir / "split.json")
+        write_text(confirmed_markdown(table, confirmation, sweep.tuning, scale) + "\n" + plan_text + claims_text,
+                   out_dir / "table.md")
+        write_text(json.dumps(split_record(sweep), indent=2) + "\n", out_dir / "split.json")
     else:
         write_text(table_markdown(table, scale), out_dir / "table.md")
     # With held-out prompts the randomness cells are confirmed like the paper's; the delta table stays a
     # description of the tuning runs' point estimates, and says so.
-    held_out = split is not None
+    held_out = confirmation is not None
     source = f"{scale}; tuning runs' point estimates, not confirmed" if held_out else scale
     shown = randomness.with_columns(pl.when(pl.col("status") == "confirmed").then(pl.col(c)).otherwise(None)
                                     for c in ("size_median", "size_mad")) if held_out else randomness

@@ -102,7 +102,7 @@ def build_processor(spec: SchemeSpec | None, key: int | None, vocab_size: int, r
 def preflight(spec: SchemeSpec, key: int, vocab_size: int, temperature: float) -> None:
     """Run the plugin's processor on a small random batch before any real work, so a processor that changes the
     batch's shape or returns NaN/inf fails with one line at once (the detect stage checks the detector the same
-    way: ``mmw.plugins.detection.preflight_detector``)."""
+    way: ``mmw.plugin_detection.preflight_detector``)."""
     rng = np.random.default_rng(0)
     proc = PluginProcessor(spec, key, vocab_size, list(range(PREFLIGHT_ROWS)), temperature)
     ids = torch.from_numpy(rng.integers(0, vocab_size, (PREFLIGHT_ROWS, PREFLIGHT_PROMPT)))
