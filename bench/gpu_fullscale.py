@@ -75,12 +75,20 @@ def random_model(arch: str, tokenizer: Path, folder: Path) -> Path:
 
 
 def swap_models(node, folder: str):
-    """Every model named in the board (generator, judge, paraphraser, ...) -> ``folder``."""
+    """Every model named in the board (generator, judge, paraphraser, ...) -> a link to ``folder`` named after the
+    model it replaces: two roles that name the same model (the generator and the perplexity scorer) share a path,
+    two different models do not, so a process that loads each distinct path once (``--in-process``) loads as many
+    models as it would with the real ones."""
     if isinstance(node, dict):
         return {k: swap_models(v, folder) for k, v in node.items()}
     if isinstance(node, list):
         return [swap_models(v, folder) for v in node]
-    return folder if isinstance(node, str) and node.startswith("embedded:") else node
+    if isinstance(node, str) and node.startswith("embedded:"):
+        link = Path(f"{folder}-{node.removeprefix('embedded:')}")
+        if not link.exists():
+            link.symlink_to(Path(folder).resolve(), target_is_directory=True)
+        return str(link)
+    return node
 
 
 def override(board: dict, item: str) -> None:
@@ -131,7 +139,10 @@ def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw
          tokenizer: Path = Path(".gpu/tokenizer"), out: str = "", stages: str = "", timeout_s: int = 3600,
          overrides: list[str] = typer.Option([], "--set", help="section.key=value, as dvc exp run -S"),
          probe: bool = typer.Option(False, help="run each stage under bench/stage_probe.py (cProfile; where a "
-                                                "stage's process time goes), profiles beside the logs")) -> None:
+                                                "stage's process time goes), profiles beside the logs"),
+         in_process: bool = typer.Option(False, help="run the stages one after another in one process that loads "
+                                                     "each model once (what a packed sweep unit does: "
+                                                     "bench/warm_stages.py), instead of a process per stage")) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     board = yaml.safe_load(params.read_text())
     result: dict = {"params": str(params), "random_weights": random_weights or None, "overrides": overrides,
@@ -141,8 +152,8 @@ def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw
         t0 = time.perf_counter()
         folder = str(random_model(random_weights, tokenizer, workdir / "models" / random_weights))
         result["model_build_s"] = round(time.perf_counter() - t0, 1)
+        board.setdefault("quality", {}).setdefault("scorer", "embedded:smollm2-135m")  # its default
         board = swap_models(board, folder)
-        board.setdefault("quality", {})["scorer"] = folder  # its default is the embedded SmolLM2
     for item in overrides:
         override(board, item)
     site = mmw_site(workdir)
@@ -179,6 +190,32 @@ def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw
         if out:
             Path(out, "gpu_fullscale.json").write_text(json.dumps(result, indent=1))
 
+    if in_process:
+        result["in_process"] = True
+        log = logs / "in-process.log"
+        t0 = time.perf_counter()
+        with log.open("w") as f:
+            try:
+                rc = subprocess.run([sys.executable, str(ROOT / "bench" / "warm_stages.py"), str(ROOT),
+                                     ",".join(wanted)], cwd=workdir, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    timeout=timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        result["process_wall_s"] = round(time.perf_counter() - t0, 1)  # imports, loads, stages, exit
+        result["process_rc"] = rc
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith('{"stage"'):
+                entry = json.loads(line)
+                timing = workdir / "reports" / "timings" / f"{entry['stage']}.json"
+                if timing.is_file():
+                    entry["timing"] = json.loads(timing.read_text())
+                result["stages"].append(entry)
+                print(f"{entry['stage']:24s} {entry['wall_s']:8.1f} s  rc={entry['rc']}", flush=True)
+        if rc != 0:
+            result["log_tail"] = log.read_text(errors="replace").splitlines()[-12:]
+            print(" | ".join(result["log_tail"][-4:]), flush=True)
+        save()
+        wanted = []
     for name in wanted:
         cmd = dvc[name]["cmd"].split()
         log = logs / f"{name}.log"  # outside the run directory, which stages may clean

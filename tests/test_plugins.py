@@ -392,14 +392,24 @@ def test_an_outside_watermark_runs_end_to_end_through_dvc_exp_run(tmp_path_facto
     """The tiny pipeline (shared with tests/test_dvc.py), then the docs' worked example: only the watermark side
     reruns, the baseline's outputs are reused, and the metrics are the plugin's: sizes from its detector (all
     three, SynthID has pivots), the FPR of the baseline under it, the scheme named in the summary."""
-    import json
-
-    from pipeline_repo import run, stages_run, traced_tiny_pipeline
+    from pipeline_repo import run, traced_tiny_pipeline
 
     repo = traced_tiny_pipeline(tmp_path_factory.getbasetemp() / "tiny-pipeline").repo
     run(repo, "git", "checkout", "--", ".")
     run(repo, "dvc", "checkout", "--force")
     baseline = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["generate_baseline"]["outs"]
+    try:
+        check_example_run(repo, baseline)
+    finally:  # the workspace is shared: leave it at the committed run for the tests that follow
+        run(repo, "git", "checkout", "--", ".")
+        run(repo, "dvc", "checkout", "--force")
+
+
+def check_example_run(repo, baseline) -> None:
+    import json
+
+    from pipeline_repo import run, stages_run
+
     completed = run(repo, "dvc", "exp", "run", *EXAMPLE)
     ran = stages_run(completed.stdout + completed.stderr)
     assert {"generate_watermarked", "detect_watermarked", "detect_baseline", "aggregate"} <= ran
