@@ -200,6 +200,11 @@ class Judge:
                 yield rows, [encoded[i] for i in rows]
                 bar.update(len(rows))
 
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """The number of tokens of each text under the judge's tokenizer (what its row adds to a rating prompt)."""
+        return [len(ids) for ids in self.tokenizer(list(texts), add_special_tokens=False,
+                                                   return_attention_mask=False)["input_ids"]] if texts else []
+
     def _pad(self, sequences: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
         """``input_ids`` and ``attention_mask`` of ``sequences`` left-padded to one width, on the model's device."""
         batch = self.tokenizer.pad({"input_ids": list(sequences)}, padding=True, padding_side="left",

@@ -308,8 +308,15 @@ class TransformersBackend:
 
     def plan(self, texts: Sequence[str]) -> list[list[int]]:
         """The batches :meth:`rate_stream` forms for ``texts`` (indices): a left-padded batch's ratings depend on
-        its members, so :class:`CachedRater` rates whole batches of this plan, made over every text."""
-        return plan_units(sorted(range(len(texts)), key=lambda i: -len(texts[i])), self.judge.batch_size)
+        its members, so :class:`CachedRater` rates whole batches of this plan, made over every text.
+
+        Longest first. Where the judge pads batches to a width class (CUDA), length is the text's token count, which
+        is what a forward costs: attacks that keep the characters change the tokens (a word swap, a typo), and
+        batches cut by characters mixed short and long rows (a full-scale run padded 1.97 M positions for 1.36 M
+        real ones; by tokens 1.42 M, bench/results/gpu.md). On the CPU the plan stays by characters, so the
+        ratings of a run made there are those it always gave (a batch's members shape its numbers' last bits)."""
+        lengths = self.judge.token_counts(texts) if self.judge.pad_multiple else [len(text) for text in texts]
+        return plan_units(sorted(range(len(texts)), key=lambda i: -lengths[i]), self.judge.batch_size)
 
     def rate_stream(self, prompts: Sequence[str], texts: Sequence[str], mode: str) -> Iterator[tuple[int, Outcome]]:
         for rows in self.plan(texts):

@@ -109,6 +109,40 @@ def test_a_kill_inside_a_judge_batch_resumes_to_the_uninterrupted_numbers(tmp_pa
     assert rater.stats.cached == judge.batch_size + 1 and rater.stats.computed == len(texts) - judge.batch_size - 1
 
 
+def test_padded_judge_batches_rows_by_token_count_not_characters(tmp_path, one_thread):
+    """Where the judge pads batches to width classes (CUDA), its plan cuts batches by token count: rows of equal
+    characters but very different token counts (digits split one token each) land in different batches, which
+    pads fewer positions than the character order; a kill still resumes to the uninterrupted numbers. On the CPU
+    (no padding class) the plan stays by characters."""
+    from test_judge import PAIRS, tiny_judge
+
+    judge = tiny_judge(digits_split=True)
+    backend = TransformersBackend(judge, "tiny")
+    # Pairs of texts of the same length in characters: words (few tokens) and digits (one token each).
+    texts = [w for i in range(judge.batch_size * 2) for w in ("ab " * (10 + i), "1 " * (10 + i) + "1" * (10 + i))]
+    prompts = [PAIRS[0][0]] * len(texts)
+    assert backend.plan(texts) == TransformersBackend(judge, "tiny").plan(texts)  # deterministic
+    by_chars = backend.plan(texts)
+    judge.pad_multiple = 8  # what CUDA sets (CUDA_PAD_MULTIPLE); the forward itself runs on the CPU here
+    by_tokens = backend.plan(texts)
+    counts = judge.token_counts(texts)
+
+    def padded(plan):
+        return sum(-(-max(counts[i] for i in unit) // 8) * 8 * len(unit) for unit in plan)
+
+    assert sorted(i for unit in by_tokens for i in unit) == list(range(len(texts)))
+    assert [max(counts[i] for i in unit) for unit in by_tokens] == sorted(
+        (max(counts[i] for i in unit) for unit in by_tokens), reverse=True)
+    assert padded(by_tokens) < padded(by_chars)
+    whole = CachedRater(backend, JudgementCache(tmp_path / "whole")).rate(prompts, texts, ["expected"])["expected"]
+    cache = JudgementCache(tmp_path / "killed")
+    for done, (index, rating) in enumerate(backend.rate_stream(prompts, texts, "expected"), 1):
+        if done == judge.batch_size + 2:
+            break
+        cache.put(cache.key(backend.cache_id("expected"), "expected", prompts[index], texts[index]), rating)
+    assert CachedRater(backend, cache).rate(prompts, texts, ["expected"])["expected"] == whole
+
+
 def test_tiny_judge_resumes_from_the_cache(tmp_path, one_thread):
     """A real (tiny, random) in-process judge: a run that stopped half-way is finished by a second one that asks
     the model only for what is missing, and gets the same ratings as one uninterrupted run."""
