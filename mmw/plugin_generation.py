@@ -27,11 +27,6 @@ from mmw.scheme import SchemeSpec
 PREFLIGHT_ROWS, PREFLIGHT_PROMPT, PREFLIGHT_STEPS = 2, 8, 3
 
 
-def _params(spec: SchemeSpec):
-    plugin = load_plugin(spec.plugin)
-    return plugin, plugin.Params.model_validate(spec.plugin_params or {}, strict=False)
-
-
 class PluginProcessor(LogitsProcessor):
     """mmw's recording processor around a plugin's: one batch of rows (``row_seeds``), as ``WatermarkProcessor``.
 
@@ -62,9 +57,9 @@ class PluginProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         """input_ids: int64 [B, S] (prompt + generated so far); scores: float [B, V'] raw logits."""
         logits = scores[:, : self.vocab_size]
-        if self.steps is None:
+        if self.steps is None:  # the transformers engine: one call a step from step 0 (the vLLM engine sets it)
             self.steps = torch.zeros(scores.shape[0], dtype=torch.int64, device=scores.device)
-            self.sample_base = self.sample_base.to(scores.device)
+        self.sample_base = self.sample_base.to(scores.device)
         entropy, spike = entropies(logits)
         self.entropy.append(entropy)
         self.spike_entropy.append(spike)

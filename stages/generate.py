@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Literal
 
 from mmw.engines.generate import generate_table
-from mmw.errors import SpecError
 from mmw.engines.models import load_model
 from mmw.io import GENERATIONS, PROMPTS, read_table
 from mmw.keys import key_fingerprint, resolve_key
@@ -38,9 +37,6 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
                              else ("seed", "model"), models={"scheme": SchemeSpec})
         spec = params.scheme if which == "watermarked" else None
         key = resolve_key(params.key) if spec is not None else None
-        if params.model.engine == "vllm" and spec is not None and spec.is_plugin:
-            raise SpecError("model.engine", f"the plugin {spec.plugin!r} runs on the transformers engine (its "
-                            "processor follows transformers' LogitsProcessor protocol)", ("transformers",))
         if params.model.engine == "vllm":
             from mmw.engines.vllm_engine import VllmGenerator, require_vllm
 

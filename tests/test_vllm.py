@@ -119,6 +119,35 @@ def test_a_requests_tokens_do_not_depend_on_its_batch(engine):
     assert alone[0][0]["tokens"] == together[3][0]["tokens"] == reordered[2][0]["tokens"]
 
 
+def plugin_spec(name: str, **params) -> SchemeSpec:
+    return SchemeSpec.from_params({"sampler": "plugin", "plugin": name, "plugin_params": params, "randomness": None,
+                                   "window": None, "delta": None, "gamma": None, "score": None, "alpha": ALPHA})
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed here")
+@pytest.mark.parametrize("plugin, params", [("hf_kgw", {"bias": 4.0}), ("hf_synthid", {"ngram_len": 3}),
+                                            ("vllm_gumbel", {})])
+def test_a_plugin_generates_through_the_vllm_engine(engine, plugin, params):
+    """A plugin's processor (transformers' KGW and SynthID-Text, vLLM's own Gumbel-max Watermarker) inside the
+    vLLM engine's logits processor: its texts are detected by the plugin's detector and the plain texts from the
+    same seeds are not, and a request's tokens do not depend on its batch."""
+    from mmw.plugin_detection import build_detector
+
+    spec = plugin_spec(plugin, **params)
+    prompts = chats(engine, 6)
+    seeds = [101 + 7919 * i for i in range(6)]
+    marked = [o[0]["tokens"] for o in engine.generate_ids(prompts, seeds, spec, 1.0, 48)]
+    plain = [o[0]["tokens"] for o in engine.generate_ids(prompts, seeds, None, 1.0, 48)]
+    detector = build_detector(spec, KEY, engine.vocab_size)
+    p_marked = [r.pvalue for r in detector.detect(marked)]
+    p_plain = [r.pvalue for r in detector.detect(plain)]
+    assert sum(p <= ALPHA for p in p_marked) >= 5, p_marked
+    assert sum(p <= ALPHA for p in p_plain) <= 1, p_plain  # two or more of six at alpha 0.02: probability 0.6 %
+    alone = engine.generate_ids([prompts[3]], [seeds[3]], spec, 1.0, 48)
+    assert alone[0][0]["tokens"] == marked[3]
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed here")
 def test_n_greater_than_one_gives_each_child_its_own_seed(engine):

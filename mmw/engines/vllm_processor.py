@@ -9,6 +9,12 @@ output so far: not on its batch neighbours, its position, or whether it was pree
 
 The watermark key is never part of a request (requests can be logged): the engine puts it in the environment
 variable ``MMW_VLLM_KEY`` before the engine starts, and the processor reads it here.
+
+A plugin's processor (``scheme.sampler: plugin``: a transformers ``LogitsProcessor``) runs here too: each row gets
+the plugin's processor for a batch of one (its own seed), called every step with the row's prompt and output so far
+and its logits, and the token is drawn from what it returns with the row's PRF uniform at the row's step
+(:class:`mmw.plugin_generation.PluginProcessor`), as on the transformers engine. A processor that keeps state
+across steps (SynthID's context history) starts afresh when vLLM re-adds a preempted row.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from mmw.processor import WatermarkStep, compile_default, row_state, watermark_step
+from mmw.plugin_generation import PluginProcessor
+from mmw.processor import WatermarkStep, compile_default, entropies, row_state, watermark_step
 from mmw.samplers.parts import DECLARED
 from mmw.scheme import SchemeSpec
 
@@ -40,12 +47,17 @@ def request_args(spec: SchemeSpec | None, vocab_size: int, temperature: float) -
 class _Row:
     """One request in the persistent batch: its configuration, seeds and live token lists."""
 
-    __slots__ = ("config", "seed", "prompt", "output", "state")
+    __slots__ = ("config", "seed", "prompt", "output", "state", "plugin")
 
     def __init__(self, config: tuple, seed: int, prompt: list[int], output: list[int]):
         self.config, self.seed, self.prompt, self.output = config, seed, prompt, output
-        spec = config[0]
-        self.state = [int(t[0]) for t in row_state(spec, [seed]).values()]  # shift, sample_base, skip_base
+        spec, key, vocab_size, temperature = config
+        self.plugin = None
+        if spec is not None and spec.is_plugin:
+            self.plugin = PluginProcessor(spec, key, vocab_size, [seed], temperature)
+            self.state = []
+        else:
+            self.state = [int(t[0]) for t in row_state(spec, [seed]).values()]  # shift, sample_base, skip_base
 
 
 class WatermarkLogitsProcessor(LogitsProcessor):
@@ -79,7 +91,7 @@ class WatermarkLogitsProcessor(LogitsProcessor):
         spec = SchemeSpec(**scheme) if scheme is not None else None
         if spec is not None and self.key is None:
             raise RuntimeError(f"a watermarked request reached the vLLM engine but {KEY_ENV} is not set")
-        if spec is not None and DECLARED[spec.sampler].context_history:
+        if spec is not None and not spec.is_plugin and DECLARED[spec.sampler].context_history:
             raise RuntimeError(f"sampler={spec.sampler} masks repeated contexts, and this engine keeps no per-request "
                                "seed history yet: use engine=transformers")
         return (spec, self.key if spec is not None else None, int(args["vocab_size"]), float(args["temperature"]))
@@ -110,6 +122,8 @@ class WatermarkLogitsProcessor(LogitsProcessor):
         config = rows[0].config
         if any(row.config != config for row in rows):
             raise RuntimeError("mmw: requests with different watermark configurations share one vLLM batch")
+        if rows[0].plugin is not None:
+            return self._apply_plugin(logits, indices, rows)
         # No CUDA graphs here: vLLM's batch size changes every step, and each size would be one more recording.
         step: WatermarkStep = watermark_step(*config, compile_default(self.device), "default")
         n = step.context_len
@@ -130,6 +144,21 @@ class WatermarkLogitsProcessor(LogitsProcessor):
         if every:
             return choice
         logits[torch.tensor(indices, device=logits.device)] = choice
+        return logits
+
+    def _apply_plugin(self, logits: torch.Tensor, indices: list[int], rows: list[_Row]) -> torch.Tensor:
+        """Each plugin row's choice from its own processor (a batch of one: the rows' token histories differ in
+        length, and a plugin may keep per-row state)."""
+        vocab_size = rows[0].config[2]
+        entropy, spike = entropies(logits[torch.tensor(indices, device=logits.device), :vocab_size])
+        for index, row in zip(indices, rows, strict=True):
+            plugin = row.plugin
+            plugin.steps = torch.tensor([len(row.output)], dtype=torch.int64, device=logits.device)  # the row's step
+            ids = torch.tensor([row.prompt + row.output], dtype=torch.int64, device=logits.device)
+            logits[index:index + 1] = plugin(ids, logits[index:index + 1].clone())
+            plugin.entropy.clear()  # recorded for the batch below
+            plugin.spike_entropy.clear()
+        self.records.append(([row.seed for row in rows], [len(row.output) for row in rows], entropy, spike))
         return logits
 
     def take_entropies(self) -> dict[tuple[int, int], tuple[float, float]]:
