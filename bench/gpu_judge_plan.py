@@ -23,12 +23,12 @@ import torch
 import typer
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from gpu_judge import LLAMA3_8B  # bench/ is run as scripts, not a package
+
 from mmw.attacks import build_attack
 from mmw.judge import Judge
 from mmw.judge_backends import TransformersBackend
 
-LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                 num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192)
 #: params-full.yaml's attacks that change a text (contraction and expansion leave random-token text as it is).
 ATTACKS = [{"name": "swap", "p": 0.05}, {"name": "swap", "p": 0.1}, {"name": "swap", "p": 0.2},
            {"name": "misspelling", "p": 0.25}, {"name": "typo", "p": 0.05}, {"name": "typo", "p": 0.1},

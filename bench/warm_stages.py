@@ -31,9 +31,7 @@ def main(repo: str, stages: str) -> int:
             error = None
             try:
                 run_stage(stage)
-            except BaseException as err:  # noqa: BLE001 - a stage's failure is recorded, as a subprocess's would be
-                if isinstance(err, KeyboardInterrupt):
-                    raise
+            except Exception as err:  # noqa: BLE001 - a stage's failure is recorded, as a subprocess's would be
                 traceback.print_exc()
                 error = f"{type(err).__name__}: {err}"
                 failed += 1

@@ -88,6 +88,19 @@ def test_cache_key_separates_every_part():
     assert key("j", "m", "ab", "c") != key("j", "m", "a", "bc")  # no two splits of one string collide
 
 
+def whole_and_resumed_after_a_kill(backend: TransformersBackend, prompts: list[str], texts: list[str], tmp_path):
+    """``(whole, rater, resumed)``: the expected ratings of an uninterrupted run; the rater that finished a run
+    killed after one judgement of its second batch (the judgements before the kill were cached); its ratings."""
+    whole = CachedRater(backend, JudgementCache(tmp_path / "whole")).rate(prompts, texts, ["expected"])["expected"]
+    cache = JudgementCache(tmp_path / "killed")
+    for done, (index, rating) in enumerate(backend.rate_stream(prompts, texts, "expected"), 1):
+        if done == backend.judge.batch_size + 2:
+            break
+        cache.put(cache.key(backend.cache_id("expected"), "expected", prompts[index], texts[index]), rating)
+    rater = CachedRater(backend, cache)
+    return whole, rater, rater.rate(prompts, texts, ["expected"])["expected"]
+
+
 def test_a_kill_inside_a_judge_batch_resumes_to_the_uninterrupted_numbers(tmp_path, one_thread):
     """Killed after one judgement of its second batch: the rerun rates that whole batch again (a left-padded
     batch's numbers depend on its members), keeps the judgement already cached, and returns exactly the ratings of
@@ -98,14 +111,8 @@ def test_a_kill_inside_a_judge_batch_resumes_to_the_uninterrupted_numbers(tmp_pa
     texts = [t for _, t in PAIRS] + [t + " ." for _, t in PAIRS]
     judge = tiny_judge(digits_split=True)
     backend = TransformersBackend(judge, "tiny")
-    whole = CachedRater(backend, JudgementCache(tmp_path / "whole")).rate(prompts, texts, ["expected"])["expected"]
-    cache = JudgementCache(tmp_path / "killed")
-    for done, (index, rating) in enumerate(backend.rate_stream(prompts, texts, "expected"), 1):
-        if done == judge.batch_size + 2:
-            break
-        cache.put(cache.key(backend.cache_id("expected"), "expected", prompts[index], texts[index]), rating)
-    rater = CachedRater(backend, cache)
-    assert rater.rate(prompts, texts, ["expected"])["expected"] == whole
+    whole, rater, resumed = whole_and_resumed_after_a_kill(backend, prompts, texts, tmp_path)
+    assert resumed == whole
     assert rater.stats.cached == judge.batch_size + 1 and rater.stats.computed == len(texts) - judge.batch_size - 1
 
 
@@ -134,13 +141,8 @@ def test_padded_judge_batches_rows_by_token_count_not_characters(tmp_path, one_t
     assert [max(counts[i] for i in unit) for unit in by_tokens] == sorted(
         (max(counts[i] for i in unit) for unit in by_tokens), reverse=True)
     assert padded(by_tokens) < padded(by_chars)
-    whole = CachedRater(backend, JudgementCache(tmp_path / "whole")).rate(prompts, texts, ["expected"])["expected"]
-    cache = JudgementCache(tmp_path / "killed")
-    for done, (index, rating) in enumerate(backend.rate_stream(prompts, texts, "expected"), 1):
-        if done == judge.batch_size + 2:
-            break
-        cache.put(cache.key(backend.cache_id("expected"), "expected", prompts[index], texts[index]), rating)
-    assert CachedRater(backend, cache).rate(prompts, texts, ["expected"])["expected"] == whole
+    whole, _, resumed = whole_and_resumed_after_a_kill(backend, prompts, texts, tmp_path)
+    assert resumed == whole
 
 
 def test_tiny_judge_resumes_from_the_cache(tmp_path, one_thread):

@@ -56,6 +56,16 @@ def engine():
     return VllmGenerator("embedded:smollm2-135m", device="cpu", max_model_len=512, max_num_seqs=16, key=KEY)
 
 
+def six_replies_detected(engine, spec: SchemeSpec, detector):
+    """``(marked, plain, p_marked, p_plain)``: six replies of 48 tokens at T = 1 under ``spec`` and without it, from
+    the same seeds, and ``detector``'s p-values of each."""
+    prompts = chats(engine, 6)
+    seeds = [101 + 7919 * i for i in range(6)]
+    marked = [o[0]["tokens"] for o in engine.generate_ids(prompts, seeds, spec, 1.0, 48)]
+    plain = [o[0]["tokens"] for o in engine.generate_ids(prompts, seeds, None, 1.0, 48)]
+    return marked, plain, [r.pvalue for r in detector.detect(marked)], [r.pvalue for r in detector.detect(plain)]
+
+
 def chats(engine, n: int) -> list[list[int]]:
     tok = engine.tokenizer
     texts = [tok.apply_chat_template([{"role": "user", "content": f"Write a short story about {t}."}],
@@ -69,13 +79,7 @@ def test_vllm_outputs_are_detected_and_its_baseline_is_not(engine):
     from mmw.detector import Detector
 
     spec = spec_of(sampler="distribution_shift", delta=3.0, gamma=0.5, randomness="window", window=1)
-    prompts = chats(engine, 6)
-    seeds = [101 + 7919 * i for i in range(6)]
-    marked = [o[0]["tokens"] for o in engine.generate_ids(prompts, seeds, spec, 1.0, 48)]
-    plain = [o[0]["tokens"] for o in engine.generate_ids(prompts, seeds, None, 1.0, 48)]
-    detector = Detector(spec, KEY, engine.vocab_size)
-    p_marked = [r.pvalue for r in detector.detect(marked)]
-    p_plain = [r.pvalue for r in detector.detect(plain)]
+    marked, plain, p_marked, p_plain = six_replies_detected(engine, spec, Detector(spec, KEY, engine.vocab_size))
     assert sum(p <= ALPHA for p in p_marked) >= 5, p_marked
     # Six unwatermarked texts: two or more false detections at alpha = 0.02 has probability 0.6%.
     assert sum(p <= ALPHA for p in p_plain) <= 1, p_plain
@@ -135,16 +139,10 @@ def test_a_plugin_generates_through_the_vllm_engine(engine, plugin, params):
     from mmw.plugin_detection import build_detector
 
     spec = plugin_spec(plugin, **params)
-    prompts = chats(engine, 6)
-    seeds = [101 + 7919 * i for i in range(6)]
-    marked = [o[0]["tokens"] for o in engine.generate_ids(prompts, seeds, spec, 1.0, 48)]
-    plain = [o[0]["tokens"] for o in engine.generate_ids(prompts, seeds, None, 1.0, 48)]
-    detector = build_detector(spec, KEY, engine.vocab_size)
-    p_marked = [r.pvalue for r in detector.detect(marked)]
-    p_plain = [r.pvalue for r in detector.detect(plain)]
+    marked, _, p_marked, p_plain = six_replies_detected(engine, spec, build_detector(spec, KEY, engine.vocab_size))
     assert sum(p <= ALPHA for p in p_marked) >= 5, p_marked
     assert sum(p <= ALPHA for p in p_plain) <= 1, p_plain  # two or more of six at alpha 0.02: probability 0.6 %
-    alone = engine.generate_ids([prompts[3]], [seeds[3]], spec, 1.0, 48)
+    alone = engine.generate_ids([chats(engine, 6)[3]], [101 + 7919 * 3], spec, 1.0, 48)
     assert alone[0][0]["tokens"] == marked[3]
 
 

@@ -28,7 +28,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from mmw.plugin_generation import PluginProcessor
-from mmw.processor import WatermarkStep, compile_default, entropies, row_state, watermark_step
+from mmw.processor import WatermarkStep, compile_default, row_state, watermark_step
 from mmw.samplers.parts import DECLARED
 from mmw.scheme import SchemeSpec
 
@@ -149,16 +149,16 @@ class WatermarkLogitsProcessor(LogitsProcessor):
     def _apply_plugin(self, logits: torch.Tensor, indices: list[int], rows: list[_Row]) -> torch.Tensor:
         """Each plugin row's choice from its own processor (a batch of one: the rows' token histories differ in
         length, and a plugin may keep per-row state)."""
-        vocab_size = rows[0].config[2]
-        entropy, spike = entropies(logits[torch.tensor(indices, device=logits.device), :vocab_size])
+        entropy, spike = [], []
         for index, row in zip(indices, rows, strict=True):
             plugin = row.plugin
             plugin.steps = torch.tensor([len(row.output)], dtype=torch.int64, device=logits.device)  # the row's step
             ids = torch.tensor([row.prompt + row.output], dtype=torch.int64, device=logits.device)
             logits[index:index + 1] = plugin(ids, logits[index:index + 1].clone())
-            plugin.entropy.clear()  # recorded for the batch below
-            plugin.spike_entropy.clear()
-        self.records.append(([row.seed for row in rows], [len(row.output) for row in rows], entropy, spike))
+            entropy.append(plugin.entropy.pop())  # what the processor recorded of this step, kept with the batch's
+            spike.append(plugin.spike_entropy.pop())
+        self.records.append(([row.seed for row in rows], [len(row.output) for row in rows], torch.cat(entropy),
+                             torch.cat(spike)))
         return logits
 
     def take_entropies(self) -> dict[tuple[int, int], tuple[float, float]]:
