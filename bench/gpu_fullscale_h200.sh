@@ -12,19 +12,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 label=$1; gap=${2:-}; shift; [ $# -gt 0 ] && shift
-if [ ! -d /tmp/site/polars ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .gpu/whl/*.whl || exit 1
-  tar -xJf .gpu/prt.tar.xz -C /tmp/site || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD
-if [ ! -f /tmp/tok/tokenizer.json ]; then
-  mkdir -p /tmp/tok-base /tmp/tok && tar -xJf .gpu/tok.tar.xz -C /tmp/tok-base
-  python3 -c "
-from transformers import AutoTokenizer
-t = AutoTokenizer.from_pretrained('/tmp/tok-base'); n = len(t)
-t.add_tokens([f'<x{i}>' for i in range(128256 - n)]); t.save_pretrained('/tmp/tok'); print('tokenizer', n, len(t))" || exit 1
-fi
+source bench/gpu_setup_h200.sh || exit 1
 nvidia-smi --query-gpu=name,clocks.sm,memory.used --format=csv,noheader
 ATT='attacks.specs=[{name: swap, p: 0.05}, {name: swap, p: 0.1}, {name: swap, p: 0.2}, {name: misspelling, p: 0.25},
  {name: typo, p: 0.05}, {name: typo, p: 0.1}, {name: lowercase}, {name: contraction}, {name: expansion}]'

@@ -45,8 +45,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 1024, batch: int = 16,
-         rounds: int = 1, tiny: bool = False, out: str = "") -> None:
+def stand_in_rows(tokenizer: Path, texts: int, tokens: int) -> tuple:
+    """(tokenizer widened to Llama-3's vocabulary, rows, prompts): ``texts`` random-token texts and, for the first
+    third, one copy per attack in :data:`ATTACKS`."""
     tok = AutoTokenizer.from_pretrained(tokenizer)
     if len(tok) < LLAMA3_8B["vocab_size"]:
         tok.add_tokens([f"<x{i}>" for i in range(LLAMA3_8B["vocab_size"] - len(tok))])
@@ -56,14 +57,25 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
     for spec in ATTACKS:
         attack = build_attack(spec)
         rows += [attack(text, i) for i, text in enumerate(rows[:texts // 3])]
-    prompts = ["Write a short story about a lighthouse keeper."] * len(rows)
+    return tok, rows, ["Write a short story about a lighthouse keeper."] * len(rows)
+
+
+def stand_in_judge_model(tok, tiny: bool) -> LlamaForCausalLM:
+    """A random-init Llama-3-8B shape (bf16 on CUDA; ``tiny``: a 2-layer one for a CPU smoke run)."""
     cfg = LlamaConfig(**(TINY if tiny else LLAMA3_8B), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       tie_word_embeddings=False)
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16 if device == "cuda" else torch.float32).eval()
-    judge = Judge(tok, model, batch_size=batch)
+        return LlamaForCausalLM(cfg).to(torch.bfloat16 if device == "cuda" else torch.float32).eval()
+
+
+def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 1024, batch: int = 16,
+         rounds: int = 1, tiny: bool = False, out: str = "") -> None:
+    tok, rows, prompts = stand_in_rows(tokenizer, texts, tokens)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = stand_in_judge_model(tok, tiny)
+    judge = Judge(tok, model, batch_size=batch, compiled=False)  # the plan's effect alone
     judge.pad_multiple = 128  # as on CUDA (the CPU smoke run pads the same way)
     backend = TransformersBackend(judge, "stand-in")
     counts = judge.token_counts(rows)

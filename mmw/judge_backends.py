@@ -44,7 +44,7 @@ from mmw import provenance
 from mmw.engines.models import default_cache_dir, resolve_device, resolve_dtype, resolve_source
 from mmw.errors import SpecError
 from mmw.io import plan_units, write_json
-from mmw.judge import ARITHMETIC, GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
+from mmw.judge import GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
 from mmw.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text, reply_top
 
 if TYPE_CHECKING:
@@ -303,7 +303,7 @@ class TransformersBackend:
 
     def cache_id(self, mode: str) -> str:
         setting = (f"max_new_tokens={self.judge.max_new_tokens}" if mode == "greedy"
-                   else f"min_mass={self.judge.min_mass},arithmetic={ARITHMETIC}")
+                   else f"min_mass={self.judge.min_mass},arithmetic={self.judge.arithmetic}")
         return f"transformers|{model_fingerprint(self.spec)}|{self.judge.model.dtype}|{setting}"
 
     def plan(self, texts: Sequence[str]) -> list[list[int]]:

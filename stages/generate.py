@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -50,7 +51,9 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
             info.update(rows=table.height, tokens=int(table["n_tokens"].sum()), device="vllm")
             return
         prompts = read_table(PROMPTS)
+        loading = time.perf_counter()
         tokenizer, model = load_model(params.model.name, params.model.device, params.model.dtype)
+        info["load_s"] = round(time.perf_counter() - loading, 3)  # ~0 where a warm process shares its load
         vocab_size = generator_vocab_size(tokenizer, model)
         temperature = params.model.temperature
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,39 @@ def test_shared_head_forward_matches_the_single_pass_reference(attention, digits
     again.model.set_attn_implementation(attention)
     again.pad_multiple = pad_multiple
     assert torch.equal(again.node_logits(sequences), shared)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on the CPU needs a C++ compiler")
+def test_compiled_layers_match_the_eager_forward_and_compile_once_for_every_width(one_thread):
+    """The compiled judge (what runs on CUDA) computes the eager judge's logits; every layer and every batch width
+    shares one compiled graph (the layer's number and the width are traced as inputs), and the greedy mode's
+    ``generate`` runs the layers eagerly."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from mmw.judge_backends import TransformersBackend
+
+    eager, compiled = tiny_judge(digits_split=False), tiny_judge(digits_split=False)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = Judge(compiled.tokenizer, compiled.model, batch_size=2, compiled=True)
+    assert compiled.arithmetic != eager.arithmetic
+    assert TransformersBackend(compiled, "tiny").cache_id("expected") != \
+        TransformersBackend(eager, "tiny").cache_id("expected")
+    assert TransformersBackend(compiled, "tiny").cache_id("greedy") == \
+        TransformersBackend(eager, "tiny").cache_id("greedy")
+    sequences = [compiled.tokenizer.encode(compiled._chat(p, t) + compiled.trie.prefill, add_special_tokens=False)
+                 for p, t in MIXED]
+    widths = set()
+    for batch in (sequences[:2], sequences[2:]):  # two batches of different widths
+        widths.add(max(map(len, batch)))
+        torch.testing.assert_close(compiled.node_logits(batch), eager.node_logits(batch), rtol=0, atol=LOGIT_ATOL)
+    assert len(widths) == 2 and len(compiled.model.model.layers) == 2
+    assert counters["stats"]["unique_graphs"] == 1
+    prompts, texts = [p for p, _ in MIXED], [t for _, t in MIXED]
+    assert compiled.replies(prompts, texts) == eager.replies(prompts, texts)
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 def test_a_batch_with_a_row_not_beginning_with_the_head_is_computed_whole(one_thread):

@@ -546,14 +546,14 @@ def test_vllm_paraphrase_rewrites_and_is_deterministic(monkeypatch, record_prope
 def test_expected_judgements_of_another_arithmetic_are_not_reused(tmp_path, monkeypatch, one_thread):
     """A change of the in-process judge's arithmetic (``mmw.judge.ARITHMETIC``) moves its expected ratings in the
     last bits: judgements cached before it are made again, and greedy ones (another computation) are kept."""
-    import mmw.judge_backends as backends
+    import mmw.judge
     from test_judge import PAIRS, tiny_judge
 
     prompts, texts = [p for p, _ in PAIRS], [t for _, t in PAIRS]
     judge = tiny_judge(digits_split=True)
     cache = JudgementCache(tmp_path)
     CachedRater(TransformersBackend(judge, "tiny"), cache).rate(prompts, texts, ["expected", "greedy"])
-    monkeypatch.setattr(backends, "ARITHMETIC", backends.ARITHMETIC + 1)
+    monkeypatch.setattr(mmw.judge, "ARITHMETIC", mmw.judge.ARITHMETIC + 1)
     later = CachedRater(TransformersBackend(judge, "tiny"), cache)
     later.rate(prompts, texts, ["expected", "greedy"])
     assert later.stats.computed == len(texts) and later.stats.cached == len(texts)

@@ -1,0 +1,81 @@
+"""The judge's expected-mode forward compiled (``mmw.judge.CompiledLayers``) vs eager, at full scale on one GPU.
+
+Rows and judge as bench/gpu_judge_plan.py (random-token texts of ``--tokens`` tokens and their attacked copies, a
+random-init Llama-3-8B judge in bf16), batches as the rate stage cuts them on CUDA (by tokens, widths rounded to
+128). One eager pass after a warm-up, then the compiled judge's first pass (its compilation included, reported
+apart) and a second pass. Inductor keeps compiled code in ``TORCHINDUCTOR_CACHE_DIR``: run twice with the same
+folder to see a process that finds its compilation cached (what a sweep's later configurations on one machine do).
+
+    PYTHONPATH=.:bench python3 bench/gpu_judge_compile.py --tokenizer DIR --texts 96 --out DIR
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import typer
+from gpu_judge_plan import stand_in_judge_model, stand_in_rows  # bench/ is run as scripts, not a package
+
+from mmw.judge import MAX_GRADE, Judge
+from mmw.judge_backends import TransformersBackend
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 1024, batch: int = 16,
+         tiny: bool = False, label: str = "", out: str = "") -> None:
+    tok, rows, prompts = stand_in_rows(tokenizer, texts, tokens)
+    model = stand_in_judge_model(tok, tiny)
+    eager = Judge(tok, model, batch_size=batch, compiled=False)
+    eager.pad_multiple = 128  # as on CUDA (a CPU smoke run pads the same way)
+    plan = TransformersBackend(eager, "stand-in").plan(rows)
+
+    def rate(judge: Judge, units: list[list[int]]) -> tuple[float, np.ndarray]:
+        sync()
+        start = time.perf_counter()
+        probs = np.zeros((len(rows), MAX_GRADE + 1))
+        for unit in units:
+            probs[unit] = judge.grade_distribution([prompts[i] for i in unit], [rows[i] for i in unit])
+        sync()
+        return time.perf_counter() - start, probs
+
+    def expected(probs: np.ndarray) -> np.ndarray:
+        return probs @ np.arange(MAX_GRADE + 1) / np.maximum(probs.sum(-1), 1e-300)
+
+    result = {"label": label, "rows": len(rows), "batch": batch, "batches": len(plan),
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__}
+    result["eager_warmup_s"] = round(rate(eager, plan[:3])[0], 2)
+    seconds, reference = rate(eager, plan)
+    result["eager"] = {"s": round(seconds, 2), "ms_per_judgement": round(1000 * seconds / len(rows), 2)}
+    print(result, flush=True)
+
+    t0 = time.perf_counter()
+    compiled = Judge(tok, model, batch_size=batch, compiled=True)
+    compiled.pad_multiple = 128
+    result["compiled_setup_s"] = round(time.perf_counter() - t0, 2)
+    first_unit, _ = rate(compiled, plan[:1])  # the compilation happens in the first forward
+    result["compiled_first_batch_s"] = round(first_unit, 2)
+    for name in ("compiled_pass1", "compiled_pass2"):
+        seconds, probs = rate(compiled, plan)
+        result[name] = {"s": round(seconds, 2), "ms_per_judgement": round(1000 * seconds / len(rows), 2)}
+        print(name, result[name], flush=True)
+    from torch._dynamo.utils import counters
+    result["unique_graphs"] = int(counters["stats"]["unique_graphs"])
+    result["max_abs_diff_expected_rating"] = float(np.nanmax(np.abs(expected(probs) - expected(reference))))
+    result["max_abs_diff_grade_probability"] = float(np.abs(probs - reference).max())
+    print(json.dumps(result), flush=True)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, f"gpu_judge_compile{'_' + label if label else ''}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    typer.run(main)

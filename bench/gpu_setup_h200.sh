@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sourced by the bench/gpu_*_h200.sh scripts on the lent GPU machine (no network): installs the wheels carried in
+# .gpu/whl and .gpu/prt.tar.xz into /tmp/site, widens the tokenizer in .gpu/tok.tar.xz to Llama-3's 128,256 ids
+# into /tmp/tok (bench/gpu_fullscale_h200.sh says how .gpu/ is prepared), and sets PYTHONPATH. Idempotent.
+if [ ! -d /tmp/site/polars ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .gpu/whl/*.whl || return 1
+  tar -xJf .gpu/prt.tar.xz -C /tmp/site || return 1
+fi
+export PYTHONPATH=/tmp/site:$PWD
+if [ ! -f /tmp/tok/tokenizer.json ]; then
+  mkdir -p /tmp/tok-base /tmp/tok && tar -xJf .gpu/tok.tar.xz -C /tmp/tok-base
+  python3 -c "
+from transformers import AutoTokenizer
+t = AutoTokenizer.from_pretrained('/tmp/tok-base'); n = len(t)
+t.add_tokens([f'<x{i}>' for i in range(128256 - n)]); t.save_pretrained('/tmp/tok'); print('tokenizer', n, len(t))" || return 1
+fi
