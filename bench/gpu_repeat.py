@@ -1,0 +1,85 @@
+"""Is GPU generation bit-reproducible? The same batch generated again and again, in one process and across
+processes, under the stage's decode paths, on a random-init Llama-3-8B shape (bf16).
+
+Variants (each ``--repeats`` times in this process, same prompts, seeds and key):
+  graph        the stage's default on CUDA: our decode loop captured as one CUDA graph, the watermark step compiled;
+  graph-eager  the same loop captured, the watermark step eager (``MMW_COMPILE=0``);
+  loop         our decode loop without the graph (``MMW_GRAPH_DECODE=0``), the step compiled.
+``--sdpa`` restricts the attention to one of torch's SDPA backends for the whole process.
+Prints and writes one SHA-256 per variant and repeat over every row's tokens; run the script in two processes
+(optionally with ``--deterministic``: ``torch.use_deterministic_algorithms`` and a fixed cuBLAS workspace) and
+compare the digests across the files.
+
+    PYTHONPATH=.:bench python3 bench/gpu_repeat.py --label A --out DIR
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import typer
+from gpu_generate import build_model  # bench/ is run as scripts, not a package
+from gpu_graph import word_tokenizer
+
+from mmw import processor as processors
+from mmw.engines import generate as engine
+from mmw.processor import WatermarkProcessor
+from mmw.scheme import SchemeSpec
+
+KEY = 1234
+C4 = dict(sampler="distribution_shift", randomness="window", window=1, delta=5.0, score="sum")
+VARIANTS = {"graph": {"MMW_GRAPH_DECODE": "1", "MMW_COMPILE": "1"},
+            "graph-eager": {"MMW_GRAPH_DECODE": "1", "MMW_COMPILE": "0"},
+            "loop": {"MMW_GRAPH_DECODE": "0", "MMW_COMPILE": "1"}}
+
+
+def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int = 3, deterministic: bool = False,
+         variants: str = ",".join(VARIANTS), sdpa: str = typer.Option("", help="restrict SDPA to one backend: "
+                                                                        "cudnn | efficient | flash | math"),
+         smoke: bool = False, out: str = "") -> None:
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    device = "cpu" if smoke else "cuda"
+    if smoke:
+        engine.CACHE_DEVICES = ("cpu", "cuda")
+    model, cfg = build_model(2 if smoke else 32, 64 if smoke else 4096, device, "llama3-8b")
+    tok = word_tokenizer(cfg.vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, cfg.vocab_size, (int(n),), generator=gen).tolist()
+               for n in torch.randint(48, 65, (rows,), generator=gen)]
+    spec = SchemeSpec.from_params(C4)
+    result = {"label": label, "deterministic": deterministic, "rows": rows, "new_tokens": new_tokens,
+              "gpu": torch.cuda.get_device_name() if not smoke else "cpu", "torch": torch.__version__, "digests": {}}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
+    if sdpa:
+        sdpa_kernel([backends[sdpa]]).__enter__()  # for the whole process
+        result["sdpa"] = sdpa
+    for name in variants.split(","):
+        os.environ.update(VARIANTS[name])
+        processors.watermark_step.cache_clear()
+        digests = []
+        for _ in range(repeats):
+            proc = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(rows)), 1.0)
+            t0 = time.perf_counter()
+            cols = engine.generate_batch(model, tok, prompts, proc, new_tokens)
+            digests.append(hashlib.sha256(json.dumps(cols["tokens"]).encode()).hexdigest()[:16])
+            if hasattr(model, "_cache"):
+                del model._cache
+            print(label, name, digests[-1], f"{time.perf_counter() - t0:.1f} s", flush=True)
+        result["digests"][name] = digests
+    print(json.dumps(result), flush=True)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, f"gpu_repeat_{label}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    typer.run(main)
