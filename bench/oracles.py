@@ -1,4 +1,4 @@
-"""The reference implementations as oracles (issue 36): mmw's own blocks against the outside implementations they
+"""The reference implementations as oracles: mmw's own blocks against the outside implementations they
 are meant to be, at matched settings, on the embedded generator (SmolLM2-135M) and real prompts of the repo's tasks.
 
 Pairs (mmw side | reference side, through its adapter in ``mmw.plugins``):
@@ -21,7 +21,8 @@ own key from it), generated in-process and batched through mmw's engine (``mmw.e
 (b) relative quality: per prompt, log perplexity of the watermarked reply minus that of the same prompt's
     unwatermarked reply (same row seed), under the pipeline's quality scorer (``mmw.quality.scoring.score_texts``,
     the generator SmolLM2-135M: the generator's own likelihood, a proxy for the judge); Mann-Whitney U between the
-    sides at 0.05 (and the paired Wilcoxon signed-rank test on the same prompts);
+    sides at 0.05 (and the paired Wilcoxon signed-rank test on the same prompts); with ``--judge``, the same tests
+    on the judge's rating of each reply minus that of the same prompt's baseline (the benchmark's own quality);
 (c) each side's null FPR at alpha: on the unwatermarked replies (both temperatures, the run's key) and on
     ``--null-texts`` windows of real text the generator did not write (licences and man pages of this machine,
     bench/anytime_corpus.py's builder; one key per window), full-text detection with exact Clopper-Pearson 95 %
@@ -54,6 +55,7 @@ from scipy import stats
 from mmw.engines.generate import generate
 from mmw.engines.models import load_model
 from mmw.io import write_json
+from mmw.judge import Judge
 from mmw.plugin_detection import build_detector
 from mmw.plugin_generation import build_processor
 from mmw.prf import key_from_string, prf_int
@@ -176,7 +178,11 @@ def null_corpus(tokenizer, texts: int, length: int, seed: int = 20261128) -> tup
 
 def main(per_task: int = 8, tokens: int = 200, temperatures: str = "0.7,1.0", alpha: float = 0.02,
          batch_size: int = 12, null_texts: int = 500, null_length: int = 200, only: str = "",
-         parts: Path = Path("/tmp/mmw-oracles"), out: Path | None = None) -> None:
+         parts: Path = Path("/tmp/mmw-oracles"), out: Path | None = None,
+         judge: str = typer.Option("", help="also rate every reply with this judge (expected mode, the rate "
+                                            "stage's), e.g. embedded:qwen2.5-coder-1.5b: the relative quality "
+                                            "becomes the rating's difference to the same prompt's baseline too"),
+         judge_dtype: str = "bfloat16") -> None:
     """``--only``: comma-separated pair names (synthid, selfhash, lefthash, gumbel; default all that can run)."""
     wanted = [p for p in only.split(",") if p] or list(PAIRS)
     if "gumbel" in wanted and importlib.util.find_spec("vllm") is None:
@@ -211,11 +217,22 @@ def main(per_task: int = 8, tokens: int = 200, temperatures: str = "0.7,1.0", al
     def log_ppl(texts: list[str]) -> np.ndarray:
         return np.log(score_texts(tokenizer, model, texts_in, texts, max_tokens=512, batch_size=batch_size).perplexity)
 
+    rater = Judge(*load_model(judge, "cpu", judge_dtype), batch_size=8) if judge else None
+    if judge:
+        record["judge"] = {"model": judge, "dtype": judge_dtype, "mode": "expected"}
+
+    def ratings(texts: list[str]) -> np.ndarray:
+        """The judge's expected ratings (NaN where it put too little mass on grades, or without a judge)."""
+        if rater is None:
+            return np.full(len(texts), np.nan)
+        return np.array([np.nan if r is None else r for r in rater.rate_expected(texts_in, texts)], dtype=float)
+
     baselines: dict[float, list[np.ndarray]] = {}
     for temperature in temps:
         base_tokens, base_text, seconds = run("baseline", None, temperature)
         baselines[temperature] = base_tokens
         base_lp = log_ppl(base_text)
+        base_rating = ratings(base_text)
         n_base = sum(len(t) for t in base_tokens)
         print(f"T={temperature:g} baseline: {len(ids)} texts, {n_base} tokens, {seconds:.0f} s "
               f"({n_base / seconds:.1f} tok/s)", flush=True)
@@ -229,14 +246,17 @@ def main(per_task: int = 8, tokens: int = 200, temperatures: str = "0.7,1.0", al
                 results = build_detector(spec, KEY, vocab, device="cpu").detect(toks)
                 detect_s = time.perf_counter() - t0
                 lp = log_ppl(text)
+                rated = ratings(text)
                 rows = []
-                for pid, tok, res, l, lb in zip(ids, toks, results, lp, base_lp, strict=True):
+                for pid, tok, res, l, lb, g, gb in zip(ids, toks, results, lp, base_lp, rated, base_rating,
+                                                       strict=True):
                     score, z, units = normalised(pair.kind, side, res)
                     rows.append({"pair": name, "side": side, "temperature": temperature, "prompt_id": pid,
                                  "n_tokens": int(len(tok)), "units": units, "score": score, "z": z,
                                  "pvalue": res.pvalue, "detected": bool(res.detected),
                                  "size_valid": res.size_valid, "log_ppl": float(l), "log_ppl_base": float(lb),
-                                 "rel_quality": float(l - lb)})
+                                 "rel_quality": float(l - lb), "rating": float(g), "rating_base": float(gb),
+                                 "rel_rating": float(g - gb)})
                 side_rows[side] = rows
                 record["texts"].extend(rows)
                 n_tok = sum(len(t) for t in toks)
@@ -276,17 +296,22 @@ def compare(name: str, temperature: float, sides: dict[str, list[dict]]) -> dict
         return values[np.isfinite(values)]
 
     out = {"pair": name, "temperature": temperature, "n": len(sides["ours"])}
-    for key in ("score", "z", "rel_quality"):
+    for key in ("score", "z", "rel_quality", "rel_rating"):
         a, b = col("ours", key), col("ref", key)
+        if len(a) < 2 or len(b) < 2:  # no judge: no ratings
+            continue
         mw = stats.mannwhitneyu(a, b, alternative="two-sided")
         ks = stats.ks_2samp(a, b)
         out[key] = {"ours_median": float(np.median(a)), "ref_median": float(np.median(b)), "n_ours": len(a),
                     "n_ref": len(b), "mw_u": float(mw.statistic), "mw_p": float(mw.pvalue),
                     "ks_d": float(ks.statistic), "ks_p": float(ks.pvalue)}
-    paired = [(o["rel_quality"], r["rel_quality"]) for o, r in zip(sides["ours"], sides["ref"], strict=True)
-              if np.isfinite(o["rel_quality"]) and np.isfinite(r["rel_quality"])]
-    w = stats.wilcoxon([p[0] for p in paired], [p[1] for p in paired])
-    out["rel_quality"]["wilcoxon_w"], out["rel_quality"]["wilcoxon_p"] = float(w.statistic), float(w.pvalue)
+    for key in ("rel_quality", "rel_rating"):
+        paired = [(o[key], r[key]) for o, r in zip(sides["ours"], sides["ref"], strict=True)
+                  if np.isfinite(o.get(key, np.nan)) and np.isfinite(r.get(key, np.nan))]
+        if key in out and len(paired) >= 2:
+            w = stats.wilcoxon([p[0] for p in paired], [p[1] for p in paired])
+            out[key]["wilcoxon_w"], out[key]["wilcoxon_p"], out[key]["n_paired"] = \
+                float(w.statistic), float(w.pvalue), len(paired)
     for side in ("ours", "ref"):
         k = sum(r["detected"] for r in sides[side])
         out[f"detected_{side}"] = [k, len(sides[side])]
@@ -311,6 +336,15 @@ def print_tables(record: dict) -> None:
         print(f"| {PAIRS[t['pair']].name} | {t['temperature']:g} | {t['n']} | {q['ours_median']:+.4f} | "
               f"{q['ref_median']:+.4f} | {q['mw_u']:.0f} | {q['mw_p']:.3g} | {q['ks_p']:.3g} | "
               f"{q['wilcoxon_p']:.3g} |")
+    if any("rel_rating" in t for t in record["tests"]):
+        print(f"\n| pair | T | n | rel. quality (judge rating wm - base, {record['judge']['model']}): ours median | "
+              "ref median | MW U | MW p | KS p | Wilcoxon p (paired) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for t in record["tests"]:
+            q = t["rel_rating"]
+            print(f"| {PAIRS[t['pair']].name} | {t['temperature']:g} | {q['n_ours']}/{q['n_ref']} | "
+                  f"{q['ours_median']:+.2f} | {q['ref_median']:+.2f} | {q['mw_u']:.0f} | {q['mw_p']:.3g} | "
+                  f"{q['ks_p']:.3g} | {q.get('wilcoxon_p', float('nan')):.3g} |")
     print(f"\n| pair | side | FPR at alpha={record['alpha']}: unwatermarked replies | real text (corpus) |")
     print("|---|---|---|---|")
     for row in record["null"]:
