@@ -56,7 +56,9 @@ def load_backend(rate: RateParams, want_expected: bool) -> tuple[RatingBackend, 
         tokenizer, model = load_model(rate.judge, rate.device, rate.dtype)
     except SpecError as err:  # the loader names model.name, but this is the judge
         raise SpecError("rate.judge", err.problem, err.allowed) from None
-    judge = Judge(tokenizer, model, batch_size=rate.batch_size, max_new_tokens=rate.max_new_tokens)
+    # The compiled forward serves the expected mode only: a greedy-only judge does not pay its compilation.
+    judge = Judge(tokenizer, model, batch_size=rate.batch_size, max_new_tokens=rate.max_new_tokens,
+                  compiled=None if want_expected else False)
     return TransformersBackend(judge, rate.judge), ""
 
 
