@@ -4,7 +4,9 @@ processes, under the stage's decode paths, on a random-init Llama-3-8B shape (bf
 Variants (each ``--repeats`` times in this process, same prompts, seeds and key):
   graph        the stage's default on CUDA: our decode loop captured as one CUDA graph, the watermark step compiled;
   graph-eager  the same loop captured, the watermark step eager (``MMW_COMPILE=0``);
-  loop         our decode loop without the graph (``MMW_GRAPH_DECODE=0``), the step compiled.
+  loop         our decode loop without the graph (``MMW_GRAPH_DECODE=0``), the step compiled (by default in
+               ``reduce-overhead`` mode: its own CUDA graphs);
+  eager        no CUDA graph anywhere: the loop and the step eager (``MMW_GRAPH_DECODE=0 MMW_COMPILE=0``).
 ``--sdpa`` restricts the attention to one of torch's SDPA backends for the whole process.
 Prints and writes one SHA-256 per variant and repeat over every row's tokens; run the script in two processes
 (optionally with ``--deterministic``: ``torch.use_deterministic_algorithms`` and a fixed cuBLAS workspace) and
@@ -35,7 +37,8 @@ KEY = 1234
 C4 = dict(sampler="distribution_shift", randomness="window", window=1, delta=5.0, score="sum")
 VARIANTS = {"graph": {"MMW_GRAPH_DECODE": "1", "MMW_COMPILE": "1"},
             "graph-eager": {"MMW_GRAPH_DECODE": "1", "MMW_COMPILE": "0"},
-            "loop": {"MMW_GRAPH_DECODE": "0", "MMW_COMPILE": "1"}}
+            "loop": {"MMW_GRAPH_DECODE": "0", "MMW_COMPILE": "1"},
+            "eager": {"MMW_GRAPH_DECODE": "0", "MMW_COMPILE": "0"}}
 
 
 def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int = 3, deterministic: bool = False,
