@@ -33,6 +33,8 @@ Needs vllm for the fourth pair (run in .venv-vllm; in .venv the pair is skipped 
     nice -n 5 .venv-vllm/bin/python bench/oracles.py --per-task 8 --tokens 200 --null-texts 500 \\
         --out bench/results/oracles.json
 
+``--judge embedded:...`` in .venv-vllm needs the judge's model there once: ``.venv-vllm/bin/python -m pip install -e '.[judges]'``.
+
 Generations are stored under ``--parts`` (resumable: rerunning skips finished batches).
 """
 
@@ -319,6 +321,18 @@ def compare(name: str, temperature: float, sides: dict[str, list[dict]]) -> dict
     return out
 
 
+def quality_table(record: dict, key: str, measure: str, digits: int) -> None:
+    """The (b) table of one relative-quality measure (``rel_quality`` or ``rel_rating``) over every test."""
+    print(f"\n| pair | T | n | rel. quality ({measure}): ours median | ref median | MW U | MW p | KS p | "
+          "Wilcoxon p (paired) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for t in record["tests"]:
+        q = t[key]
+        print(f"| {PAIRS[t['pair']].name} | {t['temperature']:g} | {q['n_ours']}/{q['n_ref']} | "
+              f"{q['ours_median']:+.{digits}f} | {q['ref_median']:+.{digits}f} | {q['mw_u']:.0f} | {q['mw_p']:.3g} | "
+              f"{q['ks_p']:.3g} | {q.get('wilcoxon_p', float('nan')):.3g} |")
+
+
 def print_tables(record: dict) -> None:
     print("\n| pair | T | n | score: ours median | ref median | MW U | MW p | KS D | KS p | z: MW p | detected ours / ref |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -328,23 +342,9 @@ def print_tables(record: dict) -> None:
               f"{s['ref_median']:.4f} | {s['mw_u']:.0f} | {s['mw_p']:.3g} | {s['ks_d']:.3f} | {s['ks_p']:.3g} | "
               f"{z['mw_p']:.3g} | {t['detected_ours'][0]}/{t['detected_ours'][1]} / "
               f"{t['detected_ref'][0]}/{t['detected_ref'][1]} |")
-    print("\n| pair | T | n | rel. quality (log ppl wm - base): ours median | ref median | MW U | MW p | KS p | "
-          "Wilcoxon p (paired) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for t in record["tests"]:
-        q = t["rel_quality"]
-        print(f"| {PAIRS[t['pair']].name} | {t['temperature']:g} | {t['n']} | {q['ours_median']:+.4f} | "
-              f"{q['ref_median']:+.4f} | {q['mw_u']:.0f} | {q['mw_p']:.3g} | {q['ks_p']:.3g} | "
-              f"{q['wilcoxon_p']:.3g} |")
+    quality_table(record, "rel_quality", "log ppl wm - base", 4)
     if any("rel_rating" in t for t in record["tests"]):
-        print(f"\n| pair | T | n | rel. quality (judge rating wm - base, {record['judge']['model']}): ours median | "
-              "ref median | MW U | MW p | KS p | Wilcoxon p (paired) |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for t in record["tests"]:
-            q = t["rel_rating"]
-            print(f"| {PAIRS[t['pair']].name} | {t['temperature']:g} | {q['n_ours']}/{q['n_ref']} | "
-                  f"{q['ours_median']:+.2f} | {q['ref_median']:+.2f} | {q['mw_u']:.0f} | {q['mw_p']:.3g} | "
-                  f"{q['ks_p']:.3g} | {q.get('wilcoxon_p', float('nan')):.3g} |")
+        quality_table(record, "rel_rating", f"judge rating wm - base, {record['judge']['model']}", 2)
     print(f"\n| pair | side | FPR at alpha={record['alpha']}: unwatermarked replies | real text (corpus) |")
     print("|---|---|---|---|")
     for row in record["null"]:
