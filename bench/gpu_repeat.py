@@ -44,7 +44,10 @@ VARIANTS = {"graph": {"MMW_GRAPH_DECODE": "1", "MMW_COMPILE": "1"},
 def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int = 3, deterministic: bool = False,
          variants: str = ",".join(VARIANTS), sdpa: str = typer.Option("", help="restrict SDPA to one backend: "
                                                                         "cudnn | efficient | flash | math"),
+         decode: str = typer.Option("efficient", help="a decoding step's attention (MMW_DECODE_ATTENTION): "
+                                    "efficient (the stage's) | sdpa (SDPA's own GQA kernel, cuDNN on Hopper)"),
          smoke: bool = False, out: str = "") -> None:
+    os.environ["MMW_DECODE_ATTENTION"] = decode
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -58,17 +61,21 @@ def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int 
                for n in torch.randint(48, 65, (rows,), generator=gen)]
     spec = SchemeSpec.from_params(C4)
     result = {"label": label, "deterministic": deterministic, "rows": rows, "new_tokens": new_tokens,
-              "gpu": torch.cuda.get_device_name() if not smoke else "cpu", "torch": torch.__version__, "digests": {}}
+              "gpu": torch.cuda.get_device_name() if not smoke else "cpu", "torch": torch.__version__, "decode": decode,
+              "digests": {}, "seconds": {}}
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
     if sdpa:
-        sdpa_kernel([backends[sdpa]]).__enter__()  # for the whole process
+        # for the whole process; kept in a name: a generator context left unreferenced is collected at once and
+        # restores the previous backends on exit (which is what an earlier version of this line did)
+        restriction = sdpa_kernel([backends[sdpa]])
+        restriction.__enter__()
         result["sdpa"] = sdpa
     for name in variants.split(","):
         os.environ.update(VARIANTS[name])
         processors.watermark_step.cache_clear()
-        digests = []
+        digests, seconds = [], []
         for _ in range(repeats):
             proc = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(rows)), 1.0)
             t0 = time.perf_counter()
@@ -76,8 +83,10 @@ def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int 
             digests.append(hashlib.sha256(json.dumps(cols["tokens"]).encode()).hexdigest()[:16])
             if hasattr(model, "_cache"):
                 del model._cache
-            print(label, name, digests[-1], f"{time.perf_counter() - t0:.1f} s", flush=True)
+            seconds.append(round(time.perf_counter() - t0, 2))
+            print(label, name, digests[-1], f"{seconds[-1]:.1f} s", flush=True)
         result["digests"][name] = digests
+        result["seconds"][name] = seconds
     print(json.dumps(result), flush=True)
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -63,3 +63,87 @@ def test_grouped_query_attention_under_a_mask_gives_the_same_logits() -> None:
     assert calls and all(calls), "the masked forward pass did not take the grouped-query path"
     valid = mask.bool()
     torch.testing.assert_close(grouped[valid], repeated[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_a_decoding_step_takes_the_folded_path_and_gives_the_same_logits() -> None:
+    """One query per row (a decoding step over a cache) goes to ``decode_attention``: each group's query heads
+    folded into its queries, the same attention as transformers' repeated K/V; prompt forwards do not."""
+    from transformers import DynamicCache
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from mmw.engines import attention
+
+    model = tiny_gqa_model()
+    ids, mask = padded_batch()
+    calls: list[tuple[int, ...]] = []
+    fold = attention.decode_attention
+
+    def counting(module, query, *args):
+        calls.append(tuple(query.shape))
+        return fold(module, query, *args)
+
+    def prompt_then_step() -> torch.Tensor:
+        cache = DynamicCache(config=model.config)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        step_mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], dim=1)
+        return model(input_ids=torch.tensor([[5], [7], [11]]), attention_mask=step_mask,
+                     position_ids=positions[:, -1:] + 1, past_key_values=cache, use_cache=True).logits
+
+    def decode(switched: bool) -> torch.Tensor:
+        if not switched:
+            return prompt_then_step()
+        with grouped_query_sdpa(CUDA_LIKE):
+            assert getattr(ALL_ATTENTION_FUNCTIONS["sdpa"], "mmw_decode_path", False)
+            return prompt_then_step()
+
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    attention.decode_attention = counting
+    try:
+        with torch.inference_mode():
+            reference = decode(switched=False)
+            folded = decode(switched=True)
+    finally:
+        attention.decode_attention = fold
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is original, "the attention function was not switched back"
+    # 2 layers x the decoding step only (the prompt's forward keeps its path); 8 query heads, 1 query
+    assert calls == [(3, 8, 1, 8)] * 2
+    torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(reference[0], reference[1])  # the rows are distinct: the comparison can fail
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_the_folded_decoding_attention_is_grouped_query_attention(additive: bool) -> None:
+    """Query head h reads K/V head h // (H / H_kv) under the row's mask, as SDPA's own GQA does, for either mask
+    form."""
+    from mmw.engines import attention
+
+    gen = torch.Generator().manual_seed(3)
+    query, key, value = (torch.randn(shape, generator=gen) for shape in [(3, 8, 1, 16), (3, 2, 10, 16),
+                                                                         (3, 2, 10, 16)])
+    keep = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    keep[0, ..., :4] = False  # a left-padded row
+    keep[2, ..., 7:] = False  # cache positions not written yet
+    mask = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min) if additive else keep
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=keep,
+                                                                enable_gqa=True).transpose(1, 2)
+    folded, _ = attention.decode_attention(None, query, key, value, mask, None)
+    torch.testing.assert_close(folded, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_decoding_attention_switch_takes_a_known_value_or_says_which(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    monkeypatch.setenv("MMW_DECODE_ATTENTION", "sdpa")  # SDPA's own kernel for decoding: only the GQA switch
+    with grouped_query_sdpa(CUDA_LIKE):
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is original
+        assert sdpa_attention.use_gqa_in_sdpa(torch.ones(1, 1, 1, 4, dtype=torch.bool), torch.zeros(1, 2, 4, 16),
+                                              torch.zeros(1, 2, 4, 16)) is True
+    monkeypatch.setenv("MMW_DECODE_ATTENTION", "cudnn")
+    with pytest.raises(ValueError, match="MMW_DECODE_ATTENTION: expected one of efficient, sdpa, got 'cudnn'"):
+        with grouped_query_sdpa(CUDA_LIKE):
+            pass
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is original
+    assert sdpa_attention.use_gqa_in_sdpa(torch.ones(1, 1, 1, 4, dtype=torch.bool), torch.zeros(1, 2, 4, 16),
+                                          torch.zeros(1, 2, 4, 16)) is False  # transformers' own rule again

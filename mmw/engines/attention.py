@@ -8,14 +8,72 @@ allowing GQA with the mask (torch dispatches it to cuDNN's fused attention there
 1.9x faster (215.6 s -> 112.5 s). The result is the same attention (each query head reads its group's K/V
 instead of a copy of it); only the kernel changes.
 
+Decoding steps (one query per row) take a second path: cuDNN's fused attention is not deterministic there. On
+one H200 (torch 2.11, bench/gpu_decode_determinism.py: 296 rows, random-init Llama-3-8B in bf16), the first decode
+forward repeated from the same cache gave different logits in 23-30 of 296 rows (up to 0.22 apart) once the cache
+held more than 128 positions, with GQA or without, boolean or additive mask; the math kernel repeated exactly, and
+so whole generations of 128 tokens never repeated. A decoding step therefore folds each group's query heads into
+its queries (query [B, H, 1, D] -> [B, H_kv, H/H_kv, D] against the group's own K/V [B, H_kv, L, D]: the same
+attention, no K/V copy, no GQA flag needed) and runs it on the memory-efficient kernel (math as its fallback),
+never cuDNN. Prompt forwards (many queries a row) keep the path above; they repeat exactly.
+
 Off the GPU nothing is changed: on a CPU the math path is what runs either way.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+#: A decoding step's attention on CUDA (``MMW_DECODE_ATTENTION``): "efficient" (``decode_attention``, repeats bit
+#: for bit) or "sdpa" (SDPA's own GQA choice, cuDNN on Hopper: 1.39x faster over a 1,024-token generation on one
+#: H200, 25.0 s against 34.8 s for 296 rows, bench/results/gpu.md, but not reproducible).
+DECODE_ATTENTION_CHOICES = ("efficient", "sdpa")
+DECODE_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def decode_attention_choice() -> str:
+    """``MMW_DECODE_ATTENTION``, checked: "efficient" unless set."""
+    choice = os.environ.get("MMW_DECODE_ATTENTION", "efficient")
+    if choice not in DECODE_ATTENTION_CHOICES:
+        raise ValueError(f"MMW_DECODE_ATTENTION: expected one of {', '.join(DECODE_ATTENTION_CHOICES)}, "
+                         f"got {choice!r}")
+    return choice
+
+
+def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None) -> tuple[torch.Tensor, None]:
+    """One decoding step's attention, as transformers' attention functions return it.
+
+    ``query`` [B, H, 1, D], ``key``/``value`` [B, H_kv, L, D] (H a multiple of H_kv: query head h reads K/V head
+    h // (H / H_kv), as transformers' ``repeat_kv`` pairs them), ``attention_mask`` boolean or additive,
+    broadcastable to [B, 1, 1, L]. Returns ([B, 1, H, D], None)."""
+    b, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.reshape(b, kv_heads, heads // kv_heads, dim)  # each group's query heads as its queries
+    mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
+    with sdpa_kernel(DECODE_BACKENDS):
+        out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+def _with_decode_path(prompt_attention: Any) -> Any:
+    """transformers' SDPA attention function, with decoding steps sent to ``decode_attention``."""
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        if query.shape[2] == 1 and not dropout and kwargs.get("position_bias") is None \
+                and query.shape[1] % key.shape[1] == 0 and kwargs.get("cache") is None:
+            return decode_attention(module, query, key, value, attention_mask, scaling)
+        return prompt_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                **kwargs)
+
+    attention.mmw_decode_path = True
+    return attention
 
 
 @contextmanager
@@ -40,8 +98,19 @@ def grouped_query_sdpa(model: Any) -> Iterator[None]:
         # the head-size condition transformers applies in the unmasked case
         return key.shape[-1] == value.shape[-1] <= 256
 
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping  # transformers' own per-instance override slot
+    saved = local.get("sdpa")
+    fold_decoding = decode_attention_choice() == "efficient"
     sdpa_attention.use_gqa_in_sdpa = with_mask_too
+    if fold_decoding:
+        local["sdpa"] = _with_decode_path(ALL_ATTENTION_FUNCTIONS["sdpa"])
     try:
         yield
     finally:
         sdpa_attention.use_gqa_in_sdpa = original
+        if saved is None:
+            local.pop("sdpa", None)
+        else:
+            local["sdpa"] = saved
