@@ -36,6 +36,7 @@ from scipy import stats
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from mmw.engines.attention import grouped_query_sdpa
 from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
 from mmw.errors import SpecError
 
@@ -317,7 +318,9 @@ class Judge:
         config = neutral_generation_config(self.tokenizer, self.model, self.max_new_tokens)
         for rows, sequences in self._batches(prompts, texts, prefill="", desc="judge greedy"):
             batch = self._pad(sequences)
-            with torch.inference_mode(), neutral_model_defaults(self.model):
+            # grouped_query_sdpa: on CUDA, decoding steps on the attention that repeats bit for bit (and GQA under
+            # the padding mask); a no-op elsewhere
+            with torch.inference_mode(), neutral_model_defaults(self.model), grouped_query_sdpa(self.model):
                 generated = self.model.generate(**batch, generation_config=config)
             decoded = self.tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
             for row, reply in zip(rows, decoded, strict=True):
