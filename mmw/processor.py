@@ -78,7 +78,7 @@ class WatermarkStep:
             self.key = key
         self.context_len = self.source.context if self.source is not None else 0
         #: Seeds a row remembers for the sampler's repeated-context mask (0: the sampler has none).
-        self.history_size = self.sampler.context_history if spec is not None else 0
+        self.history_size = self.sampler.history_size(spec) if spec is not None else 0
         self._slots: torch.Tensor | None = None
         fixed = isinstance(self.source, FixedKey)
         self._key_seq = torch.from_numpy(self.source.key_sequence(key).view(np.int64)) if fixed else None

@@ -58,6 +58,8 @@ class SchemeSpec(Section):
     alpha: float = allowed("a number in (0, 1)", default=0.02, gt=0.0, lt=1.0)
     binary_code: Literal[CODES] | None = allowed(", ".join(CODES), default=None)  # type: ignore[valid-type]
     reweight_alpha: float | None = allowed("a number in (0, 0.5]", default=None, gt=0.0, le=0.5)
+    # C1: sample a context seen before in the generation plainly (vLLM's gumbel, SynthID's repeated-context mask).
+    mask_repeated: bool | None = allowed("true or false", default=None)
     # The tournament sampler (SynthID-Text): layers m and candidates per match.
     layers: Integer | None = allowed(f"an integer in [1, {MAX_LAYERS}]", default=None, ge=1, le=MAX_LAYERS)
     leaves: Integer | None = allowed(f"an integer in [2, {MAX_LEAVES}]", default=None, ge=2, le=MAX_LEAVES)
@@ -141,6 +143,8 @@ class SchemeSpec(Section):
                 parts.append(f"weights={self.layer_weights}")
         if self.skip_prob:
             parts.append(f"skip={self.skip_prob:g}")
+        if self.mask_repeated:
+            parts.append("repeats plain")
         parts.append(self.score + (f"(psi={self.psi:g})" if self.psi is not None else ""))
         return " ".join(parts)
 
@@ -150,7 +154,7 @@ _BLOCK_KEYS = ("randomness", "score")
 #: The scheme's keys, in declaration order (what an unknown key's error lists).
 KNOWN_KEYS = tuple(SchemeSpec.model_fields)
 #: The keys that shape only generation: no detector reads them (a detection is the same for any value).
-GENERATION_ONLY = ("delta", "reweight_alpha", "leaves")
+GENERATION_ONLY = ("delta", "reweight_alpha", "leaves", "mask_repeated")
 #: The keys detection reads: dvc.yaml's detection stages depend on exactly these, so a change of a generation-only
 #: key reruns no detection of the unwatermarked baseline.
 DETECTION_KEYS = tuple(key for key in KNOWN_KEYS if key not in GENERATION_ONLY)

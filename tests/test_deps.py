@@ -264,7 +264,8 @@ def test_a_generation_only_key_changes_no_detection() -> None:
     #: per generation-only key: a scheme that uses it, and another value for it
     uses = {"delta": ({"sampler": "distribution_shift", "delta": 4.0, "gamma": 0.5, **window}, 1.0),
             "reweight_alpha": ({"sampler": "reweight", "reweight_alpha": 0.5, **window}, 0.25),
-            "leaves": ({"sampler": "tournament", "layers": 30, "leaves": 2, **window}, 4)}
+            "leaves": ({"sampler": "tournament", "layers": 30, "leaves": 2, **window}, 4),
+            "mask_repeated": ({"sampler": "exponential", **window}, True)}
     assert sorted(uses) == sorted(GENERATION_ONLY)
     for name, (base, value) in uses.items():
         texts = generate_synthetic(SchemeSpec.from_params(base), key, lambda step: torch.zeros(4, vocab), rows=4,

@@ -24,6 +24,8 @@ SPECS = {
     "plain": None,
     "c4": {"sampler": "distribution_shift", "randomness": "window", "window": 1, "delta": 2.0, "score": "sum"},
     "tournament": {"sampler": "tournament", "randomness": "window", "window": 2, "score": "sum"},
+    "c1-masked": {"sampler": "exponential", "randomness": "window", "window": 1, "score": "sum",
+                  "mask_repeated": True},
 }
 
 

@@ -91,7 +91,7 @@ class WatermarkLogitsProcessor(LogitsProcessor):
         spec = SchemeSpec(**scheme) if scheme is not None else None
         if spec is not None and self.key is None:
             raise RuntimeError(f"a watermarked request reached the vLLM engine but {KEY_ENV} is not set")
-        if spec is not None and not spec.is_plugin and DECLARED[spec.sampler].context_history:
+        if spec is not None and not spec.is_plugin and DECLARED[spec.sampler].history_size(spec):
             raise RuntimeError(f"sampler={spec.sampler} masks repeated contexts, and this engine keeps no per-request "
                                "seed history yet: use engine=transformers")
         return (spec, self.key if spec is not None else None, int(args["vocab_size"]), float(args["temperature"]))

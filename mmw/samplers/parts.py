@@ -14,7 +14,12 @@ from typing import ClassVar
 import numpy as np
 
 from mmw.samplers.binary_code import CODES
+from mmw.scheme_values import SchemeValues
 from mmw.validation import Key, Part, Refuse, Unused
+
+#: Seeds a generation remembers for a repeated-context mask (SynthID's ``context_history_size`` default): a
+#: 1,024-token text is masked over its whole length.
+REPEATED_CONTEXT_HISTORY = 1024
 
 
 def refuse_constant_randomness(holds: str) -> Refuse:
@@ -48,6 +53,11 @@ class SamplerPart(Part):
     candidate_seeds: ClassVar[bool] = False
     #: Seeds remembered per generation for masking repeated contexts (0: no mask); ``mmw.processor`` applies it.
     context_history: ClassVar[int] = 0
+
+    @classmethod
+    def history_size(cls, spec: SchemeValues) -> int:
+        """Seeds a generation remembers to sample its repeated contexts plainly under ``spec`` (0: none)."""
+        return cls.context_history
     # A distortion-free sampler is deterministic given the key, so it may sample plainly with probability skip_prob.
     scheme_keys = (Key("skip_prob", default=0.0),)
 
@@ -82,6 +92,23 @@ class ExponentialPart(SamplerPart):
     implementation = "mmw.samplers.exponential"
     pivot = "exp_up"
     candidate_seeds = True
+    # mask_repeated: a seed already used in the generation is sampled plainly, as vLLM's gumbel sampler does. Without
+    # it C1 marks a repeated context with the same draw again and can loop: at T = 0.7 on the embedded generator 4 of
+    # 24 texts repeated over 20 % of their 4-token contexts, vLLM's none (bench/results/oracles.md). Detection is the
+    # same either way (the deduplicated sum counts each seed once).
+    scheme_keys = (*SamplerPart.scheme_keys, Key("mask_repeated", purpose="the exponential sampler's repeated-context "
+                                                 "mask"))
+    refuses = (Refuse("mask_repeated", lambda v: bool(v["mask_repeated"]) and v["randomness"] not in ("window",
+                                                                                                     "minhash"),
+                      "mask_repeated=true needs one seed per row and step, which randomness={randomness} does not "
+                      "give", ("false", "or randomness=window / minhash")),
+               Refuse("window", lambda v: bool(v["mask_repeated"]) and v["window"] == 0, "mask_repeated=true with "
+                      "window=0 (one seed for every token) samples every token after the first plainly",
+                      "an integer >= 1"))
+
+    @classmethod
+    def history_size(cls, spec: SchemeValues) -> int:
+        return REPEATED_CONTEXT_HISTORY if spec.mask_repeated else 0
 
 
 class InverseTransformPart(SamplerPart):
@@ -169,7 +196,7 @@ class TournamentPart(SamplerPart):
     implementation = "mmw.samplers.tournament"
     pivot = "bits"
     #: Seeds remembered per row for the repeated-context mask (SynthID's ``context_history_size``).
-    context_history = 1024
+    context_history = REPEATED_CONTEXT_HISTORY
     # A seed seen before in the generation is sampled plainly (SynthID's repeated-context mask), so a seed shared by
     # every token (window 0) or a key sequence that repeats every L tokens (fixed) leaves nearly nothing marked:
     # measured 0 % (window 0) and 42-62 % (fixed L = 16, align/edit) detected at 100 tokens (tests/test_power.py).

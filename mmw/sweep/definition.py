@@ -256,7 +256,7 @@ def _single_valued(path: Path, board: Mapping[str, Any], configs: list[Config]) 
 #: Scheme keys added after sweeps were first recorded: left out of a config's identity while null, so that adding a
 #: block (and its null key) keeps every recorded configuration's id and evidence.
 LATER_SCHEME_KEYS = ("scheme.layers", "scheme.leaves", "scheme.reweight_alpha", "scheme.plugin",
-                     "scheme.plugin_params", "scheme.layer_weights")
+                     "scheme.plugin_params", "scheme.layer_weights", "scheme.mask_repeated")
 
 
 def config_id(overrides: Mapping[str, Any]) -> str:
