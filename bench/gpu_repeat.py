@@ -30,6 +30,7 @@ from gpu_graph import word_tokenizer
 
 from mmw import processor as processors
 from mmw.engines import generate as engine
+from mmw.engines import graph_decode
 from mmw.processor import WatermarkProcessor
 from mmw.scheme import SchemeSpec
 
@@ -46,8 +47,11 @@ def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int 
                                                                         "cudnn | efficient | flash | math"),
          decode: str = typer.Option("efficient", help="a decoding step's attention (MMW_DECODE_ATTENTION): "
                                     "efficient (the stage's) | sdpa (SDPA's own GQA kernel, cuDNN on Hopper)"),
+         key_bucket: int = typer.Option(0, help="bound the decoding attention's reads to the written cache positions "
+                                            "rounded up to this many (graph_decode.KEY_BUCKET; 0: the whole cache)"),
          smoke: bool = False, out: str = "") -> None:
     os.environ["MMW_DECODE_ATTENTION"] = decode
+    graph_decode.KEY_BUCKET = key_bucket or None
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -61,7 +65,7 @@ def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int 
                for n in torch.randint(48, 65, (rows,), generator=gen)]
     spec = SchemeSpec.from_params(C4)
     result = {"label": label, "deterministic": deterministic, "rows": rows, "new_tokens": new_tokens,
-              "gpu": torch.cuda.get_device_name() if not smoke else "cpu", "torch": torch.__version__, "decode": decode,
+              "gpu": torch.cuda.get_device_name() if not smoke else "cpu", "torch": torch.__version__, "decode": decode, "key_bucket": key_bucket,
               "digests": {}, "seconds": {}}
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,

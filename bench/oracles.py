@@ -6,6 +6,8 @@ Pairs (mmw side | reference side, through its adapter in ``mmw.plugins``):
 - C4 + SelfHash window 4, gamma 0.25, delta 2 T  | transformers' KGW selfhash, context_width 4, ratio 0.25, bias 2
 - C4 window 1, gamma 0.25, delta 2 T             | transformers' KGW lefthash, context_width 1, ratio 0.25, bias 2
 - C1 exponential window 4 (units deduplicated)   | vLLM's gumbel, context_width 4, deduplicate_contexts single_turn
+- the same C1 with mask_repeated (repeated        | the same vLLM gumbel generations (stored once)
+  contexts sampled plainly, as vLLM does)
 
 Delta: mmw's C4 adds delta to the logits *before* the temperature, transformers adds its bias to the
 temperature-scaled logits (its processor runs after the warpers), so mmw's delta = bias x T gives the same sampling
@@ -84,6 +86,8 @@ class Pair:
     ref_label: str
     plugin: str
     plugin_params: dict
+    #: the pair whose stored reference generations this one shares (same reference, another mmw side)
+    same_reference_as: str | None = None
 
     def ours(self, temperature: float) -> dict:
         raise NotImplementedError
@@ -117,6 +121,11 @@ class Gumbel(Pair):
         return {"sampler": "exponential", "randomness": "window", "window": GUMBEL_WIDTH, "score": "sum"}
 
 
+class MaskedGumbel(Pair):
+    def ours(self, temperature):
+        return {**Gumbel.ours(self, temperature), "mask_repeated": True}
+
+
 PAIRS = {
     "synthid": Tournament("Tournament vs SynthID-Text", "bits", "tournament m=30 leaves=2 window 4",
                           "hf_synthid depth=30 ngram_len=5", "hf_synthid",
@@ -132,6 +141,11 @@ PAIRS = {
     "gumbel": Gumbel("C1 Gumbel-max vs vLLM gumbel", "exp", "C1 exponential window 4 (dedup units)",
                      "vllm_gumbel gumbel width 4 single_turn", "vllm_gumbel",
                      {"algorithm": "gumbel", "context_width": GUMBEL_WIDTH, "deduplicate_contexts": "single_turn"}),
+    "gumbel-masked": MaskedGumbel("C1 Gumbel-max, repeats plain, vs vLLM gumbel", "exp",
+                                  "C1 exponential window 4, mask_repeated (dedup units)",
+                                  "vllm_gumbel gumbel width 4 single_turn", "vllm_gumbel",
+                                  {"algorithm": "gumbel", "context_width": GUMBEL_WIDTH,
+                                   "deduplicate_contexts": "single_turn"}, same_reference_as="gumbel"),
 }
 
 
@@ -185,11 +199,13 @@ def main(per_task: int = 8, tokens: int = 200, temperatures: str = "0.7,1.0", al
                                             "stage's), e.g. embedded:qwen2.5-coder-1.5b: the relative quality "
                                             "becomes the rating's difference to the same prompt's baseline too"),
          judge_dtype: str = "bfloat16") -> None:
-    """``--only``: comma-separated pair names (synthid, selfhash, lefthash, gumbel; default all that can run)."""
+    """``--only``: comma-separated pair names (synthid, selfhash, lefthash, gumbel, gumbel-masked; default all that
+    can run)."""
     wanted = [p for p in only.split(",") if p] or list(PAIRS)
-    if "gumbel" in wanted and importlib.util.find_spec("vllm") is None:
-        print("gumbel: vllm is not installed in this environment (run in .venv-vllm); pair skipped", flush=True)
-        wanted.remove("gumbel")
+    for name in [n for n in wanted if n.startswith("gumbel")]:
+        if importlib.util.find_spec("vllm") is None:
+            print(f"{name}: vllm is not installed in this environment (run in .venv-vllm); pair skipped", flush=True)
+            wanted.remove(name)
     tokenizer, model = load_model(MODEL, "cpu", "float32")
     vocab = generator_vocab_size(tokenizer, model)
     prompts = build_prompts(["book_report", "story", "fake_news"], per_task=per_task)
@@ -243,7 +259,8 @@ def main(per_task: int = 8, tokens: int = 200, temperatures: str = "0.7,1.0", al
             pair = PAIRS[name]
             side_rows = {}
             for side, spec in specs(pair, temperature, alpha).items():
-                toks, text, seconds = run(f"{name}-{side}", spec, temperature)
+                stored = pair.same_reference_as if side == "ref" and pair.same_reference_as else name
+                toks, text, seconds = run(f"{stored}-{side}", spec, temperature)
                 t0 = time.perf_counter()
                 results = build_detector(spec, KEY, vocab, device="cpu").detect(toks)
                 detect_s = time.perf_counter() - t0

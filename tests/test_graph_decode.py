@@ -80,3 +80,40 @@ def test_short_prompts_fall_back_to_generate(tiny, monkeypatch):
     processor = WatermarkProcessor(spec, KEY, model.config.vocab_size, [1], 1.0, compiled=False)
     assert not engine.use_static_decode(model, processor, 1)
     assert engine.use_static_decode(model, processor, 2)
+
+
+def test_the_decoding_attention_reads_only_written_positions_and_gives_the_same_tokens(tiny, monkeypatch):
+    """With the GPU's decoding attention (folded query heads, forced on here), each step reads the cache only up
+    to its bucket's bound (``key_limit``): the bound covers every written position, and the tokens are those of
+    reading the whole pre-allocated cache (every position past the bound is masked anyway)."""
+    from types import SimpleNamespace
+
+    from mmw.engines import attention, graph_decode
+    from mmw.engines.attention import grouped_query_sdpa
+
+    tokenizer, model = tiny
+    chats, _ = tiny_chats(6)
+    chats = [c + " the" * 3 for c in chats]
+    limits: list[tuple[int, int]] = []
+    fold = attention.decode_attention
+
+    def recording(module, query, key, value, mask, scaling):
+        if attention.KEY_LIMIT is not None:
+            limits.append((attention.KEY_LIMIT, int(mask[..., attention.KEY_LIMIT:].sum()) if mask.dtype == torch.bool
+                           else 0))
+        return fold(module, query, key, value, mask, scaling)
+
+    monkeypatch.setattr(attention, "decode_attention", recording)
+
+    def tokens(bucket: int | None) -> list[list[int]]:
+        monkeypatch.setattr(graph_decode, "KEY_BUCKET", bucket)
+        with grouped_query_sdpa(SimpleNamespace(device=torch.device("cuda"))):  # the CUDA path, on this CPU
+            return run(tokenizer, model, chats, SPECS["c4"], True, monkeypatch, max_new_tokens=40)["tokens"]
+
+    whole = tokens(None)
+    limits.clear()
+    bounded = tokens(8)
+    assert bounded == whole
+    assert attention.KEY_LIMIT is None  # reset after the loop
+    assert len({limit for limit, _ in limits}) >= 2  # more than one bucket was used
+    assert all(attended == 0 for _, attended in limits), "a position past the bound was attendable"

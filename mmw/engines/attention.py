@@ -34,6 +34,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 #: for bit) or "sdpa" (SDPA's own GQA choice, cuDNN on Hopper: 1.39x faster over a 1,024-token generation on one
 #: H200, 25.0 s against 34.8 s for 296 rows, bench/results/gpu.md, but not reproducible).
 DECODE_ATTENTION_CHOICES = ("efficient", "sdpa")
+#: Cache positions a decoding step's attention reads (None: all of them). A decode loop over a pre-allocated cache
+#: sets it per step to a bound on the positions written so far (``mmw.engines.graph_decode``): the positions past
+#: it are masked out anyway, so reading them is pure cost.
+KEY_LIMIT: int | None = None
 DECODE_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -52,8 +56,11 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
 
     ``query`` [B, H, 1, D], ``key``/``value`` [B, H_kv, L, D] (H a multiple of H_kv: query head h reads K/V head
     h // (H / H_kv), as transformers' ``repeat_kv`` pairs them), ``attention_mask`` boolean or additive,
-    broadcastable to [B, 1, 1, L]. Returns ([B, 1, H, D], None)."""
+    broadcastable to [B, 1, 1, L]; only the first ``KEY_LIMIT`` positions are read when it is set (every later one
+    must be masked). Returns ([B, 1, H, D], None)."""
     b, heads, _, dim = query.shape
+    if KEY_LIMIT is not None and KEY_LIMIT < key.shape[-2]:
+        key, value = key[:, :, :KEY_LIMIT], value[:, :, :KEY_LIMIT]
     kv_heads = key.shape[1]
     grouped = query.reshape(b, kv_heads, heads // kv_heads, dim)  # each group's query heads as its queries
     mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None

@@ -14,8 +14,10 @@ our own:
   forced to the pad token, EOS bookkeeping, and the token written into a pre-allocated output table. Every
   input of the step lives in a fixed device buffer and every counter (cache position, RoPE positions, step
   index) is a device tensor advanced by the step itself, so the step has no host synchronisation and no
-  data-dependent shape: on CUDA it is recorded once per batch shape (``torch.cuda.CUDAGraph``) after
-  ``WARMUP_STEPS`` eager steps (which build cuBLAS / cuDNN plans and compile the watermark step) and replayed.
+  data-dependent shape: on CUDA it is recorded (``torch.cuda.CUDAGraph``) after ``WARMUP_STEPS`` eager steps
+  (which build cuBLAS / cuDNN plans and compile the watermark step) and replayed, once per bound of the
+  positions the decoding attention reads (``key_limit``: the whole cache, or with ``KEY_BUCKET`` set the written
+  positions rounded up to it, since the rest of the pre-allocated cache is masked).
 * stopping: the host reads "is any row unfinished" every ``STOP_CHECK_EVERY`` steps (one sync per check), so up
   to that many extra steps run after every row has ended; their tokens come after each row's EOS and are
   dropped by ``strip_after_eos`` like transformers' padding.
@@ -33,11 +35,18 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, StaticCache
 
+from mmw.engines import attention
+
 #: Eager decode steps before the capture: cuBLAS/cuDNN plans and the compiled watermark step are built there, and
 #: every allocation the step makes has been seen once.
 WARMUP_STEPS = 2
 #: Steps between two host reads of "is any row still unfinished".
 STOP_CHECK_EVERY = 16
+#: Cache positions per key bound of the decoding attention (``key_limit``): the steps of one bucket share a graph.
+#: None (the default): one bound, the whole cache. Bounding it saves the reads of positions not yet written (about
+#: half of them over a generation) but is not yet measured on a GPU, so it stays off; the CPU test checks that it
+#: gives the same tokens (tests/test_graph_decode.py). ``bench/gpu_repeat.py --key-bucket 128`` measures it.
+KEY_BUCKET: int | None = None
 #: Benches set a list here: a (start, end) CUDA event pair is appended around every decode step (no sync).
 STEP_EVENTS: list | None = None
 
@@ -57,6 +66,7 @@ class _Decoder:
         b, p = input_ids.shape
         self.prompt_len, self.max_new = p, max_new_tokens
         length = p + max_new_tokens - 1  # as generate sizes it: the last token is never fed back
+        self.cache_len = length
         self.cache = StaticCache(config=model.config, max_cache_len=length)
         self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.int64, device=device)
         self.pad = int(pad_id)
@@ -111,49 +121,68 @@ class _Decoder:
         return bool(self.unfinished.any())
 
 
+def key_limit(prompt_len: int, done: int, cache_len: int) -> int:
+    """The attention's key bound for the decoding step after ``done`` chosen tokens: its fed token sits at cache
+    position ``prompt_len - 1 + done``, rounded up to a multiple of ``KEY_BUCKET`` (one captured graph a bucket);
+    the whole cache when ``KEY_BUCKET`` is None."""
+    if KEY_BUCKET is None:
+        return cache_len
+    return min(cache_len, -(-(prompt_len + done) // KEY_BUCKET) * KEY_BUCKET)
+
+
 def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, processor,
                   max_new_tokens: int, eos_ids: Sequence[int], pad_id: int, graph: bool | None = None
                   ) -> torch.Tensor:
     """Generated ids int64 [B, steps] (steps <= max_new_tokens; pad after a row's EOS, like ``generate``).
 
     ``processor`` has ``window_context``, ``begin_static(batch, steps, device)`` and ``static_step(context, scores,
-    t)`` (``mmw.processor.WatermarkProcessor``). ``graph`` None: capture on CUDA (``graph_default``)."""
+    t)`` (``mmw.processor.WatermarkProcessor``). ``graph`` None: capture on CUDA (``graph_default``). Each step's
+    decoding attention reads the cache only up to ``key_limit`` (``mmw.engines.attention.KEY_LIMIT``); the graph
+    is captured once per limit, the captures sharing one memory pool (they replay one at a time)."""
     device = input_ids.device
     graph = graph_default(device) if graph is None else graph
     processor.begin_static(input_ids.shape[0], max_new_tokens, device, graph=graph)
     dec = _Decoder(model, input_ids, attention_mask, processor, max_new_tokens, eos_ids, pad_id)
     dec.choose(dec.prefill_scores())
     done = 1
-    replay = None
-    while done < max_new_tokens:
-        if done % STOP_CHECK_EVERY == 0 and not dec.any_unfinished():
-            break
-        if replay is None and graph and done > WARMUP_STEPS:
-            replay = _capture(dec)
-            if replay is None:
-                graph = False
-        events = STEP_EVENTS is not None and device.type == "cuda"
-        if events:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        if replay is not None:
-            replay.replay()
-        else:
-            dec.step()
-        if events:
-            end.record()
-            STEP_EVENTS.append((start, end))
-        done += 1
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    try:
+        while done < max_new_tokens:
+            if done % STOP_CHECK_EVERY == 0 and not dec.any_unfinished():
+                break
+            attention.KEY_LIMIT = key_limit(dec.prompt_len, done, dec.cache_len)
+            if graph and done > WARMUP_STEPS and attention.KEY_LIMIT not in graphs:
+                pool = next(iter(graphs.values())).pool() if graphs else None
+                captured = _capture(dec, pool)
+                if captured is None:
+                    graph = False
+                else:
+                    graphs[attention.KEY_LIMIT] = captured
+            events = STEP_EVENTS is not None and device.type == "cuda"
+            if events:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            if graph and attention.KEY_LIMIT in graphs:
+                graphs[attention.KEY_LIMIT].replay()
+            else:
+                dec.step()
+            if events:
+                end.record()
+                STEP_EVENTS.append((start, end))
+            done += 1
+    finally:
+        attention.KEY_LIMIT = None
     processor.end_static(done)
     return dec.out[:, :done]
 
 
-def _capture(dec: _Decoder) -> torch.cuda.CUDAGraph | None:
-    """Record ``dec.step`` (not run: the capture only records); None, with a warning, if recording fails."""
+def _capture(dec: _Decoder, pool=None) -> torch.cuda.CUDAGraph | None:
+    """Record ``dec.step`` (not run: the capture only records) into ``pool`` (None: a new one); None, with a
+    warning, if recording fails."""
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, pool=pool):
             dec.step()
     except Exception as err:  # a step that cannot be recorded must not cost the run: eager is the same function
         warnings.warn(f"CUDA-graph capture of the decode step failed ({type(err).__name__}: {str(err)[:500]}); "
