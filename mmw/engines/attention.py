@@ -10,7 +10,7 @@ instead of a copy of it); only the kernel changes.
 
 Decoding steps (one query per row) take a second path: cuDNN's fused attention is not deterministic there. On
 one H200 (torch 2.11, bench/gpu_decode_determinism.py: 296 rows, random-init Llama-3-8B in bf16), the first decode
-forward repeated from the same cache gave different logits in 23-30 of 296 rows (up to 0.22 apart) once the cache
+forward repeated from the same cache gave different logits in 21-30 of 296 rows (up to 0.23 apart) once the cache
 held more than 128 positions, with GQA or without, boolean or additive mask; the math kernel repeated exactly, and
 so whole generations of 128 tokens never repeated. A decoding step therefore folds each group's query heads into
 its queries (query [B, H, 1, D] -> [B, H_kv, H/H_kv, D] against the group's own K/V [B, H_kv, L, D]: the same
@@ -38,6 +38,7 @@ DECODE_ATTENTION_CHOICES = ("efficient", "sdpa")
 #: sets it per step to a bound on the positions written so far (``mmw.engines.graph_decode``): the positions past
 #: it are masked out anyway, so reading them is pure cost.
 KEY_LIMIT: int | None = None
+#: The kernels a decoding step may use: both repeat bit for bit; cuDNN's did not.
 DECODE_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
