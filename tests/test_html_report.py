@@ -363,6 +363,19 @@ def test_single_run_page_without_a_sweep(tmp_path: Path) -> None:
     assert "p-value" in markup and "5e-06" in markup
 
 
+def test_a_page_written_elsewhere_leaves_the_plotted_tables_alone(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--out`` writes one sweep's page; reports/figures/ (what dvc.yaml plots) keeps the tables it had."""
+    make_sweep(tmp_path / "reports/sweeps/small")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["report", "--sweep", "small", "--out", "reports/sweeps/small/index.html"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "reports/sweeps/small/index.html").is_file()
+    assert not (tmp_path / "reports/figures").exists()
+    assert CliRunner().invoke(app, ["report", "--sweep", "small"]).exit_code == 0
+    assert (tmp_path / "reports/figures/sizes/distribution_shift.csv").is_file()
+
+
 def test_cli_rejects_an_unknown_sweep_naming_the_present_ones(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     make_sweep(tmp_path / "reports/sweeps/small")

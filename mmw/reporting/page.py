@@ -267,7 +267,9 @@ def sweep_plot_tables(sweep: data.Sweep) -> dict[str, pl.DataFrame]:
 
 def build_report(root: Path, sweep_name: str | None = None, out: Path | None = None,
                  params_path: Path | None = None) -> ReportInfo:
-    """Write ``reports/index.html`` under ``root`` (and, for a sweep, ``reports/figures/*``).
+    """Write ``reports/index.html`` under ``root`` (and, for a sweep, ``reports/figures/*``, the tables behind
+    dvc.yaml's plots); with ``out`` elsewhere, only the page at ``out`` (another sweep's page must not replace the
+    plotted sweep's tables).
 
     Raises:
         SpecError: an unknown sweep name (naming the ones present), or nothing to report.
@@ -275,6 +277,7 @@ def build_report(root: Path, sweep_name: str | None = None, out: Path | None = N
     start = time.perf_counter()
     reports = root / "reports"
     out = out or reports / "index.html"
+    plots = Path(out).resolve() == (reports / "index.html").resolve()
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     commit = git_commit(root)
     sweeps = reports / "sweeps"
@@ -293,7 +296,7 @@ def build_report(root: Path, sweep_name: str | None = None, out: Path | None = N
         judge = json.loads(judge_path.read_text()) if judge_path else None
         html = render_sweep(sweep, judge, commit, generated)
         source = f"sweep {sweep.name}"
-        for name, table in sweep_plot_tables(sweep).items():
+        for name, table in (sweep_plot_tables(sweep) if plots else {}).items():
             path = root / FIGURE_TABLES / name
             write_with(path, table.write_csv)
             written.append(path)
