@@ -30,17 +30,13 @@ from pathlib import Path
 
 import torch
 import typer
-from gpu_generate import build_model  # bench/ is run as scripts, not a package
-from gpu_graph import word_tokenizer
+from gpu_repeat import KEY, stand_in_batch  # bench/ is run as scripts, not a package
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mmw.engines import graph_decode
 from mmw.engines.attention import grouped_query_sdpa
 from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
 
-KEY = 1234
-C4 = dict(sampler="distribution_shift", randomness="window", window=1, delta=5.0, score="sum")
 BACKENDS = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 SETTINGS = [  # (name, max_new_tokens, backend, gqa, float mask, decode path)
     ("stage (new 128)", 128, "", True, False, True),
@@ -64,16 +60,11 @@ SETTINGS = [  # (name, max_new_tokens, backend, gqa, float mask, decode path)
 
 def main(rows: int = 296, repeats: int = 4, smoke: bool = False, only: str = typer.Option(
         "", help="settings to run, separated by ';'"), out: str = "") -> None:
-    device = "cpu" if smoke else "cuda"
-    model, cfg = build_model(2 if smoke else 32, 64 if smoke else 4096, device, "llama3-8b")
-    tok = word_tokenizer(cfg.vocab_size)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, cfg.vocab_size, (int(n),), generator=gen).tolist()
-               for n in torch.randint(48, 65, (rows,), generator=gen)]
+    model, cfg, tok, prompts, spec = stand_in_batch(rows, smoke)
+    device = model.device.type
     batch = tok.pad({"input_ids": prompts}, padding=True, padding_side="left", return_tensors="pt")
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     padding = (mask == 0).sum(-1).tolist()
-    spec = SchemeSpec.from_params(C4)
     results: list[dict] = []
 
     def first_forward(name: str, new: int, backend: str, gqa: bool, float_mask: bool) -> tuple[list, list, list]:

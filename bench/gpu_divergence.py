@@ -26,17 +26,13 @@ from pathlib import Path
 
 import torch
 import typer
-from gpu_generate import build_model  # bench/ is run as scripts, not a package
-from gpu_graph import word_tokenizer
+from gpu_repeat import KEY, stand_in_batch  # bench/ is run as scripts, not a package
 
 from mmw import processor as processors
 from mmw.engines import generate as engine
 from mmw.engines import graph_decode
 from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
 
-KEY = 1234
-C4 = dict(sampler="distribution_shift", randomness="window", window=1, delta=5.0, score="sum")
 
 
 def first_token_difference(a: list[list[int]], b: list[list[int]]) -> tuple[int | None, list[int]]:
@@ -55,15 +51,8 @@ def first_token_difference(a: list[list[int]], b: list[list[int]]) -> tuple[int 
 
 def main(rows: int = 296, new_tokens: int = 128, smoke: bool = False, graph_runs: bool = True,
          out: str = "") -> None:
-    device = "cpu" if smoke else "cuda"
-    if smoke:
-        engine.CACHE_DEVICES = ("cpu", "cuda")
-    model, cfg = build_model(2 if smoke else 32, 64 if smoke else 4096, device, "llama3-8b")
-    tok = word_tokenizer(cfg.vocab_size)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, cfg.vocab_size, (int(n),), generator=gen).tolist()
-               for n in torch.randint(48, 65, (rows,), generator=gen)]
-    spec = SchemeSpec.from_params(C4)
+    model, cfg, tok, prompts, spec = stand_in_batch(rows, smoke)
+    device = model.device.type
     report: dict = {"rows": rows, "new_tokens": new_tokens, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name() if not smoke else "cpu"}
 

@@ -42,6 +42,20 @@ VARIANTS = {"graph": {"MMW_GRAPH_DECODE": "1", "MMW_COMPILE": "1"},
             "eager": {"MMW_GRAPH_DECODE": "0", "MMW_COMPILE": "0"}}
 
 
+def stand_in_batch(rows: int, smoke: bool):
+    """The determinism benches' workload: (model, config, tokenizer, prompts, C4 spec). A random-init Llama-3-8B
+    shape in bf16 on CUDA (``smoke``: a 2-layer one on the CPU, decoded through the static loop there too), and
+    ``rows`` prompts of 48-64 random tokens, the same in every process."""
+    device = "cpu" if smoke else "cuda"
+    if smoke:
+        engine.CACHE_DEVICES = ("cpu", "cuda")
+    model, cfg = build_model(2 if smoke else 32, 64 if smoke else 4096, device, "llama3-8b")
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, cfg.vocab_size, (int(n),), generator=gen).tolist()
+               for n in torch.randint(48, 65, (rows,), generator=gen)]
+    return model, cfg, word_tokenizer(cfg.vocab_size), prompts, SchemeSpec.from_params(C4)
+
+
 def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int = 3, deterministic: bool = False,
          variants: str = ",".join(VARIANTS), sdpa: str = typer.Option("", help="restrict SDPA to one backend: "
                                                                         "cudnn | efficient | flash | math"),
@@ -55,18 +69,10 @@ def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int 
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
-    device = "cpu" if smoke else "cuda"
-    if smoke:
-        engine.CACHE_DEVICES = ("cpu", "cuda")
-    model, cfg = build_model(2 if smoke else 32, 64 if smoke else 4096, device, "llama3-8b")
-    tok = word_tokenizer(cfg.vocab_size)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, cfg.vocab_size, (int(n),), generator=gen).tolist()
-               for n in torch.randint(48, 65, (rows,), generator=gen)]
-    spec = SchemeSpec.from_params(C4)
+    model, cfg, tok, prompts, spec = stand_in_batch(rows, smoke)
     result = {"label": label, "deterministic": deterministic, "rows": rows, "new_tokens": new_tokens,
-              "gpu": torch.cuda.get_device_name() if not smoke else "cpu", "torch": torch.__version__, "decode": decode, "key_bucket": key_bucket,
-              "digests": {}, "seconds": {}}
+              "gpu": torch.cuda.get_device_name() if not smoke else "cpu", "torch": torch.__version__,
+              "decode": decode, "key_bucket": key_bucket, "digests": {}, "seconds": {}}
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}

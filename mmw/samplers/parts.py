@@ -53,13 +53,13 @@ class SamplerPart(Part):
     candidate_seeds: ClassVar[bool] = False
     #: Seeds remembered per generation for masking repeated contexts (0: no mask); ``mmw.processor`` applies it.
     context_history: ClassVar[int] = 0
+    # A distortion-free sampler is deterministic given the key, so it may sample plainly with probability skip_prob.
+    scheme_keys = (Key("skip_prob", default=0.0),)
 
     @classmethod
     def history_size(cls, spec: SchemeValues) -> int:
         """Seeds a generation remembers to sample its repeated contexts plainly under ``spec`` (0: none)."""
         return cls.context_history
-    # A distortion-free sampler is deterministic given the key, so it may sample plainly with probability skip_prob.
-    scheme_keys = (Key("skip_prob", default=0.0),)
 
 
 class PlainPart(SamplerPart):
