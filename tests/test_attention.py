@@ -131,6 +131,32 @@ def test_the_folded_decoding_attention_is_grouped_query_attention(additive: bool
     torch.testing.assert_close(folded, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_flex_decoding_under_the_written_blocks_is_grouped_query_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``decode_blocks`` (a static cache's mask and the count of blocks to read) a decoding step is
+    ``flex_attention``'s, and it equals SDPA's GQA under the same mask; positions past the listed blocks are never
+    attendable (the caller's invariant), so listing more blocks changes nothing."""
+    from mmw.engines import attention
+
+    monkeypatch.setattr(attention, "FLEX_BLOCK", 4)
+    gen = torch.Generator().manual_seed(5)
+    query, key, value = (torch.randn(shape, generator=gen) for shape in [(3, 8, 1, 16), (3, 2, 14, 16),
+                                                                         (3, 2, 14, 16)])
+    keep = torch.zeros(3, 14, dtype=torch.bool)
+    keep[:, :9] = True  # 9 positions written: blocks 0-2 of 4 hold them
+    keep[0, :3] = False  # a left-padded row
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=keep[:, None, None],
+                                                                enable_gqa=True).transpose(1, 2)
+    for listed in (3, 4):
+        blocks = attention.decode_blocks(keep, torch.full((3, 1, 1), listed, dtype=torch.int32))
+        monkeypatch.setattr(attention, "DECODE_BLOCKS", blocks)
+        out, _ = attention.decode_attention(None, query, key, value, keep[:, None, None], None)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # a cache of another length is not the loop's: the folded memory-efficient path takes it
+    short = attention.decode_attention(None, query, key[:, :, :12], value[:, :, :12], keep[:, None, None, :12],
+                                       None)[0]
+    torch.testing.assert_close(short, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_the_decoding_attention_switch_takes_a_known_value_or_says_which(monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -141,7 +167,7 @@ def test_the_decoding_attention_switch_takes_a_known_value_or_says_which(monkeyp
         assert sdpa_attention.use_gqa_in_sdpa(torch.ones(1, 1, 1, 4, dtype=torch.bool), torch.zeros(1, 2, 4, 16),
                                               torch.zeros(1, 2, 4, 16)) is True
     monkeypatch.setenv("MMW_DECODE_ATTENTION", "cudnn")
-    with pytest.raises(ValueError, match="MMW_DECODE_ATTENTION: expected one of efficient, sdpa, got 'cudnn'"):
+    with pytest.raises(ValueError, match="MMW_DECODE_ATTENTION: expected one of flex, efficient, sdpa, got 'cudnn'"):
         with grouped_query_sdpa(CUDA_LIKE):
             pass
     assert ALL_ATTENTION_FUNCTIONS["sdpa"] is original

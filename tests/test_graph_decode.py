@@ -117,3 +117,45 @@ def test_the_decoding_attention_reads_only_written_positions_and_gives_the_same_
     assert attention.KEY_LIMIT is None  # reset after the loop
     assert len({limit for limit, _ in limits}) >= 2  # more than one bucket was used
     assert all(attended == 0 for _, attended in limits), "a position past the bound was attendable"
+
+
+def test_flex_decoding_reads_the_written_blocks_and_gives_the_same_tokens(tiny, monkeypatch):
+    """With ``flex_attention`` as the decoding attention (the CUDA default; eager flex here), every step lists the
+    cache blocks up to its fed token's position and no position past them is attendable, and the tokens are those
+    of the folded memory-efficient attention over the whole cache."""
+    from types import SimpleNamespace
+
+    from mmw.engines import attention, graph_decode
+    from mmw.engines.attention import grouped_query_sdpa
+
+    monkeypatch.setattr(attention, "FLEX_BLOCK", 8)
+    tokenizer, model = tiny
+    chats, _ = tiny_chats(6)
+    chats = [c + " the" * 3 for c in chats]
+    steps: list[tuple[int, int, int]] = []
+    flex = attention.flex_decode
+
+    def recording(query, key, value, blocks, scaling):
+        listed = blocks.kv_num_blocks
+        assert int(listed.min()) == int(listed.max())  # one count for every row
+        mask2d = blocks.mask_mod.__closure__[0].cell_contents  # the loop's own mask buffer
+        written = int(mask2d.any(0).nonzero().max()) + 1  # the fed token's position + 1
+        steps.append((int(listed[0, 0, 0]), written, int(mask2d[:, int(listed[0, 0, 0]) * 8:].sum())))
+        return flex(query, key, value, blocks, scaling)
+
+    monkeypatch.setattr(attention, "flex_decode", recording)
+
+    def tokens(flex_path: bool) -> list[list[int]]:
+        monkeypatch.setattr(graph_decode, "KEY_BUCKET", None)
+        monkeypatch.setattr(graph_decode, "flex_default", lambda device: flex_path)
+        with grouped_query_sdpa(SimpleNamespace(device=torch.device("cuda"))):  # the CUDA path, on this CPU
+            return run(tokenizer, model, chats, SPECS["c4"], True, monkeypatch, max_new_tokens=40)["tokens"]
+
+    whole = tokens(False)
+    assert not steps
+    flexed = tokens(True)
+    assert flexed == whole
+    assert attention.DECODE_BLOCKS is None  # reset after the loop
+    assert len({listed for listed, _, _ in steps}) >= 3  # the count grew over the generation
+    assert all(listed == -(-written // 8) for listed, written, _ in steps), steps[:5]
+    assert all(past == 0 for _, _, past in steps), "a position past the listed blocks was attendable"

@@ -17,6 +17,14 @@ its queries (query [B, H, 1, D] -> [B, H_kv, H/H_kv, D] against the group's own 
 attention, no K/V copy, no GQA flag needed) and runs it on the memory-efficient kernel (math as its fallback),
 never cuDNN. Prompt forwards (many queries a row) keep the path above; they repeat exactly.
 
+Inside the static decode loop (``mmw.engines.graph_decode``) a decoding step can instead run ``flex_attention``
+(compiled: torch's split-K decoding kernel, whose partial results are combined in a fixed order) under a block mask
+that lists only the cache blocks written so far (``DECODE_BLOCKS``, advanced on the device by the step, so one
+captured graph serves every step). On one H200 (bench/gpu_decode_kernels.py, 296 rows, a 1,087-position cache) it
+repeated bit for bit over 20 calls and took 0.20 / 0.35 / 0.58 ms a layer with 192 / 576 / 1,087 positions
+written, against 0.30 / 0.47 / 0.77 ms for the memory-efficient kernel over the written positions and ~0.40 ms
+for cuDNN (which differed in 3-9 rows).
+
 Off the GPU nothing is changed: on a CPU the math path is what runs either way.
 """
 
@@ -30,25 +38,65 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-#: A decoding step's attention on CUDA (``MMW_DECODE_ATTENTION``): "efficient" (``decode_attention``, repeats bit
-#: for bit) or "sdpa" (SDPA's own GQA choice, cuDNN on Hopper: 1.39x faster over a 1,024-token generation on one
-#: H200, 25.0 s against 34.8 s for 296 rows, bench/results/gpu.md, but not reproducible).
-DECODE_ATTENTION_CHOICES = ("efficient", "sdpa")
+#: A decoding step's attention on CUDA (``MMW_DECODE_ATTENTION``): "flex" (in the static decode loop: compiled
+#: ``flex_attention`` over the written blocks; elsewhere as "efficient"), "efficient" (``decode_attention``'s
+#: memory-efficient kernel; both repeat bit for bit) or "sdpa" (SDPA's own GQA choice, cuDNN on Hopper, which
+#: does not repeat). A 1,024-token generation of 296 rows on one H200 (bench/results/gpu.md): flex 23.0 s,
+#: sdpa 25.0 s, efficient 27.2 s (34.8 s without ``KEY_LIMIT``).
+DECODE_ATTENTION_CHOICES = ("flex", "efficient", "sdpa")
 #: Cache positions a decoding step's attention reads (None: all of them). A decode loop over a pre-allocated cache
 #: sets it per step to a bound on the positions written so far (``mmw.engines.graph_decode``): the positions past
 #: it are masked out anyway, so reading them is pure cost.
 KEY_LIMIT: int | None = None
+#: The static decode loop's block mask over its cache (flex path; None elsewhere): a decoding step whose keys span
+#: exactly its ``seq_lengths`` runs ``flex_attention`` under it.
+DECODE_BLOCKS: Any = None
+#: Cache positions per block of ``DECODE_BLOCKS`` (flex_attention's default tile).
+FLEX_BLOCK = 128
 #: The kernels a decoding step may use: both repeat bit for bit; cuDNN's did not.
 DECODE_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def decode_attention_choice() -> str:
     """``MMW_DECODE_ATTENTION``, checked: "efficient" unless set."""
-    choice = os.environ.get("MMW_DECODE_ATTENTION", "efficient")
+    choice = os.environ.get("MMW_DECODE_ATTENTION", "flex")
     if choice not in DECODE_ATTENTION_CHOICES:
         raise ValueError(f"MMW_DECODE_ATTENTION: expected one of {', '.join(DECODE_ATTENTION_CHOICES)}, "
                          f"got {choice!r}")
     return choice
+
+
+_compiled_flex: Any = None
+
+
+def flex_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blocks: Any,
+                scaling: float | None) -> torch.Tensor:
+    """``flex_attention`` of one decoding step under ``blocks``, compiled once per process (its decoding kernel
+    exists only compiled; eager flex materializes the scores). [B, H, 1, D] with K/V [B, H_kv, L, D] ->
+    [B, H, 1, D]."""
+    global _compiled_flex
+    if _compiled_flex is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        _compiled_flex = torch.compile(flex_attention, dynamic=False) if query.is_cuda else flex_attention
+    return _compiled_flex(query, key, value, block_mask=blocks, enable_gqa=True, scale=scaling)
+
+
+def decode_blocks(mask2d: torch.Tensor, listed: torch.Tensor) -> Any:
+    """A flex block mask over a static cache: row b may attend position j iff ``mask2d[b, j]``, and only its first
+    ``listed[b, 0, 0]`` blocks of ``FLEX_BLOCK`` positions are read (the caller keeps every later position masked
+    and updates both tensors in place). ``mask2d`` bool [B, L], ``listed`` int32 [B, 1, 1]."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    rows, length = mask2d.shape
+    block = FLEX_BLOCK
+    n = -(-length // block)
+    order = torch.arange(n, dtype=torch.int32, device=mask2d.device).expand(rows, 1, 1, n).contiguous()
+
+    def attendable(b, h, q_idx, kv_idx):
+        return mask2d[b, kv_idx]
+
+    return BlockMask.from_kv_blocks(listed, order, BLOCK_SIZE=block, mask_mod=attendable,
+                                    seq_lengths=(1, length))
 
 
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -58,8 +106,12 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     ``query`` [B, H, 1, D], ``key``/``value`` [B, H_kv, L, D] (H a multiple of H_kv: query head h reads K/V head
     h // (H / H_kv), as transformers' ``repeat_kv`` pairs them), ``attention_mask`` boolean or additive,
     broadcastable to [B, 1, 1, L]; only the first ``KEY_LIMIT`` positions are read when it is set (every later one
-    must be masked). Returns ([B, 1, H, D], None)."""
+    must be masked), and under ``DECODE_BLOCKS`` (keys spanning its length) it is ``flex_decode``'s. Returns
+    ([B, 1, H, D], None)."""
     b, heads, _, dim = query.shape
+    if DECODE_BLOCKS is not None and key.shape[-2] == DECODE_BLOCKS.seq_lengths[1]:
+        out = flex_decode(query, key, value, DECODE_BLOCKS, scaling)
+        return out.transpose(1, 2).contiguous(), None
     if KEY_LIMIT is not None and KEY_LIMIT < key.shape[-2]:
         key, value = key[:, :, :KEY_LIMIT], value[:, :, :KEY_LIMIT]
     kv_heads = key.shape[1]
@@ -110,7 +162,7 @@ def grouped_query_sdpa(model: Any) -> Iterator[None]:
 
     local = ALL_ATTENTION_FUNCTIONS._local_mapping  # transformers' own per-instance override slot
     saved = local.get("sdpa")
-    fold_decoding = decode_attention_choice() == "efficient"
+    fold_decoding = decode_attention_choice() != "sdpa"
     sdpa_attention.use_gqa_in_sdpa = with_mask_too
     if fold_decoding:
         local["sdpa"] = _with_decode_path(ALL_ATTENTION_FUNCTIONS["sdpa"])

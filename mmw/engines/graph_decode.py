@@ -16,8 +16,10 @@ our own:
   index) is a device tensor advanced by the step itself, so the step has no host synchronisation and no
   data-dependent shape: on CUDA it is recorded (``torch.cuda.CUDAGraph``) after ``WARMUP_STEPS`` eager steps
   (which build cuBLAS / cuDNN plans and compile the watermark step) and replayed, once per bound of the
-  positions the decoding attention reads (``key_limit``: the whole cache, or with ``KEY_BUCKET`` set the written
-  positions rounded up to it, since the rest of the pre-allocated cache is masked).
+  positions the decoding attention reads (``key_limit``: the written positions rounded up to ``KEY_BUCKET``, since
+  the rest of the pre-allocated cache is masked). With ``flex_attention`` as the decoding attention (the CUDA
+  default, ``mmw.engines.attention``) the bound is instead a device tensor of the step (the blocks of its block
+  mask), and one graph serves every step.
 * stopping: the host reads "is any row unfinished" every ``STOP_CHECK_EVERY`` steps (one sync per check), so up
   to that many extra steps run after every row has ended; their tokens come after each row's EOS and are
   dropped by ``strip_after_eos`` like transformers' padding.
@@ -36,17 +38,18 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from mmw.engines import attention
+from mmw.engines.attention import decode_attention_choice, decode_blocks
 
 #: Eager decode steps before the capture: cuBLAS/cuDNN plans and the compiled watermark step are built there, and
 #: every allocation the step makes has been seen once.
 WARMUP_STEPS = 2
 #: Steps between two host reads of "is any row still unfinished".
 STOP_CHECK_EVERY = 16
-#: Cache positions per key bound of the decoding attention (``key_limit``): the steps of one bucket share a graph.
-#: None (the default): one bound, the whole cache. Bounding it saves the reads of positions not yet written (about
-#: half of them over a generation) but is not yet measured on a GPU, so it stays off; the CPU test checks that it
-#: gives the same tokens (tests/test_graph_decode.py). ``bench/gpu_repeat.py --key-bucket 128`` measures it.
-KEY_BUCKET: int | None = None
+#: Cache positions per key bound of the memory-efficient decoding attention (``key_limit``): the steps of one
+#: bucket share a graph; None: one bound, the whole cache. Bounding it skips the positions not yet written (about
+#: half of them over a generation): on one H200 (bench/gpu_repeat.py, 296 rows x 1,024 new tokens, graph loop)
+#: 27.2 s against 34.8 s, the same tokens (one digest), as the CPU test also checks.
+KEY_BUCKET: int | None = 128
 #: Benches set a list here: a (start, end) CUDA event pair is appended around every decode step (no sync).
 STEP_EVENTS: list | None = None
 
@@ -56,11 +59,16 @@ def graph_default(device: torch.device) -> bool:
     return device.type == "cuda" and os.environ.get("MMW_GRAPH_DECODE", "1") != "0"
 
 
+def flex_default(device: torch.device) -> bool:
+    """Decode with ``flex_attention`` over the written blocks on CUDA when ``MMW_DECODE_ATTENTION`` is "flex"."""
+    return device.type == "cuda" and decode_attention_choice() == "flex"
+
+
 class _Decoder:
     """The state of one batch's decoding: fixed buffers read and advanced by ``step``."""
 
     def __init__(self, model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, processor,
-                 max_new_tokens: int, eos_ids: Sequence[int], pad_id: int):
+                 max_new_tokens: int, eos_ids: Sequence[int], pad_id: int, flex: bool = False):
         self.model, self.processor = model, processor
         device = input_ids.device
         b, p = input_ids.shape
@@ -77,6 +85,9 @@ class _Decoder:
         self.kv_index = torch.arange(length, dtype=torch.int64, device=device)
         self.mask2d = torch.zeros(b, length, dtype=torch.bool, device=device)
         self.mask4d = self.mask2d[:, None, None, :]
+        # flex path: the blocks of FLEX_BLOCK positions the step's attention reads, advanced by the step
+        self.listed = torch.ones(b, 1, 1, dtype=torch.int32, device=device) if flex else None
+        self.blocks = decode_blocks(self.mask2d, self.listed) if flex else None
         # RoPE positions as generate computes them: cumsum of the padding mask - 1 (prompt), then +1 a step.
         self.prompt_positions = attention_mask.long().cumsum(-1) - 1
         self.prompt_positions.masked_fill_(attention_mask == 0, 1)
@@ -113,6 +124,9 @@ class _Decoder:
         self.now.add_(1)
         self.position.add_(1)
         torch.logical_and(self.base, self.kv_index <= self.now, out=self.mask2d)
+        if self.listed is not None:  # the blocks up to the fed token's position
+            block = attention.FLEX_BLOCK
+            self.listed.copy_(torch.div(self.now + block, block, rounding_mode="floor").view(1, 1, 1))
         out = self.model(input_ids=self.token, attention_mask=self.mask4d, position_ids=self.position,
                          past_key_values=self.cache, use_cache=True)
         self.choose(out.logits[:, -1].to(copy=True, dtype=torch.float32))
@@ -121,36 +135,40 @@ class _Decoder:
         return bool(self.unfinished.any())
 
 
-def key_limit(prompt_len: int, done: int, cache_len: int) -> int:
+def key_limit(prompt_len: int, done: int, cache_len: int, flex: bool = False) -> int:
     """The attention's key bound for the decoding step after ``done`` chosen tokens: its fed token sits at cache
     position ``prompt_len - 1 + done``, rounded up to a multiple of ``KEY_BUCKET`` (one captured graph a bucket);
-    the whole cache when ``KEY_BUCKET`` is None."""
-    if KEY_BUCKET is None:
+    the whole cache when ``KEY_BUCKET`` is None or the step bounds its reads itself (``flex``)."""
+    if KEY_BUCKET is None or flex:
         return cache_len
     return min(cache_len, -(-(prompt_len + done) // KEY_BUCKET) * KEY_BUCKET)
 
 
 def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, processor,
-                  max_new_tokens: int, eos_ids: Sequence[int], pad_id: int, graph: bool | None = None
-                  ) -> torch.Tensor:
+                  max_new_tokens: int, eos_ids: Sequence[int], pad_id: int, graph: bool | None = None,
+                  flex: bool | None = None) -> torch.Tensor:
     """Generated ids int64 [B, steps] (steps <= max_new_tokens; pad after a row's EOS, like ``generate``).
 
     ``processor`` has ``window_context``, ``begin_static(batch, steps, device)`` and ``static_step(context, scores,
-    t)`` (``mmw.processor.WatermarkProcessor``). ``graph`` None: capture on CUDA (``graph_default``). Each step's
-    decoding attention reads the cache only up to ``key_limit`` (``mmw.engines.attention.KEY_LIMIT``); the graph
-    is captured once per limit, the captures sharing one memory pool (they replay one at a time)."""
+    t)`` (``mmw.processor.WatermarkProcessor``). ``graph`` None: capture on CUDA (``graph_default``). ``flex``
+    None: ``flex_default``; then each step's decoding attention is ``flex_attention`` over the cache blocks written
+    so far (``mmw.engines.attention.DECODE_BLOCKS``) and one graph is captured. Otherwise it reads the cache only up
+    to ``key_limit`` (``mmw.engines.attention.KEY_LIMIT``) and the graph is captured once per limit, the captures
+    sharing one memory pool (they replay one at a time)."""
     device = input_ids.device
     graph = graph_default(device) if graph is None else graph
+    flex = flex_default(device) if flex is None else flex
     processor.begin_static(input_ids.shape[0], max_new_tokens, device, graph=graph)
-    dec = _Decoder(model, input_ids, attention_mask, processor, max_new_tokens, eos_ids, pad_id)
+    dec = _Decoder(model, input_ids, attention_mask, processor, max_new_tokens, eos_ids, pad_id, flex=flex)
     dec.choose(dec.prefill_scores())
     done = 1
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    attention.DECODE_BLOCKS = dec.blocks
     try:
         while done < max_new_tokens:
             if done % STOP_CHECK_EVERY == 0 and not dec.any_unfinished():
                 break
-            attention.KEY_LIMIT = key_limit(dec.prompt_len, done, dec.cache_len)
+            attention.KEY_LIMIT = key_limit(dec.prompt_len, done, dec.cache_len, flex)
             if graph and done > WARMUP_STEPS and attention.KEY_LIMIT not in graphs:
                 pool = next(iter(graphs.values())).pool() if graphs else None
                 captured = _capture(dec, pool)
@@ -172,6 +190,7 @@ def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
             done += 1
     finally:
         attention.KEY_LIMIT = None
+        attention.DECODE_BLOCKS = None
     processor.end_static(done)
     return dec.out[:, :done]
 
