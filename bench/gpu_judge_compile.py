@@ -30,7 +30,7 @@ def sync() -> None:
 
 
 def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 1024, batch: int = 16,
-         tiny: bool = False, label: str = "", out: str = "") -> None:
+         tiny: bool = False, label: str = "", profile: bool = False, out: str = "") -> None:
     tok, rows, prompts = stand_in_rows(tokenizer, texts, tokens)
     model = stand_in_judge_model(tok, tiny)
     eager = Judge(tok, model, batch_size=batch, compiled=False)
@@ -67,6 +67,9 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
         seconds, probs = rate(compiled, plan)
         result[name] = {"s": round(seconds, 2), "ms_per_judgement": round(1000 * seconds / len(rows), 2)}
         print(name, result[name], flush=True)
+    if profile:  # where a compiled pass's GPU time goes, by kernel family
+        result["profile"] = kernel_families(lambda: rate(compiled, plan), len(rows))
+        print(json.dumps(result["profile"]), flush=True)
     from torch._dynamo.utils import counters
     result["unique_graphs"] = int(counters["stats"]["unique_graphs"])
     result["max_abs_diff_expected_rating"] = float(np.nanmax(np.abs(expected(probs) - expected(reference))))
@@ -75,6 +78,33 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         Path(out, f"gpu_judge_compile{'_' + label if label else ''}.json").write_text(json.dumps(result, indent=1))
+
+
+FAMILIES = (("gemm", ("gemm", "sm90_xmma", "cutlass", "cublas", "nvjet", "matmul")),
+            ("attention", ("fmha", "flash", "attention", "cudnn")),
+            ("triton (compiled norms, rotary, activations)", ("triton",)))
+
+
+def kernel_families(run, judgements: int) -> dict:
+    """GPU time of one ``run()`` by kernel family (by kernel name), ms a judgement, and the 12 largest kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+    totals: dict[str, float] = {}
+    kernels = []
+    for event in prof.key_averages():
+        gpu_us = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
+        if not gpu_us:
+            continue
+        name = event.key.lower()
+        family = next((f for f, keys in FAMILIES if any(k in name for k in keys)), "other")
+        totals[family] = totals.get(family, 0.0) + gpu_us
+        kernels.append((gpu_us, event.key[:120]))
+    kernels.sort(reverse=True)
+    return {"ms_per_judgement": {f: round(us / 1000 / judgements, 2) for f, us in sorted(totals.items())},
+            "gpu_ms_per_judgement": round(sum(totals.values()) / 1000 / judgements, 2),
+            "top_kernels_ms_per_judgement": [[round(us / 1000 / judgements, 3), name] for us, name in kernels[:12]]}
 
 
 if __name__ == "__main__":
