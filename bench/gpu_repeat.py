@@ -63,16 +63,23 @@ def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int 
                                     "efficient (the stage's) | sdpa (SDPA's own GQA kernel, cuDNN on Hopper)"),
          key_bucket: int = typer.Option(0, help="bound the decoding attention's reads to the written cache positions "
                                             "rounded up to this many (graph_decode.KEY_BUCKET; 0: the whole cache)"),
+         between: int = typer.Option(0, help="between two repeats, generate this many of the prompts with half the "
+                                        "new tokens (another batch and cache shape): the repeats must not depend "
+                                        "on what the process ran before"),
+         flex_dynamic: bool = typer.Option(False, help="compile flex_decode for dynamic shapes (attention.FLEX_DYNAMIC)"),
          smoke: bool = False, out: str = "") -> None:
     os.environ["MMW_DECODE_ATTENTION"] = decode
     graph_decode.KEY_BUCKET = key_bucket or None
+    from mmw.engines import attention
+    attention.FLEX_DYNAMIC = flex_dynamic
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
     model, cfg, tok, prompts, spec = stand_in_batch(rows, smoke)
     result = {"label": label, "deterministic": deterministic, "rows": rows, "new_tokens": new_tokens,
               "gpu": torch.cuda.get_device_name() if not smoke else "cpu", "torch": torch.__version__,
-              "decode": decode, "key_bucket": key_bucket, "digests": {}, "seconds": {}}
+              "decode": decode, "key_bucket": key_bucket, "between": between, "flex_dynamic": flex_dynamic,
+              "digests": {}, "seconds": {}}
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
@@ -86,7 +93,12 @@ def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int 
         os.environ.update(VARIANTS[name])
         processors.watermark_step.cache_clear()
         digests, seconds = [], []
-        for _ in range(repeats):
+        for repeat in range(repeats):
+            if between and repeat:
+                other = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(between)), 1.0)
+                engine.generate_batch(model, tok, prompts[:between], other, max(new_tokens // 2, 1))
+                if hasattr(model, "_cache"):
+                    del model._cache
             proc = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(rows)), 1.0)
             t0 = time.perf_counter()
             cols = engine.generate_batch(model, tok, prompts, proc, new_tokens)

@@ -53,6 +53,13 @@ KEY_LIMIT: int | None = None
 DECODE_BLOCKS: Any = None
 #: Cache positions per block of ``DECODE_BLOCKS`` (flex_attention's default tile).
 FLEX_BLOCK = 128
+#: ``flex_decode`` is compiled per batch and cache shape: compiled for dynamic shapes it took 68.3 s for the
+#: 1,024-token generation of 296 rows on one H200 that takes 23.0 s compiled for its shape (bench/results/gpu.md).
+FLEX_DYNAMIC = False
+#: Shapes ``flex_decode`` is compiled for in one process. Past torch's own limit (8) it would run later shapes
+#: eagerly, with other rounding than a fresh process gives the same batch (texts depending on the process's
+#: history); so the limit is raised, and reaching it raises instead of falling back.
+FLEX_SHAPES = 64
 #: The kernels a decoding step may use: both repeat bit for bit; cuDNN's did not.
 DECODE_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -71,14 +78,20 @@ _compiled_flex: Any = None
 
 def flex_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blocks: Any,
                 scaling: float | None) -> torch.Tensor:
-    """``flex_attention`` of one decoding step under ``blocks``, compiled once per process (its decoding kernel
-    exists only compiled; eager flex materializes the scores). [B, H, 1, D] with K/V [B, H_kv, L, D] ->
-    [B, H, 1, D]."""
+    """``flex_attention`` of one decoding step under ``blocks``, compiled per shape on CUDA (up to ``FLEX_SHAPES``
+    in a process; its decoding kernel exists only compiled, eager flex materializes the scores).
+    [B, H, 1, D] with K/V [B, H_kv, L, D] -> [B, H, 1, D]."""
     global _compiled_flex
     if _compiled_flex is None:
         from torch.nn.attention.flex_attention import flex_attention
-        _compiled_flex = torch.compile(flex_attention, dynamic=False) if query.is_cuda else flex_attention
-    return _compiled_flex(query, key, value, block_mask=blocks, enable_gqa=True, scale=scaling)
+        _compiled_flex = torch.compile(flex_attention, dynamic=FLEX_DYNAMIC) if query.is_cuda else flex_attention
+    if not query.is_cuda:
+        return _compiled_flex(query, key, value, block_mask=blocks, enable_gqa=True, scale=scaling)
+    limits = {name: setting for name, setting in (("recompile_limit", FLEX_SHAPES),
+                                                  ("fail_on_recompile_limit_hit", True))
+              if hasattr(torch._dynamo.config, name)}  # the names of torch >= 2.7
+    with torch._dynamo.config.patch(**limits):
+        return _compiled_flex(query, key, value, block_mask=blocks, enable_gqa=True, scale=scaling)
 
 
 def decode_blocks(mask2d: torch.Tensor, listed: torch.Tensor) -> Any:
