@@ -135,11 +135,12 @@ class _Decoder:
         return bool(self.unfinished.any())
 
 
-def key_limit(prompt_len: int, done: int, cache_len: int, flex: bool = False) -> int:
+def key_limit(prompt_len: int, done: int, cache_len: int, bounded: bool = True) -> int:
     """The attention's key bound for the decoding step after ``done`` chosen tokens: its fed token sits at cache
     position ``prompt_len - 1 + done``, rounded up to a multiple of ``KEY_BUCKET`` (one captured graph a bucket);
-    the whole cache when ``KEY_BUCKET`` is None or the step bounds its reads itself (``flex``)."""
-    if KEY_BUCKET is None or flex:
+    the whole cache when ``KEY_BUCKET`` is None or not ``bounded`` (flex bounds its reads itself; SDPA's own kernel
+    reads the whole cache, so a bound would only cost captures)."""
+    if KEY_BUCKET is None or not bounded:
         return cache_len
     return min(cache_len, -(-(prompt_len + done) // KEY_BUCKET) * KEY_BUCKET)
 
@@ -158,6 +159,7 @@ def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
     device = input_ids.device
     graph = graph_default(device) if graph is None else graph
     flex = flex_default(device) if flex is None else flex
+    bounded = not flex and decode_attention_choice() != "sdpa"
     processor.begin_static(input_ids.shape[0], max_new_tokens, device, graph=graph)
     dec = _Decoder(model, input_ids, attention_mask, processor, max_new_tokens, eos_ids, pad_id, flex=flex)
     dec.choose(dec.prefill_scores())
@@ -168,7 +170,7 @@ def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
         while done < max_new_tokens:
             if done % STOP_CHECK_EVERY == 0 and not dec.any_unfinished():
                 break
-            attention.KEY_LIMIT = key_limit(dec.prompt_len, done, dec.cache_len, flex)
+            attention.KEY_LIMIT = key_limit(dec.prompt_len, done, dec.cache_len, bounded)
             if graph and done > WARMUP_STEPS and attention.KEY_LIMIT not in graphs:
                 pool = next(iter(graphs.values())).pool() if graphs else None
                 captured = _capture(dec, pool)
