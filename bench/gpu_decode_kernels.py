@@ -27,7 +27,7 @@ import torch
 import typer
 
 B, H, HKV, D, L = 296, 32, 8, 128, 1087
-BLOCK = 128
+BLOCK = 128  # mmw.engines.attention.FLEX_BLOCK
 
 
 def inputs(written: int, device: str) -> tuple[torch.Tensor, ...]:
@@ -53,11 +53,9 @@ def reference(q, k, v, valid) -> torch.Tensor:
 
 def kernels(written: int):
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     from mmw.engines import attention
 
-    flex = torch.compile(flex_attention, dynamic=False)
     nblocks = -(-L // BLOCK)
     cut = -(-written // BLOCK) * BLOCK
 
@@ -77,22 +75,16 @@ def kernels(written: int):
         finally:
             attention.KEY_LIMIT = None
 
-    def block_mask(valid, listed: int) -> BlockMask:
-        def mask_mod(b, h, q_idx, kv_idx):
-            return valid[b, kv_idx]
-
-        num = torch.full((B, 1, 1), listed, dtype=torch.int32, device=valid.device)
-        idx = torch.arange(nblocks, dtype=torch.int32, device=valid.device).expand(B, 1, 1, nblocks).contiguous()
-        return BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(1, L))
-
     masks = {}
 
     def flex_with(listed: int):
+        """The stage's flex path (``attention.decode_blocks`` + ``attention.flex_decode``), ``listed`` blocks read."""
         def run(q, k, v, valid):
             key = (listed, valid.data_ptr())
             if key not in masks:
-                masks[key] = block_mask(valid, listed)
-            return flex(q, k, v, block_mask=masks[key], enable_gqa=True)
+                masks[key] = attention.decode_blocks(valid, torch.full((B, 1, 1), listed, dtype=torch.int32,
+                                                                       device=valid.device))
+            return attention.flex_decode(q, k, v, masks[key], None)
         return run
 
     return {"cudnn": cudnn, "efficient": efficient, "efficient-cut": efficient_cut,

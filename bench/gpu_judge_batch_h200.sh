@@ -8,7 +8,6 @@ for b in 16 32 64; do timeout 130 python3 bench/gpu_judge_compile.py --tokenizer
 best=$(python3 -c "
 import json,glob
 r={json.load(open(f))['batch']:json.load(open(f))['compiled_pass2']['ms_per_judgement'] for f in glob.glob('$OUT/j/*.json')}
-print(r, flush=True) if False else None
 b=min(r,key=r.get); print(b if r[b] < 0.95*r.get(16,1e9) else 0)")
 echo "best batch: $best"
 if [ "$best" != "0" ]; then timeout 330 bash bench/gpu_fullscale_h200.sh judge_b$best "" --in-process --set rate.batch_size=$best 2>&1 | tail -14; fi

@@ -65,7 +65,7 @@ DECODE_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def decode_attention_choice() -> str:
-    """``MMW_DECODE_ATTENTION``, checked: "efficient" unless set."""
+    """``MMW_DECODE_ATTENTION``, checked: "flex" unless set."""
     choice = os.environ.get("MMW_DECODE_ATTENTION", "flex")
     if choice not in DECODE_ATTENTION_CHOICES:
         raise ValueError(f"MMW_DECODE_ATTENTION: expected one of {', '.join(DECODE_ATTENTION_CHOICES)}, "
@@ -79,14 +79,15 @@ _compiled_flex: Any = None
 def flex_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blocks: Any,
                 scaling: float | None) -> torch.Tensor:
     """``flex_attention`` of one decoding step under ``blocks``, compiled per shape on CUDA (up to ``FLEX_SHAPES``
-    in a process; its decoding kernel exists only compiled, eager flex materializes the scores).
-    [B, H, 1, D] with K/V [B, H_kv, L, D] -> [B, H, 1, D]."""
+    in a process; its decoding kernel exists only compiled, eager flex materializes the scores; the CPU runs it
+    eagerly). [B, H, 1, D] with K/V [B, H_kv, L, D] -> [B, H, 1, D]."""
     global _compiled_flex
-    if _compiled_flex is None:
-        from torch.nn.attention.flex_attention import flex_attention
-        _compiled_flex = torch.compile(flex_attention, dynamic=FLEX_DYNAMIC) if query.is_cuda else flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
+
     if not query.is_cuda:
-        return _compiled_flex(query, key, value, block_mask=blocks, enable_gqa=True, scale=scaling)
+        return flex_attention(query, key, value, block_mask=blocks, enable_gqa=True, scale=scaling)
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=FLEX_DYNAMIC)
     limits = {name: setting for name, setting in (("recompile_limit", FLEX_SHAPES),
                                                   ("fail_on_recompile_limit_hit", True))
               if hasattr(torch._dynamo.config, name)}  # the names of torch >= 2.7
