@@ -6,7 +6,9 @@ random-init Llama-3-8B judge in bf16), batches as the rate stage cuts them on CU
 apart) and a second pass. Inductor keeps compiled code in ``TORCHINDUCTOR_CACHE_DIR``: run twice with the same
 folder to see a process that finds its compilation cached (what a sweep's later configurations on one machine do).
 
-    PYTHONPATH=.:bench python3 bench/gpu_judge_compile.py --tokenizer DIR --texts 96 --out DIR
+``--variants gqa,expanded`` compiles the judge once per variant in one process, against the same eager reference.
+
+    PYTHONPATH=.:bench python3 bench/gpu_judge_compile.py --tokenizer DIR --texts 96 --variants gqa,expanded --out DIR
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ def sync() -> None:
 
 
 def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 1024, batch: int = 16,
-         tiny: bool = False, label: str = "", profile: bool = False, out: str = "") -> None:
+         tiny: bool = False, label: str = "", profile: bool = False,
+         variants: str = typer.Option("gqa", help="compiled judges to time in turn, joined by commas: gqa (K/V "
+                                                  "heads read by their query-head groups, the default), expanded "
+                                                  "(K/V copied to every query head)"),
+         trace: int = typer.Option(0, help="also write a Chrome trace (CPU and CUDA) of this many batches"),
+         out: str = "") -> None:
     tok, rows, prompts = stand_in_rows(tokenizer, texts, tokens)
     model = stand_in_judge_model(tok, tiny)
     eager = Judge(tok, model, batch_size=batch, compiled=False)
@@ -41,8 +48,9 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
         sync()
         start = time.perf_counter()
         probs = np.zeros((len(rows), MAX_GRADE + 1))
-        for unit in units:
-            probs[unit] = judge.grade_distribution([prompts[i] for i in unit], [rows[i] for i in unit])
+        groups = (([prompts[i] for i in unit], [rows[i] for i in unit]) for unit in units)
+        for unit, block in zip(units, judge.grade_distributions(groups), strict=True):  # as the rate stage
+            probs[unit] = block
         sync()
         return time.perf_counter() - start, probs
 
@@ -57,32 +65,57 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
     result["eager"] = {"s": round(seconds, 2), "ms_per_judgement": round(1000 * seconds / len(rows), 2)}
     print(result, flush=True)
 
-    t0 = time.perf_counter()
-    compiled = Judge(tok, model, batch_size=batch, compiled=True)
-    compiled.pad_multiple = 128
-    result["compiled_setup_s"] = round(time.perf_counter() - t0, 2)
-    first_unit, _ = rate(compiled, plan[:1])  # the compilation happens in the first forward
-    result["compiled_first_batch_s"] = round(first_unit, 2)
-    for name in ("compiled_pass1", "compiled_pass2"):
-        seconds, probs = rate(compiled, plan)
-        result[name] = {"s": round(seconds, 2), "ms_per_judgement": round(1000 * seconds / len(rows), 2)}
-        print(name, result[name], flush=True)
-    if profile:  # where a compiled pass's GPU time goes, by kernel family
-        result["profile"] = kernel_families(lambda: rate(compiled, plan), len(rows))
-        print(json.dumps(result["profile"]), flush=True)
     from torch._dynamo.utils import counters
-    result["unique_graphs"] = int(counters["stats"]["unique_graphs"])
-    result["max_abs_diff_expected_rating"] = float(np.nanmax(np.abs(expected(probs) - expected(reference))))
-    result["max_abs_diff_grade_probability"] = float(np.abs(probs - reference).max())
-    print(json.dumps(result), flush=True)
+
+    variant_probs = {}
+    for choice in variants.split(","):
+        key = "" if choice == "gqa" else f"_{choice}"  # "compiled_*" names the default
+        t0 = time.perf_counter()
+        graphs = int(counters["stats"]["unique_graphs"])
+        Judge.grouped_query = choice == "gqa"
+        compiled = Judge(tok, model, batch_size=batch, compiled=True)
+        compiled.pad_multiple = 128
+        result[f"compiled{key}_arithmetic"] = compiled.arithmetic
+        result[f"compiled{key}_setup_s"] = round(time.perf_counter() - t0, 2)
+        first_unit, _ = rate(compiled, plan[:1])  # the compilation happens in the first forward
+        result[f"compiled{key}_first_batch_s"] = round(first_unit, 2)
+        for name in ("pass1", "pass2"):
+            seconds, probs = rate(compiled, plan)
+            result[f"compiled{key}_{name}"] = {"s": round(seconds, 2),
+                                               "ms_per_judgement": round(1000 * seconds / len(rows), 2)}
+            print(choice, name, result[f"compiled{key}_{name}"], flush=True)
+        if profile:  # where a compiled pass's GPU time goes, by kernel family
+            result[f"profile{key}"] = kernel_families(lambda: rate(compiled, plan), len(rows))
+            print(json.dumps(result[f"profile{key}"]), flush=True)
+        if trace:
+            trace_batches(lambda: rate(compiled, plan[:trace]), Path(out or ".", f"trace{key}.json"))
+        variant_probs[choice] = probs
+        result[f"compiled{key}_graphs"] = int(counters["stats"]["unique_graphs"]) - graphs
+        result[f"compiled{key}_max_abs_diff_expected_rating"] = float(
+            np.nanmax(np.abs(expected(probs) - expected(reference))))
+        result[f"compiled{key}_max_abs_diff_grade_probability"] = float(np.abs(probs - reference).max())
+        print(json.dumps(result), flush=True)
+    if len(variant_probs) > 1:
+        first, *others = variant_probs.values()
+        result["variants_bit_identical"] = all(np.array_equal(first, other) for other in others)
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         Path(out, f"gpu_judge_compile{'_' + label if label else ''}.json").write_text(json.dumps(result, indent=1))
 
 
 FAMILIES = (("gemm", ("gemm", "sm90_xmma", "cutlass", "cublas", "nvjet", "matmul")),
-            ("attention", ("fmha", "flash", "attention", "cudnn")),
+            ("attention", ("fmha", "flash", "attention", "cudnn", "triton_tem")),  # triton_tem: flex's kernel
             ("triton (compiled norms, rotary, activations)", ("triton",)))
+
+
+def trace_batches(run, path: Path) -> None:
+    """A Chrome trace (CPU ops and CUDA kernels) of one ``run()``: where the device waits for the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+    prof.export_chrome_trace(str(path))
 
 
 def kernel_families(run, judgements: int) -> dict:

@@ -25,7 +25,7 @@ import contextlib
 import os
 import re
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,7 +36,7 @@ from scipy import stats
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from mmw.engines.attention import grouped_query_sdpa
+from mmw.engines.attention import grouped_query_prompts, grouped_query_sdpa
 from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
 from mmw.errors import SpecError
 
@@ -210,6 +210,10 @@ class Judge:
     """Rates (prompt, response) pairs with a causal LM (``tokenizer`` must pad on the left, as
     ``mmw.engines.models.load_model`` sets up)."""
 
+    #: The expected mode's forward on CUDA lets SDPA read each K/V head for its group of query heads under the
+    #: tree mask (``mmw.engines.attention.grouped_query_prompts``) instead of copying K/V to every query head.
+    grouped_query: bool = True
+
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,
@@ -236,15 +240,18 @@ class Judge:
         self.trie = grade_trie(tokenizer)
         # Inner trie nodes as extra tokens: each node's last token, its depth below the context, and which node
         # tokens it may attend to (its ancestors and itself).
-        inner = self.trie.inner
-        self._tree_tokens = torch.tensor([node[-1] for node in inner], dtype=torch.long)
-        self._tree_depth = torch.tensor([len(node) for node in inner], dtype=torch.long)
+        # On the model's device once: a copy from host memory in every forward would wait for the device to finish
+        # its queue (a pageable copy synchronizes), and so would indexing with a boolean mask.
+        inner, device = self.trie.inner, model.device
+        self._tree_tokens = torch.tensor([node[-1] for node in inner], dtype=torch.long, device=device)
+        self._tree_depth = torch.tensor([len(node) for node in inner], dtype=torch.long, device=device)
         self._tree_ancestors = torch.tensor(
             [[len(other) <= len(node) and node[: len(other)] == other for other in inner] for node in inner],
-            dtype=torch.bool,
+            dtype=torch.bool, device=device,
         ).reshape(len(inner), len(inner))
         vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.digit_start = digit_start_mask(tokenizer, vocab_size).to(model.device)
+        self.digit_start = digit_start_mask(tokenizer, vocab_size).to(device)
+        self._digit_ids = self.digit_start.nonzero().flatten()
         self._head: tuple[int, ...] | None = None
         self._head_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._token_counts: dict[str, int] = {}
@@ -264,9 +271,12 @@ class Judge:
 
     @property
     def arithmetic(self) -> str:
-        """What the expected mode's numbers depend on beyond the model and the texts: :data:`ARITHMETIC`, and
-        whether the forward is compiled (fused kernels round differently in the last bits)."""
-        return f"{ARITHMETIC}+compiled" if self._compiled is not None else str(ARITHMETIC)
+        """What the expected mode's numbers depend on beyond the model and the texts: :data:`ARITHMETIC`, whether
+        the forward is compiled (fused kernels round differently in the last bits) and whether, on CUDA, attention
+        reads K/V heads by query-head group (another cuDNN kernel: other last bits)."""
+        parts = [str(ARITHMETIC)] + ["compiled"] * (self._compiled is not None) \
+            + ["gqa"] * (self.grouped_query and self.model.device.type == "cuda")
+        return "+".join(parts)
 
     def _chat(self, prompt: str, response: str) -> str:
         messages = rating_messages(prompt, response)
@@ -310,7 +320,10 @@ class Judge:
         """``input_ids`` and ``attention_mask`` of ``sequences`` left-padded to one width, on the model's device."""
         batch = self.tokenizer.pad({"input_ids": list(sequences)}, padding=True, padding_side="left",
                                    return_tensors="pt", pad_to_multiple_of=self.pad_multiple)
-        return {k: v.to(self.model.device) for k, v in batch.items()}
+        if self.model.device.type != "cuda":
+            return {k: v.to(self.model.device) for k, v in batch.items()}
+        # from page-locked memory without waiting: a plain copy would first wait for the batch before this one
+        return {k: v.pin_memory().to(self.model.device, non_blocking=True) for k, v in batch.items()}
 
     def replies(self, prompts: Sequence[str], texts: Sequence[str]) -> list[str]:
         """The judge's greedy replies to the rating prompt (at most ``max_new_tokens`` tokens each)."""
@@ -333,9 +346,42 @@ class Judge:
 
     def grade_distribution(self, prompts: Sequence[str], texts: Sequence[str]) -> np.ndarray:
         """(n_texts, 101) probabilities of writing grade 0..100 after the prefill (rows sum to <= 1)."""
-        probs = np.zeros((len(texts), MAX_GRADE + 1))
-        for rows, sequences in self._batches(prompts, texts, prefill=self.trie.prefill, desc="judge expected"):
-            probs[rows] = self._batch_grade_distribution(sequences).cpu().numpy()
+        return next(self.grade_distributions([(prompts, texts)]))
+
+    def grade_distributions(self, groups: Iterable[tuple[Sequence[str], Sequence[str]]]) -> Iterator[np.ndarray]:
+        """:meth:`grade_distribution` of each (prompts, texts) group, in order, the same numbers. On CUDA nothing
+        waits for the device until a group's successor is queued behind it: each batch's numbers are copied back
+        as soon as they are computed (ordered on the stream, a copy issued later would wait for the successor
+        too), and ``groups`` is read one ahead, so the host tokenizes and pads a group while the device computes
+        the one before (on one H200 that host work had left the device idle ~25 ms between batches of 16)."""
+        pending: tuple[int, list] | None = None
+        for prompts, texts in groups:
+            queued = [(rows, *self._copied_back(self._batch_grade_distribution(sequences)))
+                      for rows, sequences in self._batches(prompts, texts, prefill=self.trie.prefill,
+                                                           desc="judge expected")]
+            if pending is not None:
+                yield self._collect(*pending)
+            pending = (len(texts), queued)
+        if pending is not None:
+            yield self._collect(*pending)
+
+    @staticmethod
+    def _copied_back(distribution: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """``distribution`` on its way to host memory, and the event that says it has arrived (None off CUDA)."""
+        if not distribution.is_cuda:
+            return distribution, None
+        host = distribution.to("cpu", non_blocking=True)  # page-locked: the copy is queued, nothing waits
+        arrived = torch.cuda.Event()
+        arrived.record()
+        return host, arrived
+
+    @staticmethod
+    def _collect(n_texts: int, queued: list) -> np.ndarray:
+        probs = np.zeros((n_texts, MAX_GRADE + 1))
+        for rows, distribution, arrived in queued:
+            if arrived is not None:
+                arrived.synchronize()
+            probs[rows] = distribution.numpy()
         return probs
 
     @property
@@ -374,34 +420,41 @@ class Judge:
         ids, mask = batch["input_ids"], batch["attention_mask"]
         n_rows, context_len = ids.shape
         device = ids.device
-        tree_tokens = self._tree_tokens.to(device)
+        tree_tokens = self._tree_tokens
         n_tree = tree_tokens.shape[0]
-        length = context_len + n_tree
         context_positions = head + (mask.cumsum(-1) - 1).clamp(min=0)
-        positions = torch.cat([context_positions, context_positions[:, -1:] + self._tree_depth.to(device)], 1)
+        positions = torch.cat([context_positions, context_positions[:, -1:] + self._tree_depth], 1)
+        key_ok = torch.cat([torch.ones(n_rows, head, dtype=torch.bool, device=device), mask.bool(),
+                            torch.ones(n_rows, n_tree, dtype=torch.bool, device=device)], 1)
+        cache = self._head_cache(n_rows) if head else None  # the head's own forward runs eagerly, once
+        with self._compiled.active() if self._compiled is not None else contextlib.nullcontext(), \
+                grouped_query_prompts(self.model) if self.grouped_query else contextlib.nullcontext():
+            return self.model(
+                input_ids=torch.cat([ids, tree_tokens.expand(n_rows, n_tree)], 1),
+                attention_mask=self._dense_mask(key_ok, head, context_len),
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=bool(head),
+                logits_to_keep=n_tree + 1,
+            ).logits
+
+    def _dense_mask(self, key_ok: torch.Tensor, head: int, context_len: int) -> torch.Tensor:
+        """The tree mask as an additive float mask (batch, 1, query, key), understood by the sdpa and eager
+        attention implementations. ``key_ok`` (batch, key): False at padding; keys are [head | context | tree]."""
+        device = key_ok.device
+        n_tree = self._tree_tokens.shape[0]
+        length = context_len + n_tree
         # (query, key) over keys [head | context | tree nodes]
         allowed = torch.zeros(length, head + length, dtype=torch.bool, device=device)
         allowed[:, :head] = True
         causal = torch.ones(context_len, context_len, dtype=torch.bool, device=device).tril()
         allowed[:context_len, head:head + context_len] = causal
         allowed[context_len:, head:head + context_len] = True
-        allowed[context_len:, head + context_len:] = self._tree_ancestors.to(device)
-        key_ok = torch.cat([torch.ones(n_rows, head, dtype=torch.bool, device=device), mask.bool(),
-                            torch.ones(n_rows, n_tree, dtype=torch.bool, device=device)], 1)
+        allowed[context_len:, head + context_len:] = self._tree_ancestors
         allowed = allowed[None, None] & key_ok[:, None, None, :]  # (batch, 1, query, key)
-        # Additive float mask: understood by both the sdpa and eager attention implementations.
         additive = torch.zeros(allowed.shape, dtype=self.model.dtype, device=device)
         additive.masked_fill_(~allowed, torch.finfo(self.model.dtype).min)
-        cache = self._head_cache(n_rows) if head else None  # the head's own forward runs eagerly, once
-        with self._compiled.active() if self._compiled is not None else contextlib.nullcontext():
-            return self.model(
-                input_ids=torch.cat([ids, tree_tokens.expand(n_rows, n_tree)], 1),
-                attention_mask=additive,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=bool(head),
-                logits_to_keep=n_tree + 1,
-            ).logits
+        return additive
 
     @torch.inference_mode()
     def grades_from_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -411,7 +464,7 @@ class Judge:
         """
         logprobs = torch.log_softmax(logits.float(), -1)  # context end, then the inner nodes
         node_logprobs = {node: logprobs[:, i] for i, node in enumerate(((), *self.trie.inner))}
-        stop = {node: torch.log1p(-lp.exp()[:, self.digit_start].sum(-1).clamp(max=1 - 1e-7))
+        stop = {node: torch.log1p(-lp.exp().index_select(-1, self._digit_ids).sum(-1).clamp(max=1 - 1e-7))
                 for node, lp in node_logprobs.items() if node}
         grade_logprob = torch.stack([
             sum(node_logprobs[path[:k]][:, path[k]] for k in range(len(path))) + stop.get(path, 0.0)
@@ -425,7 +478,10 @@ class Judge:
 
     def rate_expected(self, prompts: Sequence[str], texts: Sequence[str]) -> list[float | None]:
         """Expected grade under the judge's distribution over 0..100 (None when that mass is < ``min_mass``)."""
-        probs = self.grade_distribution(prompts, texts)
+        return self.expected_ratings(self.grade_distribution(prompts, texts))
+
+    def expected_ratings(self, probs: np.ndarray) -> list[float | None]:
+        """Expected grades of (n, 101) grade probabilities (None where their mass is < ``min_mass``)."""
         mass = probs.sum(-1)
         expected = probs @ np.arange(MAX_GRADE + 1) / np.where(mass > 0, mass, 1.0)
         return [float(e) if m >= self.min_mass else None for e, m in zip(expected, mass, strict=True)]

@@ -32,7 +32,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,10 +269,12 @@ class CachedRater:
         plan = getattr(self.backend, "plan", None)
         units = [u for u in plan([texts[r] for r in firsts]) if any(keys[i] not in cached for i in u)] \
             if plan is not None else [missing]
+        inputs = (([prompts[firsts[i]] for i in unit], [texts[firsts[i]] for i in unit]) for unit in units)
+        rate_units = getattr(self.backend, "rate_units", None)  # a backend that looks ahead over the units
+        results = rate_units(inputs, mode) if rate_units is not None else \
+            (self.backend.rate_stream(unit_prompts, unit_texts, mode) for unit_prompts, unit_texts in inputs)
         with tqdm(total=len(missing), desc=f"judge {mode}", unit="text", disable=not self.progress) as bar:
-            for unit in units:
-                stream = self.backend.rate_stream([prompts[firsts[i]] for i in unit], [texts[firsts[i]] for i in unit],
-                                                  mode)
+            for unit, stream in zip(units, results, strict=True):
                 for index, outcome in stream:
                     key = keys[unit[index]]
                     if key in cached:  # a judgement is made once: the cached one stands (its batch-mates need it)
@@ -322,6 +324,17 @@ class TransformersBackend:
         for rows in self.plan(texts):
             ratings = self.judge.rate([prompts[i] for i in rows], [texts[i] for i in rows], [mode])[mode]
             yield from zip(rows, ratings, strict=True)
+
+    def rate_units(self, units: Iterable[tuple[Sequence[str], Sequence[str]]], mode: str
+                   ) -> Iterator[list[tuple[int, Outcome]]]:
+        """Each unit's :meth:`rate_stream`, for units of this backend's :meth:`plan` (each one batch, so the same
+        batches and numbers); the expected mode reads the units one ahead (:meth:`mmw.judge.Judge.
+        grade_distributions`), so the device is never idle while the host prepares the next batch."""
+        if mode != "expected":
+            yield from (list(self.rate_stream(prompts, texts, mode)) for prompts, texts in units)
+            return
+        for probs in self.judge.grade_distributions(units):
+            yield list(enumerate(self.judge.expected_ratings(probs)))
 
 
 # --------------------------------------------------------------------------------------------- openai server

@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations import sdpa_attention
 
-from mmw.engines.attention import grouped_query_sdpa
+from mmw.engines.attention import grouped_query_prompts, grouped_query_sdpa
 
 CUDA_LIKE = SimpleNamespace(device=torch.device("cuda"))  # the context only reads ``model.device``
 
@@ -173,3 +173,23 @@ def test_the_decoding_attention_switch_takes_a_known_value_or_says_which(monkeyp
     assert ALL_ATTENTION_FUNCTIONS["sdpa"] is original
     assert sdpa_attention.use_gqa_in_sdpa(torch.ones(1, 1, 1, 4, dtype=torch.bool), torch.zeros(1, 2, 4, 16),
                                           torch.zeros(1, 2, 4, 16)) is False  # transformers' own rule again
+
+
+def test_prompt_forwards_read_kv_heads_by_group_under_a_mask_with_one_function_object() -> None:
+    """The judge's compiled forward enters this context once per batch: every entry must install the same function
+    (a new one would fail the compiled layer's guard and recompile it), decoding is left alone, and on leaving
+    transformers' own rule is back. On a CPU nothing changes."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    mask, key = torch.ones(1, 1, 1, 4, dtype=torch.bool), torch.zeros(1, 2, 4, 16)
+    original, sdpa = sdpa_attention.use_gqa_in_sdpa, ALL_ATTENTION_FUNCTIONS["sdpa"]
+    installed = []
+    for _ in range(2):
+        with grouped_query_prompts(CUDA_LIKE):
+            installed.append(sdpa_attention.use_gqa_in_sdpa)
+            assert sdpa_attention.use_gqa_in_sdpa(mask, key, key) is True
+            assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa
+    assert installed[0] is installed[1] is not original
+    assert sdpa_attention.use_gqa_in_sdpa is original and original(mask, key, key) is False
+    with grouped_query_prompts(SimpleNamespace(device=torch.device("cpu"))):
+        assert sdpa_attention.use_gqa_in_sdpa is original

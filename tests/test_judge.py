@@ -498,3 +498,24 @@ def test_embedded_qwen_judge_rates_text_above_its_word_salad():
     # Coherent vs degenerate, compared: one repeated word rates below every coherent text.
     degenerate = judge.rate_expected([p for p, _ in COHERENT], ["the " * 60] * len(COHERENT))
     assert max(degenerate) < min(original), (degenerate, original)
+
+
+def test_grade_distributions_read_one_group_ahead_and_give_each_groups_own_numbers(one_thread):
+    """The rate stage's path: the numbers of each group are those ``grade_distribution`` gives it alone, bit for
+    bit, and the next group is read (so tokenized and queued on a GPU) before a group's numbers are handed over."""
+    judge = tiny_judge(digits_split=True)
+    groups = [([p for p, _ in MIXED[:2]], [t for _, t in MIXED[:2]]), ([MIXED[2][0]], [MIXED[2][1]]),
+              ([MIXED[3][0]], [MIXED[3][1]])]
+    read = []
+
+    def source():
+        for index, group in enumerate(groups):
+            read.append(index)
+            yield group
+
+    handed = []
+    for index, probs in enumerate(judge.grade_distributions(source())):
+        handed.append(list(read))
+        np.testing.assert_array_equal(probs, judge.grade_distribution(*groups[index]))
+    assert handed == [[0, 1], [0, 1, 2], [0, 1, 2]]
+    assert list(judge.grade_distributions([])) == []

@@ -157,9 +157,12 @@ def test_tiny_judge_resumes_from_the_cache(tmp_path, one_thread):
     asked: list[int] = []
 
     class Counting(TransformersBackend):
-        def rate_stream(self, prompts, texts, mode):
-            asked.append(len(texts))
-            yield from super().rate_stream(prompts, texts, mode)
+        def rate_units(self, units, mode):  # what CachedRater calls: units, read one ahead
+            def counted():
+                for prompts, texts in units:
+                    asked.append(len(texts))
+                    yield prompts, texts
+            yield from super().rate_units(counted(), mode)
 
     cache = JudgementCache(tmp_path)
     first = CachedRater(Counting(judge, "tiny"), cache)

@@ -150,6 +150,33 @@ def _with_decode_path(prompt_attention: Any) -> Any:
     return attention
 
 
+def _gqa_with_mask_too(attention_mask: Any, key: Any, value: Any) -> bool:
+    """transformers' ``use_gqa_in_sdpa`` with the mask condition dropped: the head-size condition it applies in the
+    unmasked case. One module-level function, so a compiled layer that calls it keeps its graph."""
+    return key.shape[-1] == value.shape[-1] <= 256
+
+
+@contextmanager
+def grouped_query_prompts(model: Any) -> Iterator[None]:
+    """While the block runs, SDPA attention on CUDA reads each K/V head for its group of query heads under a mask
+    too (no ``repeat_kv`` copies); decoding steps are left as they are. For compiled forwards (the judge's): every
+    entry installs the same function objects."""
+    device = getattr(model, "device", None)
+    try:
+        from transformers.integrations import sdpa_attention
+    except ImportError:
+        sdpa_attention = None
+    original = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
+    if getattr(device, "type", None) != "cuda" or original is None:
+        yield
+        return
+    sdpa_attention.use_gqa_in_sdpa = _gqa_with_mask_too
+    try:
+        yield
+    finally:
+        sdpa_attention.use_gqa_in_sdpa = original
+
+
 @contextmanager
 def grouped_query_sdpa(model: Any) -> Iterator[None]:
     """While the block runs, let transformers' SDPA attention use grouped-query attention with a mask when
@@ -168,16 +195,12 @@ def grouped_query_sdpa(model: Any) -> Iterator[None]:
         yield
         return
 
-    def with_mask_too(attention_mask: Any, key: Any, value: Any) -> bool:
-        # the head-size condition transformers applies in the unmasked case
-        return key.shape[-1] == value.shape[-1] <= 256
-
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     local = ALL_ATTENTION_FUNCTIONS._local_mapping  # transformers' own per-instance override slot
     saved = local.get("sdpa")
     fold_decoding = decode_attention_choice() != "sdpa"
-    sdpa_attention.use_gqa_in_sdpa = with_mask_too
+    sdpa_attention.use_gqa_in_sdpa = _gqa_with_mask_too
     if fold_decoding:
         local["sdpa"] = _with_decode_path(ALL_ATTENTION_FUNCTIONS["sdpa"])
     try:
