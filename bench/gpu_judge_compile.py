@@ -104,7 +104,7 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
 
 
 FAMILIES = (("gemm", ("gemm", "sm90_xmma", "cutlass", "cublas", "nvjet", "matmul")),
-            ("attention", ("fmha", "flash", "attention", "cudnn", "triton_tem")),  # triton_tem: flex's kernel
+            ("attention", ("fmha", "flash", "attention", "cudnn")),
             ("triton (compiled norms, rotary, activations)", ("triton",)))
 
 

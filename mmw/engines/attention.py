@@ -156,20 +156,27 @@ def _gqa_with_mask_too(attention_mask: Any, key: Any, value: Any) -> bool:
     return key.shape[-1] == value.shape[-1] <= 256
 
 
+def _gqa_switch(model: Any) -> Any:
+    """transformers' sdpa_attention module when ``model`` is on CUDA and transformers has the GQA switch, else None."""
+    if getattr(getattr(model, "device", None), "type", None) != "cuda":
+        return None
+    try:
+        from transformers.integrations import sdpa_attention
+    except ImportError:
+        return None
+    return sdpa_attention if hasattr(sdpa_attention, "use_gqa_in_sdpa") else None
+
+
 @contextmanager
 def grouped_query_prompts(model: Any) -> Iterator[None]:
     """While the block runs, SDPA attention on CUDA reads each K/V head for its group of query heads under a mask
     too (no ``repeat_kv`` copies); decoding steps are left as they are. For compiled forwards (the judge's): every
     entry installs the same function objects."""
-    device = getattr(model, "device", None)
-    try:
-        from transformers.integrations import sdpa_attention
-    except ImportError:
-        sdpa_attention = None
-    original = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
-    if getattr(device, "type", None) != "cuda" or original is None:
+    sdpa_attention = _gqa_switch(model)
+    if sdpa_attention is None:
         yield
         return
+    original = sdpa_attention.use_gqa_in_sdpa
     sdpa_attention.use_gqa_in_sdpa = _gqa_with_mask_too
     try:
         yield
@@ -179,35 +186,23 @@ def grouped_query_prompts(model: Any) -> Iterator[None]:
 
 @contextmanager
 def grouped_query_sdpa(model: Any) -> Iterator[None]:
-    """While the block runs, let transformers' SDPA attention use grouped-query attention with a mask when
-    ``model`` is on CUDA (no-op elsewhere, or when transformers has no such switch)."""
-    device = getattr(model, "device", None)
-    if getattr(device, "type", None) != "cuda":
+    """:func:`grouped_query_prompts`, and decoding steps sent to :func:`decode_attention` unless
+    ``MMW_DECODE_ATTENTION`` is "sdpa" (no-op off CUDA, or when transformers has no such switch)."""
+    if _gqa_switch(model) is None:
         yield
         return
-    try:
-        from transformers.integrations import sdpa_attention
-    except ImportError:
-        yield
-        return
-    original = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
-    if original is None:
-        yield
-        return
-
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     local = ALL_ATTENTION_FUNCTIONS._local_mapping  # transformers' own per-instance override slot
     saved = local.get("sdpa")
     fold_decoding = decode_attention_choice() != "sdpa"
-    sdpa_attention.use_gqa_in_sdpa = _gqa_with_mask_too
-    if fold_decoding:
-        local["sdpa"] = _with_decode_path(ALL_ATTENTION_FUNCTIONS["sdpa"])
-    try:
-        yield
-    finally:
-        sdpa_attention.use_gqa_in_sdpa = original
-        if saved is None:
-            local.pop("sdpa", None)
-        else:
-            local["sdpa"] = saved
+    with grouped_query_prompts(model):
+        if fold_decoding:
+            local["sdpa"] = _with_decode_path(ALL_ATTENTION_FUNCTIONS["sdpa"])
+        try:
+            yield
+        finally:
+            if saved is None:
+                local.pop("sdpa", None)
+            else:
+                local["sdpa"] = saved
