@@ -63,7 +63,7 @@ CONFIGS = {
 @torch.inference_mode()
 def two_pass_node_logits(judge: Judge, sequences: list[list[int]]) -> torch.Tensor:
     """Pass 1: the padded rows, 2-D mask, cache kept; pass 2: the trie tokens on that cache, small tree mask."""
-    batch = judge._pad(sequences)
+    batch = judge._pad(sequences, judge.pad_multiple)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     n_rows, context_len = ids.shape
     device = ids.device

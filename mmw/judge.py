@@ -36,7 +36,13 @@ from scipy import stats
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from mmw.engines.attention import grouped_query_prompts, grouped_query_sdpa
+from mmw.engines.attention import (
+    ROUNDED_WIDTH,
+    attention_at_mask_widths,
+    grouped_query_prompts,
+    grouped_query_sdpa,
+    rounded_width,
+)
 from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
 from mmw.errors import SpecError
 
@@ -129,10 +135,11 @@ ARITHMETIC = 2
 #: Stands for the rated prompt where the judge looks for the start of the rating prompt's fixed head.
 _PLACEHOLDER = "\uE000prompt\uE000"
 
-#: On CUDA a batch's width is padded up to a multiple of this many tokens: torch's cuDNN attention builds an
+#: On CUDA a greedy batch's width is padded up to a multiple of this many tokens: torch's cuDNN attention builds an
 #: execution plan for every new sequence length (~0.4 s a batch of 16 texts of ~700 tokens on an H100,
 #: bench/RESULTS.md "GPU judge"), so batches of nearby lengths should share a shape. Pad positions are masked, so
-#: the ratings are the same; on a CPU extra positions are only extra work, so nothing is padded there.
+#: the ratings are the same; on a CPU extra positions are only extra work, so nothing is padded there. The
+#: expected mode's forward rounds only its attention's widths instead (``Judge.round_attention``).
 CUDA_PAD_MULTIPLE = 128
 
 #: Texts whose token counts a judge remembers (a full-scale rate stage plans ~1,200 rows).
@@ -199,7 +206,10 @@ class CompiledLayers:
         for layer, call in zip(self.layers, self.calls, strict=False):
             layer._compiled_call_impl = call
         try:
-            with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+            # No duck sizing: two widths that happen to be equal in one batch (the attention's query and key
+            # widths, rounded) must not be traced as one symbol, or another batch recompiles the layers.
+            with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True), \
+                    torch.fx.experimental._config.patch(use_duck_shape=False):
                 yield
         finally:
             for layer in self.layers:
@@ -213,6 +223,8 @@ class Judge:
     #: The expected mode's forward on CUDA lets SDPA read each K/V head for its group of query heads under the
     #: tree mask (``mmw.engines.attention.grouped_query_prompts``) instead of copying K/V to every query head.
     grouped_query: bool = True
+    #: Rows of a forward whose attention is widened are padded to a multiple of this (None: the batch's longest).
+    row_multiple: int | None = None
 
     def __init__(
         self,
@@ -223,6 +235,7 @@ class Judge:
         min_mass: float = 0.01,
         progress: bool = False,
         compiled: bool | None = None,
+        round_attention: bool | None = None,
     ):
         if not getattr(tokenizer, "chat_template", None):
             raise SpecError("rate.judge", "the judge's tokenizer has no chat template; use an instruction model")
@@ -233,6 +246,11 @@ class Judge:
         self.min_mass = min_mass
         self.progress = progress
         self.pad_multiple = CUDA_PAD_MULTIPLE if model.device.type == "cuda" and CUDA_PAD_MULTIPLE else None
+        # ``round_attention`` (None: on CUDA): the expected mode's forward pads its rows to the batch's longest
+        # only and widens just its SDPA attention to rounded widths (``mmw.engines.attention.
+        # attention_at_mask_widths``), so the matrix products skip the rounding's pad positions while cuDNN still
+        # sees few shapes.
+        self.round_attention = model.device.type == "cuda" if round_attention is None else round_attention
         attention = getattr(model.config, "_attn_implementation", "eager")
         if attention not in ("sdpa", "eager"):
             raise SpecError("rate.judge", f"attention implementation {attention!r} cannot take the judge's tree mask",
@@ -273,9 +291,11 @@ class Judge:
     def arithmetic(self) -> str:
         """What the expected mode's numbers depend on beyond the model and the texts: :data:`ARITHMETIC`, whether
         the forward is compiled (fused kernels round differently in the last bits) and whether, on CUDA, attention
-        reads K/V heads by query-head group (another cuDNN kernel: other last bits)."""
+        reads K/V heads by query-head group (another cuDNN kernel: other last bits) and rounds the attention's
+        widths instead of the rows' (other matrix shapes: other last bits)."""
         parts = [str(ARITHMETIC)] + ["compiled"] * (self._compiled is not None) \
-            + ["gqa"] * (self.grouped_query and self.model.device.type == "cuda")
+            + ["gqa"] * (self.grouped_query and self.model.device.type == "cuda") \
+            + [f"w{ROUNDED_WIDTH}"] * self.round_attention
         return "+".join(parts)
 
     def _chat(self, prompt: str, response: str) -> str:
@@ -316,10 +336,11 @@ class Judge:
             self._token_counts.update(zip(missing, map(len, encoded), strict=True))
         return [self._token_counts[text] for text in texts]
 
-    def _pad(self, sequences: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
-        """``input_ids`` and ``attention_mask`` of ``sequences`` left-padded to one width, on the model's device."""
+    def _pad(self, sequences: Sequence[Sequence[int]], multiple: int | None) -> dict[str, torch.Tensor]:
+        """``input_ids`` and ``attention_mask`` of ``sequences`` left-padded to one width (the longest, rounded up
+        to ``multiple`` when given), on the model's device."""
         batch = self.tokenizer.pad({"input_ids": list(sequences)}, padding=True, padding_side="left",
-                                   return_tensors="pt", pad_to_multiple_of=self.pad_multiple)
+                                   return_tensors="pt", pad_to_multiple_of=multiple)
         if self.model.device.type != "cuda":
             return {k: v.to(self.model.device) for k, v in batch.items()}
         # from page-locked memory without waiting: a plain copy would first wait for the batch before this one
@@ -330,7 +351,7 @@ class Judge:
         out: list[str] = [""] * len(texts)
         config = neutral_generation_config(self.tokenizer, self.model, self.max_new_tokens)
         for rows, sequences in self._batches(prompts, texts, prefill="", desc="judge greedy"):
-            batch = self._pad(sequences)
+            batch = self._pad(sequences, self.pad_multiple)
             # grouped_query_sdpa: on CUDA, decoding steps on the attention that repeats bit for bit (and GQA under
             # the padding mask); a no-op elsewhere
             with torch.inference_mode(), neutral_model_defaults(self.model), grouped_query_sdpa(self.model):
@@ -416,7 +437,7 @@ class Judge:
         """
         head = len(self.head) if all(len(s) > len(self.head) and tuple(s[:len(self.head)]) == self.head
                                      for s in sequences) else 0
-        batch = self._pad([s[head:] for s in sequences])
+        batch = self._pad([s[head:] for s in sequences], self.row_multiple if self.round_attention else self.pad_multiple)
         ids, mask = batch["input_ids"], batch["attention_mask"]
         n_rows, context_len = ids.shape
         device = ids.device
@@ -427,30 +448,38 @@ class Judge:
         key_ok = torch.cat([torch.ones(n_rows, head, dtype=torch.bool, device=device), mask.bool(),
                             torch.ones(n_rows, n_tree, dtype=torch.bool, device=device)], 1)
         cache = self._head_cache(n_rows) if head else None  # the head's own forward runs eagerly, once
+        wide = self.round_attention and getattr(self.model.config, "_attn_implementation", None) == "sdpa"
         with self._compiled.active() if self._compiled is not None else contextlib.nullcontext(), \
-                grouped_query_prompts(self.model) if self.grouped_query else contextlib.nullcontext():
+                grouped_query_prompts(self.model) if self.grouped_query else contextlib.nullcontext(), \
+                attention_at_mask_widths(self.model, wide):
             return self.model(
                 input_ids=torch.cat([ids, tree_tokens.expand(n_rows, n_tree)], 1),
-                attention_mask=self._dense_mask(key_ok, head, context_len),
+                attention_mask=self._dense_mask(key_ok, head, context_len, wide),
                 position_ids=positions,
                 past_key_values=cache,
                 use_cache=bool(head),
                 logits_to_keep=n_tree + 1,
             ).logits
 
-    def _dense_mask(self, key_ok: torch.Tensor, head: int, context_len: int) -> torch.Tensor:
+    def _dense_mask(self, key_ok: torch.Tensor, head: int, context_len: int, wide: bool = False) -> torch.Tensor:
         """The tree mask as an additive float mask (batch, 1, query, key), understood by the sdpa and eager
-        attention implementations. ``key_ok`` (batch, key): False at padding; keys are [head | context | tree]."""
+        attention implementations. ``key_ok`` (batch, key): False at padding; keys are [head | context | tree].
+        ``wide``: query and key widths rounded up (``mmw.engines.attention.rounded_width``) for
+        ``attention_at_mask_widths``; the extra keys are hidden, the extra queries see the row (their outputs
+        are dropped)."""
         device = key_ok.device
         n_tree = self._tree_tokens.shape[0]
         length = context_len + n_tree
-        # (query, key) over keys [head | context | tree nodes]
-        allowed = torch.zeros(length, head + length, dtype=torch.bool, device=device)
+        rows, cols = (rounded_width(length), rounded_width(head + length)) if wide else (length, head + length)
+        # (query, key) over keys [head | context | tree nodes | widening]
+        allowed = torch.zeros(rows, cols, dtype=torch.bool, device=device)
+        allowed[length:] = True
+        key_ok = torch.nn.functional.pad(key_ok, (0, cols - head - length), value=False)
         allowed[:, :head] = True
         causal = torch.ones(context_len, context_len, dtype=torch.bool, device=device).tril()
         allowed[:context_len, head:head + context_len] = causal
-        allowed[context_len:, head:head + context_len] = True
-        allowed[context_len:, head + context_len:] = self._tree_ancestors
+        allowed[context_len:length, head:head + context_len] = True
+        allowed[context_len:length, head + context_len:head + length] = self._tree_ancestors
         allowed = allowed[None, None] & key_ok[:, None, None, :]  # (batch, 1, query, key)
         additive = torch.zeros(allowed.shape, dtype=self.model.dtype, device=device)
         additive.masked_fill_(~allowed, torch.finfo(self.model.dtype).min)

@@ -193,3 +193,47 @@ def test_prompt_forwards_read_kv_heads_by_group_under_a_mask_with_one_function_o
     assert sdpa_attention.use_gqa_in_sdpa is original and original(mask, key, key) is False
     with grouped_query_prompts(SimpleNamespace(device=torch.device("cpu"))):
         assert sdpa_attention.use_gqa_in_sdpa is original
+
+
+def test_attention_at_mask_widths_gives_each_row_its_own_attention_at_few_kernel_shapes() -> None:
+    """The judge's prompt forward on CUDA widens only its attention (cuDNN plans one kernel per width) to its mask's
+    widths, each rounded up to the next multiple of ``ROUNDED_WIDTH`` (an exact multiple gets one more block, so a
+    compiled layer never sees a width without padding): the kernel sees those widths, every real position's
+    logits stay those of the forward at its own widths (a hidden pad key adds exp(min) = 0), and leaving the block
+    restores transformers' function."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from mmw.engines.attention import ROUNDED_WIDTH, attention_at_mask_widths, rounded_width
+
+    model = tiny_gqa_model()
+    sdpa, kernel = ALL_ATTENTION_FUNCTIONS["sdpa"], torch.nn.functional.scaled_dot_product_attention
+    minimum = torch.finfo(torch.float32).min
+    for n, wide in ((12, ROUNDED_WIDTH), (ROUNDED_WIDTH, 2 * ROUNDED_WIDTH)):
+        assert rounded_width(n) == wide
+        ids = torch.randint(1, 97, (3, n), generator=torch.Generator().manual_seed(n))
+        mask = torch.ones_like(ids)
+        mask[0, :5], mask[1, :2] = 0, 0  # left padding, as the judge's batches have it
+        allowed = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & mask.bool()[:, None, None, :]
+        additive = torch.zeros(allowed.shape).masked_fill_(~allowed, minimum)
+        widened = torch.nn.functional.pad(additive, (0, wide - n), value=minimum)  # pad keys hidden
+        widened = torch.nn.functional.pad(widened, (0, 0, 0, wide - n))  # pad queries see everything
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        shapes = []
+
+        def spy(query, key, *args, **kwargs):
+            shapes.append((query.shape[-2], key.shape[-2]))
+            return kernel(query, key, *args, **kwargs)
+
+        with torch.inference_mode():
+            plain = model(input_ids=ids, attention_mask=additive, position_ids=positions).logits
+            with attention_at_mask_widths(model), pytest.MonkeyPatch.context() as patch:
+                patch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+                assert ALL_ATTENTION_FUNCTIONS["sdpa"] is not sdpa
+                rounded = model(input_ids=ids, attention_mask=widened, position_ids=positions).logits
+            with attention_at_mask_widths(model, active=False):
+                assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa
+        assert shapes == [(wide, wide)] * model.config.num_hidden_layers
+        assert rounded.shape == plain.shape
+        real = mask.bool()
+        torch.testing.assert_close(rounded[real], plain[real], rtol=1e-5, atol=1e-5)
