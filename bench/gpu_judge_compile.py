@@ -24,7 +24,6 @@ import torch
 import typer
 from gpu_judge_plan import stand_in_judge_model, stand_in_rows  # bench/ is run as scripts, not a package
 
-from mmw.engines import attention
 from mmw.judge import MAX_GRADE, Judge
 from mmw.judge_backends import TransformersBackend
 
@@ -83,8 +82,6 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
         t0 = time.perf_counter()
         graphs = int(counters["stats"]["unique_graphs"])
         Judge.grouped_query = choice != "expanded"
-        Judge.row_multiple = 16 if choice == "rows16" else None
-        attention.QUERY_PAD_LAYOUT = "bhsd" if choice == "bhsd" else "bshd"
         compiled = Judge(tok, model, batch_size=batch, compiled=True, round_attention=choice != "rows128")
         compiled.pad_multiple = 128
         result[f"compiled{key}_arithmetic"] = compiled.arithmetic

@@ -223,8 +223,6 @@ class Judge:
     #: The expected mode's forward on CUDA lets SDPA read each K/V head for its group of query heads under the
     #: tree mask (``mmw.engines.attention.grouped_query_prompts``) instead of copying K/V to every query head.
     grouped_query: bool = True
-    #: Rows of a forward whose attention is widened are padded to a multiple of this (None: the batch's longest).
-    row_multiple: int | None = None
 
     def __init__(
         self,
@@ -437,7 +435,7 @@ class Judge:
         """
         head = len(self.head) if all(len(s) > len(self.head) and tuple(s[:len(self.head)]) == self.head
                                      for s in sequences) else 0
-        batch = self._pad([s[head:] for s in sequences], self.row_multiple if self.round_attention else self.pad_multiple)
+        batch = self._pad([s[head:] for s in sequences], None if self.round_attention else self.pad_multiple)
         ids, mask = batch["input_ids"], batch["attention_mask"]
         n_rows, context_len = ids.shape
         device = ids.device

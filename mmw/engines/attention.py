@@ -25,6 +25,11 @@ repeated bit for bit over 20 calls and took 0.20 / 0.35 / 0.58 ms a layer with 1
 written, against 0.30 / 0.47 / 0.77 ms for the memory-efficient kernel over the written positions and ~0.40 ms
 for cuDNN (which differed in 3-9 rows).
 
+The judge's prompt forward on CUDA widens only its attention (``attention_at_mask_widths``): its rows are padded to
+their batch's longest, its mask is built at query and key widths rounded up to ``ROUNDED_WIDTH``, and SDPA pads the
+query, keys and values to the mask's widths, so cuDNN plans a kernel for few widths while the matrix products skip
+the rounding's pad positions (on one H200: 34.93 -> 34.2 ms a judgement in one process, bench/results/gpu.md).
+
 Off the GPU nothing is changed: on a CPU the math path is what runs either way.
 """
 
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -66,7 +71,6 @@ DECODE_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 #: builds a plan per width; the judge's widths rounded to 128 took 25.7 ms a judgement where its own widths took
 #: 47.5, on one H100, bench/results/cost_per_configuration.md).
 ROUNDED_WIDTH = 128
-QUERY_PAD_LAYOUT = "bshd"
 
 
 def decode_attention_choice() -> str:
@@ -173,19 +177,16 @@ def _mask_width_attention(module: Any, query: torch.Tensor, key: torch.Tensor, v
     """transformers' SDPA attention over the additive mask's widths: ``query`` [B, H, Q, D] and ``key``/``value``
     [B, H_kv, K, D] padded at the end up to ``attention_mask`` [B, 1, Q', K'] (Q' >= Q, K' >= K; the mask hides
     the pad keys from every real query, whose attention is then the same: a pad key adds exp(min) = 0). Returns
-    ([B, Q, H, D], weights). The query is padded in the layout the projections give it ([B, Q, H, D] in memory),
-    so the kernel writes its output in the layout the next projection reads. One module-level function, so a
-    compiled layer that calls it keeps its graph."""
+    ([B, Q, H, D], weights). The padded query is laid out [B, H, Q', D]: padded in the projections' layout
+    ([B, Q', H, D], which would spare the output's transposition) the compiled layer's rotary-and-pad kernel took
+    0.89 ms a judgement instead of 0.34 on one H200, more than the transposition costs. One module-level function,
+    so a compiled layer that calls it keeps its graph."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     queries, keys = query.shape[2], key.shape[2]
     query_pad, key_pad = attention_mask.shape[-2] - queries, attention_mask.shape[-1] - keys
     pad = torch.nn.functional.pad
-    if QUERY_PAD_LAYOUT == "bshd":
-        query = pad(query.transpose(1, 2), (0, 0, 0, 0, 0, query_pad)).transpose(1, 2)
-    else:
-        query = pad(query, (0, 0, 0, query_pad))
-    out, weights = sdpa_attention_forward(module, query, pad(key, (0, 0, 0, key_pad)),
+    out, weights = sdpa_attention_forward(module, pad(query, (0, 0, 0, query_pad)), pad(key, (0, 0, 0, key_pad)),
                                           pad(value, (0, 0, 0, key_pad)), attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
     return out[:, :queries], weights
@@ -203,11 +204,19 @@ def attention_at_mask_widths(model: Any, active: bool = True) -> Iterator[None]:
     if not active or getattr(getattr(model, "config", None), "_attn_implementation", None) != "sdpa":
         yield
         return
+    with _sdpa_function(lambda _: _mask_width_attention):
+        yield
+
+
+@contextmanager
+def _sdpa_function(replace: Any) -> Iterator[None]:
+    """transformers' "sdpa" attention function replaced by ``replace(current function)`` while the block runs
+    (in transformers' own override slot), and put back after."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    local = ALL_ATTENTION_FUNCTIONS._local_mapping  # transformers' own per-instance override slot
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping
     saved = local.get("sdpa")
-    local["sdpa"] = _mask_width_attention
+    local["sdpa"] = replace(ALL_ATTENTION_FUNCTIONS["sdpa"])
     try:
         yield
     finally:
@@ -252,18 +261,6 @@ def grouped_query_sdpa(model: Any) -> Iterator[None]:
     if _gqa_switch(model) is None:
         yield
         return
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    local = ALL_ATTENTION_FUNCTIONS._local_mapping  # transformers' own per-instance override slot
-    saved = local.get("sdpa")
     fold_decoding = decode_attention_choice() != "sdpa"
-    with grouped_query_prompts(model):
-        if fold_decoding:
-            local["sdpa"] = _with_decode_path(ALL_ATTENTION_FUNCTIONS["sdpa"])
-        try:
-            yield
-        finally:
-            if saved is None:
-                local.pop("sdpa", None)
-            else:
-                local["sdpa"] = saved
+    with grouped_query_prompts(model), _sdpa_function(_with_decode_path) if fold_decoding else nullcontext():
+        yield
