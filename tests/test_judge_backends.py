@@ -430,6 +430,8 @@ def test_killed_server_leaves_missing_ratings_and_a_rerun_fills_only_those(stage
     assert report["missing"] == failed and report["errors"]
     assert table["rating"].null_count() >= 1 and (table["rating"].drop_nulls() > 0).all()  # null, never 0
     assert elapsed < 60  # the breaker stops the rest at once: no waiting through every retry
+    # where the stage's time went: the judge's set-up, the backend's judging, and of it the wait for the first
+    assert 0 <= timing["load_s"] and 0 < timing["first_judgement_s"] <= timing["judging_s"] <= timing["wall_s"]
     first = table
 
     with _server() as again:  # another port: the cache is keyed by what decides a rating, not by where
