@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def _machine_wide_lock(request: pytest.FixtureRequest) -> Iterator[None]:
-    name = MACHINE_WIDE.get(Path(str(request.node.path)).stem)
+    name = MACHINE_WIDE.get(request.node.path.stem)
     if name is None:
         yield
         return
