@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -9,6 +10,15 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+
+# Two worker processes share two cores: one compute thread each (and in the stage processes they start, which
+# inherit it before torch loads, so in-process and stage-process numbers keep one float reduction order). Two
+# threads a worker left four spinning OpenMP threads on two cores. A test that needs more threads sets them itself.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
+    if "torch" in sys.modules:  # a plugin loaded it first: the environment came too late for this process
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Research code that is no part of the library (the sweep's simulation study, bench/sweep_simulation.py) lives in
 # bench/; its tests import it from there.
