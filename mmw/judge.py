@@ -120,10 +120,15 @@ def grade_trie(tokenizer: PreTrainedTokenizerBase) -> GradeTrie:
 
 def digit_start_mask(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> torch.Tensor:
     """(vocab_size,) bool: tokens whose text starts with a digit, i.e. that would extend a number."""
+    ids = [[token_id] for token_id in range(min(vocab_size, len(tokenizer)))]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    # A fast tokenizer's Rust decoder, all ids in one call: one ``decode`` call per id of a 128k vocabulary took
+    # 3.4 s per judge load on a 2-core VM (transformers' argument handling, not the decoding). transformers'
+    # decode may also clean up spaces before punctuation, which never changes whether a text starts with a digit.
+    texts = backend.decode_batch(ids, skip_special_tokens=False) if backend is not None \
+        else [tokenizer.decode(token) for token in ids]
     mask = torch.zeros(vocab_size, dtype=torch.bool)
-    for token_id in range(min(vocab_size, len(tokenizer))):
-        text = tokenizer.decode([token_id])
-        mask[token_id] = bool(text) and text[0].isdigit()
+    mask[: len(texts)] = torch.tensor([bool(text) and text[0].isdigit() for text in texts], dtype=torch.bool)
     return mask
 
 

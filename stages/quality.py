@@ -38,9 +38,13 @@ def run(params_path: Path) -> None:
             from mmw.engines.models import load_model
             from mmw.quality.scoring import score_texts
 
+            loading = time.perf_counter()
             tokenizer, model = load_model(settings.scorer, settings.device, settings.dtype)
+            info["load_s"] = round(time.perf_counter() - loading, 3)  # ~0 where a warm process shares its load
+            scoring = time.perf_counter()
             scores = score_texts(tokenizer, model, texts["prompt"].to_list(), texts["text"].to_list(),
                                  settings.max_tokens, settings.batch_size)
+            info["scoring_s"] = round(time.perf_counter() - scoring, 3)
         measured = Texts(texts, settings, params.seed, scores)
         columns: dict[str, list] = {"measure": [MEASURES.get(t, JUDGE) for t in texts["task"].to_list()]}
         pooled: dict[str, dict | None] = {}

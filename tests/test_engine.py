@@ -306,7 +306,9 @@ def test_load_model_reads_a_local_hf_folder(tiny, tmp_path):
 
 
 def test_load_tokenizer_gives_load_models_tokenizer_and_vocabulary_without_weights(tiny, tmp_path):
-    from mmw.engines.models import load_tokenizer
+    from transformers import AutoTokenizer
+
+    from mmw.engines.models import load_tokenizer, shared_loads
     from mmw.stages.common import generator_vocab_size
 
     tokenizer, model = tiny
@@ -314,11 +316,19 @@ def test_load_tokenizer_gives_load_models_tokenizer_and_vocabulary_without_weigh
     model.save_pretrained(tmp_path)
     full_tokenizer, full = load_model(str(tmp_path), device="cpu")
     light_tokenizer, config = load_tokenizer(str(tmp_path))
-    assert light_tokenizer.padding_side == "left" and light_tokenizer.pad_token == full_tokenizer.pad_token
-    assert light_tokenizer("a b c")["input_ids"] == full_tokenizer("a b c")["input_ids"]
+    auto = AutoTokenizer.from_pretrained(tmp_path)  # what both replace
+    for loaded in (light_tokenizer, full_tokenizer):
+        assert type(loaded) is type(auto) and loaded.padding_side == "left" and loaded.pad_token == auto.pad_token
+        assert loaded("a b c")["input_ids"] == auto("a b c")["input_ids"]
     assert generator_vocab_size(light_tokenizer, config) == generator_vocab_size(full_tokenizer, full)
     with pytest.raises(SpecError, match="model.name"):
         load_tokenizer(str(tmp_path / "absent"))
+    # In a warm process the tokenizing stages and the model's stage share one tokenizer (loaded once); outside it
+    # every call loads its own.
+    with shared_loads():
+        first, _ = load_tokenizer(str(tmp_path))
+        assert load_model(str(tmp_path), device="cpu")[0] is first
+    assert load_model(str(tmp_path), device="cpu")[0] is not load_tokenizer(str(tmp_path))[0]
 
 
 def test_the_light_tokenizer_path_is_taken_only_for_the_generic_fast_tokenizer(tiny, tmp_path):
@@ -347,8 +357,8 @@ def test_the_light_tokenizer_path_is_taken_only_for_the_generic_fast_tokenizer(t
 
 @pytest.mark.heavy
 def test_light_tokenizer_of_the_embedded_generator_is_load_models_without_torch(embedded):
-    """The prompts and detect stages read the generator's tokenizer without AutoTokenizer/AutoConfig: same class,
-    same ids, chat renderings and decodes as load_model's tokenizer on every default prompt, and torch stays
+    """The prompts and detect stages (and load_model) read the generator's tokenizer without
+    AutoTokenizer/AutoConfig: same class, same ids, chat renderings and decodes as AutoTokenizer's on every default prompt, and torch stays
     unimported in that process."""
     import subprocess
     import sys
@@ -356,7 +366,13 @@ def test_light_tokenizer_of_the_embedded_generator_is_load_models_without_torch(
     from mmw.engines.models import load_tokenizer
     from mmw.tasks import build_prompts, render_chat
 
-    tokenizer, model = embedded
+    from transformers import AutoTokenizer
+
+    from mmw.engines.models import _padding_left, default_cache_dir, resolve_source
+
+    _, model = embedded
+    tokenizer = _padding_left(AutoTokenizer.from_pretrained(resolve_source("embedded:smollm2-135m",
+                                                                           default_cache_dir())))
     light, config = load_tokenizer("embedded:smollm2-135m")
     assert type(light) is type(tokenizer) and config.vocab_size == model.config.vocab_size
     assert (light.padding_side, light.pad_token_id, light.eos_token_id, light.bos_token_id) == \

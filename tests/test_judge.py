@@ -22,6 +22,7 @@ from mmw.judge import (
     MAX_GRADE,
     MODES,
     Judge,
+    digit_start_mask,
     grade_trie,
     judge_discrimination,
     paired_discrimination,
@@ -98,6 +99,17 @@ def test_grade_trie_for_digit_and_whole_number_tokenizers():
     assert digits.inner[9] == digits.paths[10]
     whole = grade_trie(word_tokenizer(WORDS + [str(n) for n in range(101)], digits_split=False))
     assert all(len(p) == 1 for p in whole.paths) and whole.inner == ()
+
+
+@pytest.mark.parametrize("words", [["7up", "a1", "12", " 3", "x", "", "٣"], WORDS + [str(d) for d in range(10)]])
+def test_digit_mask_marks_the_tokens_whose_text_starts_with_a_digit(words):
+    """The mask from one batched decode is the one decoding each id alone gives (the transformers call it replaced),
+    and is False for ids past the tokenizer (a model's padded vocabulary)."""
+    tokenizer = word_tokenizer(words, digits_split=False)
+    mask = digit_start_mask(tokenizer, len(tokenizer) + 5)
+    one_by_one = [bool(text) and text[0].isdigit() for text in (tokenizer.decode([i]) for i in range(len(tokenizer)))]
+    assert mask.tolist() == one_by_one + [False] * 5
+    assert sum(one_by_one) == sum(w[:1].isdigit() for w in words if w)  # "7up", "12", the Arabic-Indic three, digits
 
 
 def test_grade_trie_needs_numbers_in_the_vocabulary():

@@ -318,6 +318,8 @@ def test_quality_stage_scores_code_and_answers_and_survives_a_hanging_program(tm
     assert report["groups"]["humaneval"]["task_score_delta"] == -1.0
     assert report["groups"]["multiple_choice"]["repetition_1_watermarked"] == pytest.approx(5 / 6)
     assert report["mauve"] is None and report["sandbox"].startswith("bubblewrap:")  # how the code was isolated
+    timing = json.loads((tmp_path / "reports/timings/quality.json").read_text())
+    assert "scoring_s" not in timing and "load_s" not in timing  # no measure needed the scorer
 
 
 def test_the_unsafe_sandbox_is_an_explicit_choice_recorded_in_the_report(tmp_path, monkeypatch):
@@ -346,3 +348,7 @@ def test_quality_stage_with_the_embedded_scorer(tmp_path, monkeypatch):
     assert scores["perplexity"].is_finite().all() and scores["task_score"].null_count() == 4
     assert 0 < report["mauve"]["value"] <= 1
     assert "wall_s" not in report["mauve"]  # wall times are a log, never in a DVC output that aggregate reads
+    # ... where the timing log says how the stage's time split: the scorer's load, its forward, each measure.
+    timing = json.loads((tmp_path / "reports/timings/quality.json").read_text())
+    assert 0 < timing["load_s"] and 0 < timing["scoring_s"]
+    assert timing["load_s"] + timing["scoring_s"] + timing["perplexity_s"] + timing["mauve_s"] <= timing["wall_s"]

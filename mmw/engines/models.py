@@ -341,13 +341,15 @@ def load_model(
 def _load_model(
     spec: str, device: str, dtype: str | torch.dtype, cache_dir: Path | None
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    # The tokenizer of load_tokenizer: in a warm process (shared_loads) the one the tokenizing stages already loaded
+    # (a 128k-token vocabulary takes 1-2 s to load), elsewhere the same load.
+    tokenizer = load_tokenizer(spec, cache_dir)[0]
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
     source = resolve_source(spec, cache_dir)
     torch_device = resolve_device(device)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
         # On a GPU the weights go straight from the file to the device (no copy of the whole model in host memory
         # first); on a CPU nothing changes.
         placement = {"device_map": torch_device} if torch_device.type == "cuda" else {}
