@@ -358,8 +358,8 @@ def test_the_light_tokenizer_path_is_taken_only_for_the_generic_fast_tokenizer(t
 @pytest.mark.heavy
 def test_light_tokenizer_of_the_embedded_generator_is_load_models_without_torch(embedded):
     """The prompts and detect stages (and load_model) read the generator's tokenizer without
-    AutoTokenizer/AutoConfig: same class, same ids, chat renderings and decodes as AutoTokenizer's on every default prompt, and torch stays
-    unimported in that process."""
+    AutoTokenizer/AutoConfig: same class, same ids, chat renderings and decodes as AutoTokenizer's on every default
+    prompt, and torch stays unimported in that process."""
     import subprocess
     import sys
 
