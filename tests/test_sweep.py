@@ -207,6 +207,21 @@ TEST_SWEEP = {
     ]}
 
 
+def _kill_group(leader: subprocess.Popen) -> None:
+    """SIGKILL a runner's whole process group, and return once every process of it has ended: its children (a
+    `dvc exp run`, a stage's process) hold the sweep's run lock until then, and on a loaded machine a killed
+    process with a model in memory takes a moment to go. A user resumes after that."""
+    os.killpg(leader.pid, signal.SIGKILL)
+    leader.wait()
+    gone_by = time.monotonic() + 120
+    while time.monotonic() < gone_by:
+        try:
+            os.killpg(leader.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+
+
 def _outcomes(repo: Path) -> list[dict[str, Any]]:
     path = repo / ".dvc/tmp/sweeps/t/runs.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -235,8 +250,7 @@ def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -
         time.sleep(2)
     assert first.poll() is None, (tmp_path / "first.log").read_text()
     time.sleep(15)  # well into the second config
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait()
+    _kill_group(first)
     done_before = [o for o in _outcomes(repo) if o["status"] == "done"]
     assert len(done_before) == 1, _outcomes(repo)
     assert "generate_baseline" in done_before[0]["ran"]
@@ -883,8 +897,7 @@ def test_a_killed_local_run_leaves_nothing_that_a_rerun_repeats_or_lists_twice(t
         time.sleep(0.5)
     assert first.poll() is None and log.is_file()
     time.sleep(4)  # inside the second job's 8-second stage
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait()
+    _kill_group(first)
     listed = [(r.get("Experiment"), r.get("State")) for r in dvc.api.exp_show(repo=str(repo))]
     assert ("t-1", "Running") in listed, listed  # the left-over DVC reports
 
