@@ -148,6 +148,21 @@ def test_bad_entries_are_refused_naming_the_entry(tmp_path: Path, grid: dict[str
     assert not (repo / ".dvc").exists()
 
 
+def test_a_committed_params_file_missing_from_the_workspace_is_named_with_its_remedy(tmp_path: Path) -> None:
+    """What a kill while DVC stashes a run's overrides can leave: the error says how to get the file back."""
+    from mmw.sweep import load_sweep
+
+    with pytest.raises(SpecError, match="no params.yaml"):
+        load_sweep(tmp_path, "t")  # not a repository: nothing to restore
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    subprocess.run(["git", "add", "params.yaml"], cwd=tmp_path, check=True)
+    (tmp_path / "params.yaml").unlink()
+    with pytest.raises(SpecError, match="missing from the workspace") as refused:
+        load_sweep(tmp_path, "t")
+    assert "git checkout -- params.yaml" in str(refused.value)
+
+
 def test_an_unknown_sweep_lists_the_available_ones() -> None:
     result = CliRunner().invoke(app, ["sweep", "run", "nonesuch", "--repo", str(REPO)])
     assert result.exit_code == 2
@@ -257,6 +272,10 @@ def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -
 
     # 2. Resume: only what is not done runs; the failing config is recorded, does not stop the sweep, and the
     # exit code says something failed. The baseline is never regenerated for the second config.
+    if not (repo / "params.yaml").is_file():  # killed while DVC stashed the -S overrides (mmw.sweep.runner)
+        refused = subprocess.run([*mmw, "run", "t"], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+        assert refused.returncode == 2 and "git checkout -- params.yaml" in refused.stderr, refused.stderr
+        run(repo, "git", "checkout", "--", "params.yaml")  # what the message tells the user
     resumed = subprocess.run([*mmw, "run", "t"], cwd=repo, env=env, capture_output=True, text=True, timeout=2400)
     output = resumed.stdout + resumed.stderr
     assert resumed.returncode == 1, output

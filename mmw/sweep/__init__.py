@@ -27,6 +27,7 @@ each run under a fresh key that only its environment holds (``MMW_KEY``).
 from __future__ import annotations
 
 import secrets
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +58,11 @@ def load_sweep(repo: Path, name: str, validate: bool = True) -> Sweep:
     """Expand ``repo/sweeps/<name>.yaml`` against ``repo/params.yaml`` (SpecError naming the bad entry)."""
     params = repo / "params.yaml"
     if not params.is_file():
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "params.yaml"], cwd=repo,
+                                 capture_output=True).returncode == 0
+        if tracked:  # DVC writes a run's -S overrides into params.yaml and stashes them: a kill there can drop it
+            raise SpecError("sweep", f"params.yaml is committed in {repo} but missing from the workspace (a killed "
+                                     "`dvc exp run` can leave it so)", "restore it: git checkout -- params.yaml")
         raise SpecError("sweep", f"no params.yaml in {repo}", "run in the repository root or pass --repo")
     return expand(name, yaml.safe_load(params.read_text()), repo / "sweeps", validate=validate)
 

@@ -22,10 +22,12 @@ listing as running under the job's name; the next run removes it (:func:`clear_i
 one local run works in a repository at a time (a lock file under ``.dvc/tmp/sweeps/``): a ``dvc exp run`` orphaned
 by a SIGKILL of the runner alone keeps the lock until it ends, so a rerun never runs the same job beside it.
 
-``--temp`` runs each experiment in a scratch copy of the repository, so the workspace's params.yaml is never
-rewritten and a kill cannot leave it half-changed; outputs go to the shared DVC cache and run-cache, so stages
-whose params and deps did not change (the baseline for a (model, temperature, seed), its ratings) are restored
-from the run-cache, never regenerated.
+``--temp`` runs each experiment in a scratch copy of the repository; but DVC first writes the run's ``-S``
+overrides into the workspace's params.yaml and stashes them, so a kill in that moment can leave params.yaml missing
+(seen once on a loaded 2-core machine; the next run refuses, naming the file and `git checkout`) or, in principle,
+changed (not detected). Outputs go to the shared DVC cache and run-cache, so stages whose params and deps did not
+change (the baseline for a (model, temperature, seed), its ratings) are restored from the run-cache, never
+regenerated.
 
 Which jobs are done is read from git: a finished experiment is the ref ``refs/exps/<baseline>/<name>``. Failures
 and wall times are appended to ``.dvc/tmp/sweeps/<sweep>/runs.jsonl`` (one JSON object per finished attempt).
