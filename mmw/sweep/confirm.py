@@ -9,9 +9,9 @@ procedure here separates the two roles of the data:
    prompts. From those runs alone:
 
    * relative quality, paired by prompt against the same prompts' baseline: a one-sided lower bound that holds
-     for any ratings in the judge's range (:func:`mmw.betting.ratio_bounds`, a betting confidence bound on the
-     prompts' paired differences ``w - (1 - loss) b``, each prompt's K runs averaged), confirmed when
-     ``>= 1 - loss``;
+     for any ratings in the judge's range and for prompts of different quality (:func:`mmw.betting.ratio_bounds`,
+     a final-time betting test on the prompts' paired differences ``w - (1 - loss) b``, each prompt's K runs
+     summed, with bets fixed before the data), confirmed when ``>= 1 - loss``;
    * tamper resistance ``R`` (the convex-hull area of :func:`mmw.metrics.tamper_resistance`): a one-sided lower
      bound by a bootstrap over the attacked prompts, confirmed when ``> min R``;
    * detection: the median size over the K runs must be finite.
@@ -156,9 +156,12 @@ def paired_sums(watermarked: np.ndarray, baseline: np.ndarray) -> tuple[np.ndarr
 def quality_bounds(watermarked: np.ndarray, baseline: np.ndarray, alpha: float, at: np.ndarray | float
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Relative quality ``sum(w) / sum(b)`` over the paired (run, prompt) ratings and its one-sided lower and
-    upper bounds at level ``alpha`` each, valid for any ratings in ``[0, RATING_MAX]``: the betting bounds of
-    :func:`mmw.betting.ratio_bounds` on each prompt's mean paired ratings over the runs (prompts independent), in
-    prompt order, anchored at the constraint ``at`` (so ``low >= at`` is exactly the level-``alpha`` test there).
+    upper bounds at level ``alpha`` each, valid for any ratings in ``[0, RATING_MAX]`` and for prompts that are
+    independent but not identically distributed (tasks and prompts may differ in quality; only the pooled ratio
+    is tested, in any order of the prompts): the final-time betting bounds of :func:`mmw.betting.ratio_bounds` on
+    each prompt's paired sums over the runs divided by ``K`` (so the prompts' pooled ratio is exactly the
+    estimate, a prompt with missing runs weighing less), anchored at the constraint ``at`` (so ``low >= at`` is
+    exactly the level-``alpha`` test there).
 
     Args:
         watermarked, baseline: ratings, shape ``(..., K, n)``; run k's baseline is the same prompt's baseline of
@@ -170,10 +173,8 @@ def quality_bounds(watermarked: np.ndarray, baseline: np.ndarray, alpha: float, 
     """
     w, b = paired_sums(watermarked, baseline)
     estimate = _ratio(w.sum(axis=-1), b.sum(axis=-1))
-    pairs = (~(np.isnan(watermarked) | np.isnan(baseline))).sum(axis=-2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w_mean, b_mean = np.where(pairs > 0, w / pairs, np.nan), np.where(pairs > 0, b / pairs, np.nan)
-    low, high = ratio_bounds(w_mean, b_mean, alpha, RATING_MAX, at)
+    runs = watermarked.shape[-2]
+    low, high = ratio_bounds(w / runs, b / runs, alpha, RATING_MAX, at)
     return estimate, low, high
 
 
