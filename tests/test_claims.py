@@ -1,6 +1,7 @@
 """The paper's orderings checked on confirmed cells (mmw.sweep.claims): the size-gap interval is calibrated
-(equal cells are called different at most at the stated level) and has power, and the verdict follows the
-comparisons' outcomes and the cells' statuses."""
+(equal cells are called different at most at the stated level) and has power, the verdict follows the
+comparisons' outcomes and the cells' statuses, "undetected" rests on a calibrated bound on the detected share, and
+every pair of columns with a confirmed side is judged (a confirmed cell beats one that is confidently out)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,20 @@ from scipy.stats import binomtest
 
 from mmw.sweep.claims import (
     CONTRADICTED,
+    PAIRWISE,
+    PAPER,
     SUPPORTED,
     UNRESOLVED,
     UNTESTABLE,
+    bound_undetected,
     check_claims,
+    detection_upper_bound,
     size_gap,
     verdict,
     weighted_lower_median,
 )
 from mmw.sweep.confirm import CONFIRMED, NO_FEASIBLE, NOT_CONFIRMED, PENDING
+from mmw.sweep.confirm import UNRESOLVED as CELL_UNRESOLVED
 
 N_PROMPTS, K = 48, 5
 
@@ -89,27 +95,31 @@ def _tables(statuses: dict[str, str], sizes: dict[str, float]) -> tuple[pl.DataF
     return pl.DataFrame(rows), pl.DataFrame(texts)
 
 
+def _paper(claims: pl.DataFrame) -> pl.DataFrame:
+    return claims.filter(pl.col("scope") == PAPER)
+
+
 def test_claims_follow_the_confirmed_cells() -> None:
     empty = pl.DataFrame()
     table, texts = _tables({"distribution_shift": CONFIRMED, "exponential": CONFIRMED, "binary": NOT_CONFIRMED,
                             "inverse_transform": NO_FEASIBLE},
                            {"distribution_shift": 8.0, "exponential": 20.0})
-    row = check_claims(table, empty, texts, resamples=500).row(0, named=True)
+    row = _paper(check_claims(table, empty, texts, resamples=500)).row(0, named=True)
     assert row["verdict"] == SUPPORTED and row["median_smaller"] < row["median_than"] and row["gap_high"] < 0
     assert "vs binary: smaller" in row["comparisons"]
 
     table, texts = _tables({"distribution_shift": CONFIRMED, "exponential": CONFIRMED},
                            {"distribution_shift": 20.0, "exponential": 8.0})
-    assert check_claims(table, empty, texts, resamples=500)["verdict"].to_list() == [CONTRADICTED]
+    assert _paper(check_claims(table, empty, texts, resamples=500))["verdict"].to_list() == [CONTRADICTED]
 
     table, texts = _tables({"distribution_shift": CONFIRMED, "exponential": PENDING}, {"distribution_shift": 8.0})
-    assert check_claims(table, empty, texts, resamples=500)["verdict"].to_list() == [UNRESOLVED]
+    assert _paper(check_claims(table, empty, texts, resamples=500))["verdict"].to_list() == [UNRESOLVED]
 
     table, texts = _tables({"distribution_shift": NOT_CONFIRMED, "exponential": NO_FEASIBLE}, {})
-    assert check_claims(table, empty, texts, resamples=500)["verdict"].to_list() == [UNTESTABLE]
+    assert _paper(check_claims(table, empty, texts, resamples=500))["verdict"].to_list() == [UNTESTABLE]
 
     table, texts = _tables({"distribution_shift": NOT_CONFIRMED, "exponential": CONFIRMED}, {"exponential": 9.0})
-    assert check_claims(table, empty, texts, resamples=500)["verdict"].to_list() == [CONTRADICTED]
+    assert _paper(check_claims(table, empty, texts, resamples=500))["verdict"].to_list() == [CONTRADICTED]
 
 
 def test_randomness_claim_reads_the_randomness_table() -> None:
@@ -120,6 +130,78 @@ def test_randomness_claim_reads_the_randomness_table() -> None:
                                                                    "exponential": "fixed"}))
                   .drop("max_quality_loss", "min_tamper_resistance"))
     texts = texts.with_columns(pl.col("config_id"))
-    rows = check_claims(pl.DataFrame(), randomness, texts, resamples=500)
+    rows = _paper(check_claims(pl.DataFrame(), randomness, texts, resamples=500))
     assert rows["claim"].to_list() == ["text-dependent randomness smaller than fixed"]
     assert rows["verdict"].to_list() == [SUPPORTED] and rows["max_quality_loss"].to_list() == [0.1]
+
+
+# -- "undetected" rests on a bound -----------------------------------------------------------------------------
+
+def _shares(rng: np.random.Generator, mean: float, sims: int) -> np.ndarray:
+    """Per-prompt detected shares of K texts, ``(sims, N_PROMPTS)``: prompts differ (a prompt's own detection
+    probability is Beta-spread around ``mean``), and a prompt's K texts share it (they are not independent)."""
+    p = rng.beta(2 * mean / (1 - mean), 2.0, (sims, N_PROMPTS)) if mean < 1 else np.ones((sims, N_PROMPTS))
+    return rng.binomial(K, p) / K
+
+
+def test_detection_bound_is_calibrated_at_the_median_share() -> None:
+    """At a true detected share of exactly 1/2 (the median size on the edge of infinite), a pick is called
+    undetected (bound below 1/2) at most at the level."""
+    sims, alpha = 2000, 0.05
+    rng = np.random.default_rng(11)
+    shares = _shares(rng, 0.5, sims)
+    called = sum(detection_upper_bound(row, alpha) < 0.5 for row in shares)
+    assert binomtest(called, sims, alpha, alternative="greater").pvalue > 0.001, called
+
+
+def test_detection_bound_finds_a_rarely_detected_pick() -> None:
+    rng = np.random.default_rng(12)
+    shares = _shares(rng, 0.2, 200)
+    assert sum(detection_upper_bound(row, 0.025) < 0.5 for row in shares) >= 190
+
+
+def _undetected_cell(share: float, quality_high: float = 1.1) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One not-confirmed (undetected) cell and its confirmation texts: a ``share`` of each prompt's texts
+    detected (size 30), the rest never."""
+    row = {"temperature": 0.7, "family": "reweight", "max_quality_loss": 0.1, "min_tamper_resistance": 0.0,
+           "status": NOT_CONFIRMED, "reason": "undetected", "config_id": "dip", "size_kind": "all.size_valid",
+           "quality_low": 0.95, "quality_high": quality_high, "alpha": 0.025}
+    detected = round(share * K)
+    texts = [{"config_id": "dip", "role": "confirmation", "source": "watermarked", "prompt_id": f"p{p}",
+              "size_valid": 30.0 if run < detected else None} for p in range(N_PROMPTS) for run in range(K)]
+    return pl.DataFrame([row]), pl.DataFrame(texts)
+
+
+@pytest.mark.parametrize(("share", "quality_high", "status", "reason"), [
+    (0.2, 1.1, NOT_CONFIRMED, "undetected"),  # confidently below half: out
+    (0.4, 1.1, CELL_UNRESOLVED, "detection"),  # 0.4 of 240 texts in 48 prompts: not confidently below half
+    (0.4, 0.85, NOT_CONFIRMED, "quality"),  # the quality bound already puts it out
+])
+def test_undetected_cells_are_judged_on_the_bound(share: float, quality_high: float, status: str,
+                                                  reason: str) -> None:
+    table, texts = _undetected_cell(share, quality_high)
+    judged, _ = bound_undetected(table, None, texts, 0.025)
+    row = judged.row(0, named=True)
+    assert (row["status"], row["reason"]) == (status, reason)
+    assert row["detected_share"] == pytest.approx(share) and row["detected_high"] > share
+
+
+def test_a_confirmed_cell_beats_a_confidently_out_one_in_every_pair() -> None:
+    """Outside the paper's orderings too: the confirmed cell's pair with an out cell is supported, with an
+    unresolved one it stays open, and each side is named as a reader knows it."""
+    table, texts = _tables({"exponential": CONFIRMED, "reweight": NOT_CONFIRMED, "hf_kgw": CELL_UNRESOLVED},
+                           {"exponential": 19.0})
+    names = {"cfg-exponential": "Gumbel-max (vLLM's setting)", "reweight": "DiPmark"}
+    pairs = check_claims(table, pl.DataFrame(), texts, resamples=500, names=names).filter(
+        pl.col("scope") == PAIRWISE)
+    verdicts = dict(zip(pairs["claim"], pairs["verdict"], strict=True))
+    assert verdicts == {"Gumbel-max (vLLM's setting) smaller than DiPmark": SUPPORTED,
+                        "Gumbel-max (vLLM's setting) smaller than hf_kgw": UNRESOLVED}
+
+
+def test_pairs_of_confirmed_cells_name_the_smaller_first() -> None:
+    table, texts = _tables({"exponential": CONFIRMED, "distribution_shift": CONFIRMED},
+                           {"exponential": 30.0, "distribution_shift": 8.0})
+    pairs = check_claims(table, pl.DataFrame(), texts, resamples=500).filter(pl.col("scope") == PAIRWISE)
+    assert pairs["claim"].to_list() == ["distribution_shift smaller than exponential"]
+    assert pairs["verdict"].to_list() == [SUPPORTED] and pairs["gap_high"][0] < 0

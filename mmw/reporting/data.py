@@ -77,6 +77,35 @@ def family_label(family: str | None) -> str:
     return family.replace("_", " ").capitalize()
 
 
+#: Deployed watermarks that are mmw's own samplers at a provider's setting, as the provider ships them (sweeps/
+#: deployed.yaml): (family, params that must match) -> name. An outside watermark's plugin names itself.
+PROVIDER_SETTINGS: tuple[tuple[str, dict[str, Any], str], ...] = (
+    ("exponential", {"scheme.window": 4, "scheme.score": "sum", "scheme.randomness": "window"},
+     "Gumbel-max (vLLM's setting)"),
+    ("reweight", {}, "DiPmark"),
+)
+
+
+def watermark_name(row: dict[str, Any]) -> str:
+    """A configuration as a reader knows it (``row``: a results row with ``family`` and the params as dotted
+    columns): a provider's setting by its name ("Gumbel-max (vLLM's setting)", "DiPmark"), an outside
+    watermark by its plugin's label ("SynthID-Text (transformers)"), else the family's label."""
+    family = row.get("family")
+    for name_family, params, name in PROVIDER_SETTINGS:
+        if family == name_family and all(row.get(k) == v for k, v in params.items()) \
+                and not (row.get("scheme.skip_prob") or 0):
+            return name
+    return family_label(family)
+
+
+def watermark_names(results: pl.DataFrame) -> dict[str, str]:
+    """Config id -> :func:`watermark_name`, and family -> its label (for cells without a pick)."""
+    names = {f: family_label(f) for f in results["family"].drop_nulls().unique().to_list()} \
+        if "family" in results.columns else {}
+    names.update({r["config_id"]: watermark_name(r) for r in results.iter_rows(named=True)})
+    return names
+
+
 def ordered_families(values: Iterable[str | None]) -> list[str]:
     """The families present, the paper's four first (in its order), then any others alphabetically."""
     present = {v for v in values if v is not None}

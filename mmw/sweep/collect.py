@@ -45,9 +45,10 @@ from mmw.selection import (
 )
 from mmw.errors import SpecError
 from mmw.io import write_text
+from mmw.reporting.data import watermark_names
 from mmw.sweep.adaptive import LOG_SCHEMA, cells_left
 from mmw.sweep.cells import confirmed_randomness, confirmed_table
-from mmw.sweep.claims import check_claims
+from mmw.sweep.claims import bound_undetected, check_claims
 from mmw.sweep.cost import measured_costs
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
 from mmw.sweep.plan import sweep_plan
@@ -246,10 +247,12 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
         assert sweep.tuning is not None  # a confirmed sweep's tuning runs leave prompts for confirmation
         check_single_valued(results)
         table, tries, randomness = confirmed_tables(repo, runs, sweep)
+        held_out = runs.prompts.filter(pl.col("role") == "confirmation")
+        table, tries = bound_undetected(table, tries, held_out, confirmation.per_try)
+        randomness, _ = bound_undetected(randomness, None, held_out, confirmation.per_try)
         plan = sweep_plan(table, results, reevaluations, confirmation, sweep.tuning, sweep.reevaluate.k,
                           randomness)
-        claims = check_claims(table, randomness, runs.prompts.filter(pl.col("role") == "confirmation"),
-                              level=confirmation.level)
+        claims = check_claims(table, randomness, held_out, level=confirmation.level, names=watermark_names(results))
         extra = {"prompts": runs.prompts, "tries": tries, "plan": plan, "claims": claims}
         if sweep.racing:
             frames, costs = race_frames(repo, runs, sweep)

@@ -14,8 +14,10 @@ from typing import Any
 import polars as pl
 
 from mmw.io import write_text, write_with
+from mmw.reporting.data import family_label, watermark_names
 from mmw.reporting.formats import fmt_tokens
 from mmw.samplers import LABELS
+from mmw.sweep.claims import PAIRWISE, PAPER
 from mmw.sweep.confirm import Confirmation
 from mmw.sweep.definition import Sweep
 
@@ -66,20 +68,29 @@ def _estimate(value: float | None, digits: int = 3) -> str:
     return "∞" if math.isinf(value) else f"{value:.{digits}g}"
 
 
-def cell_text(row: dict[str, Any]) -> str:
-    """One cell of table.md: the status first; a number only for a confirmed cell."""
+def _detected(row: dict[str, Any]) -> str:
+    """`` detected 0.51 (≤ 0.70)``: the pooled detected share and its upper bound, where the cell has them."""
+    share, high = row.get("detected_share"), row.get("detected_high")
+    return "" if share is None or high is None else f" detected {share:.2f} (≤ {high:.2f})"
+
+
+def cell_text(row: dict[str, Any], names: Mapping[str, str] | None = None) -> str:
+    """One cell of table.md: the status first; a number only for a confirmed cell (named after its pick when the
+    pick is a provider's setting, ``names``: config id -> name, e.g. "Gumbel-max (vLLM's setting)")."""
     status = row["status"]
     if status == "confirmed":
         text = f"**{_estimate(row['size_median'])}** ({_estimate(row['size_mad'])}) q≥{_estimate(row['quality_low'])}"
         if row["min_tamper_resistance"]:
             text += f" R>{_estimate(row['resistance_low'])}"
-        return text + f" k={row['k']}"
+        named = (names or {}).get(row.get("config_id") or "")
+        shown = named is not None and named != (names or {}).get(row.get("family") or "")
+        return text + f" k={row['k']}" + (f" {named}" if shown else "")
     if status == "not confirmed":
-        return f"not confirmed ({row['reason']})"
+        return f"not confirmed ({row['reason']}){_detected(row)}"
     if status == "unresolved":
         interval = f" q [{_estimate(row['quality_low'])}, {_estimate(row['quality_high'])}]" if row["quality_low"] is not None \
             else ""
-        return f"unresolved ({row['reason']}){interval}"
+        return f"unresolved ({row['reason']}){interval}{_detected(row)}"
     if status == "pending":
         return f"pending ({row['tries']}/{row['max_tries']} tried)"
     return "none"
@@ -89,13 +100,16 @@ def cell_text(row: dict[str, Any]) -> str:
 FAMILIES = tuple(LABELS)
 
 
-def paper_rows(table: pl.DataFrame, cell: Callable[[dict[str, Any]], str], r_sign: str) -> list[str]:
+def paper_rows(table: pl.DataFrame, cell: Callable[[dict[str, Any]], str], r_sign: str,
+               names: Mapping[str, str] | None = None) -> list[str]:
     """The paper's layout as Markdown rows: constraint blocks x temperature rows x family columns, each cell
-    ``cell(row)`` of its table row ("–" when the table has none); ``r_sign`` prints the R constraint."""
+    ``cell(row)`` of its table row ("–" when the table has none); ``r_sign`` prints the R constraint; ``names``
+    heads the columns (family -> name; default the family)."""
     # Outside watermarks (plugins) present in the table follow the paper's four families.
     families = FAMILIES + tuple(sorted(set(table["family"].drop_nulls().to_list()) - set(FAMILIES))) \
         if table.height else FAMILIES
-    lines = ["| constraint | T | " + " | ".join(families) + " |", "|---|---|" + "---|" * len(families)]
+    heads = [(names or {}).get(f, f) for f in families]
+    lines = ["| constraint | T | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(families)]
     if table.height == 0:
         return lines
     for (loss, r_min), block in table.group_by(["max_quality_loss", "min_tamper_resistance"], maintain_order=True):
@@ -109,16 +123,21 @@ def paper_rows(table: pl.DataFrame, cell: Callable[[dict[str, Any]], str], r_sig
     return lines
 
 
-def confirmed_markdown(table: pl.DataFrame, confirmation: Confirmation, tuning: int | None, scale: str) -> str:
+def confirmed_markdown(table: pl.DataFrame, confirmation: Confirmation, tuning: int | None, scale: str,
+                       names: Mapping[str, str] | None = None) -> str:
     """The paper's layout with statuses: confirmed cells show the median (MAD) size over the confirmation runs
     and the one-sided bounds that confirmed them; every other cell says why it is not an answer. ``tuning``: the
-    tuning prompts per task."""
+    tuning prompts per task; ``names``: watermark names by family and config id
+    (:func:`mmw.reporting.data.watermark_names`)."""
     kinds = ", ".join(sorted(table["size_kind"].drop_nulls().unique().to_list())) if table.height else "-"
     lines = [f"Size of the ideal watermark under four constraints ({scale}), confirmed on held-out prompts "
              f"({confirmation.prompts} per task from position {confirmation.offset}; tuning {tuning} per task). "
              f"Confirmed cells: median (MAD) size ({kinds}) over the confirmation runs, with the one-sided bounds at "
              f"level {confirmation.level:g} per cell (split over up to {confirmation.max_tries} tries). Unresolved: an "
-             "interval straddles the constraint — not a result.", "", *paper_rows(table, cell_text, ">")]
+             "interval straddles the constraint — not a result. Undetected: an upper bound on the share of texts "
+             "detected (over the prompts, at the try's level) lies below 1/2, so the median size is ∞; detection: "
+             "that bound straddles 1/2.", "",
+             *paper_rows(table, lambda row: cell_text(row, names), ">", names)]
     counts = table.group_by("status").len().sort("status").iter_rows() if table.height else []
     lines += ["", "Cells: " + ", ".join(f"{status} {n}" for status, n in counts)]
     return "\n".join(lines) + "\n"
@@ -157,15 +176,28 @@ def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
 
 
 def claims_markdown(claims: pl.DataFrame) -> str:
-    """The paper's orderings judged on confirmed cells (:mod:`mmw.sweep.claims`) for table.md."""
+    """The paper's orderings, then every pair of the table's columns with a confirmed side, judged on confirmed
+    cells (:mod:`mmw.sweep.claims`), for table.md."""
     lines = ["The paper's orderings of size, judged on confirmed cells only: per comparison, a two-sided paired "
              "bootstrap interval over the confirmation prompts for the gap of median sizes (undetected = ∞); a "
-             "confirmed cell beats one that is confidently out; a pending or unresolved cell leaves the claim "
-             "open. Each row errs with probability at most its level; rows are not corrected for each other.", ""]
+             "confirmed cell beats one that is confidently out (a bound, not a point estimate, puts it out); a "
+             "pending or unresolved cell leaves the claim open. Each row errs with probability at most its level; "
+             "rows are not corrected for each other.", ""]
     if claims.height == 0:
         return "\n".join([*lines, "(no cell of this sweep bears on them)"]) + "\n"
-    lines += ["| claim | T | constraint | verdict | comparisons | medians (smaller, than) | gap interval | "
-              "size | prompts |", "|---|---|---|---|---|---|---|---|---|"]
+    scope = claims["scope"] if "scope" in claims.columns else pl.Series([PAPER] * claims.height)
+    paper, pairwise = claims.filter(scope != PAIRWISE), claims.filter(scope == PAIRWISE)
+    lines += _claims_rows(paper) if paper.height else ["(no cell of this sweep bears on them)"]
+    if pairwise.height:
+        lines += ["", "Which watermark to deploy: every pair of the table's columns at a temperature and constraint "
+                  "where one cell is confirmed, judged by the same rules (named smaller side first).", "",
+                  *_claims_rows(pairwise)]
+    return "\n".join(lines) + "\n"
+
+
+def _claims_rows(claims: pl.DataFrame) -> list[str]:
+    lines = ["| claim | T | constraint | verdict | comparisons | medians (smaller, than) | gap interval | "
+             "size | prompts |", "|---|---|---|---|---|---|---|---|---|"]
 
     def size(value: float | None) -> str:  # a gap can be -inf (the claimed side detected, the other not)
         return "−∞" if value is not None and value == -math.inf else fmt_tokens(value)
@@ -177,7 +209,7 @@ def claims_markdown(claims: pl.DataFrame) -> str:
         lines.append(f"| {r['claim']} | {r['temperature']:g} | {label} | **{r['verdict']}** | {r['comparisons']} | "
                      f"{medians} | {gap} | {(r['size_kind'] or '–').removeprefix('all.')} | "
                      f"{r['n_prompts'] if r['n_prompts'] is not None else '–'} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def race_markdown(summary: pl.DataFrame, costs: Mapping[str, Any]) -> str:
@@ -230,7 +262,10 @@ def write_sweep_tables(out_dir: Path, frames: Mapping[str, pl.DataFrame], sweep:
     write_with(out_dir / "results.csv", flat.write_csv)
     if confirmation is not None:
         claims_text = "\n" + claims_markdown(frames["claims"]) if "claims" in frames else ""
-        write_text(confirmed_markdown(table, confirmation, sweep.tuning, scale) + "\n" + plan_text + claims_text,
+        names = {f: family_label(f) for f in FAMILIES} | (watermark_names(results) if "family" in results.columns
+                                                            else {})
+        write_text(confirmed_markdown(table, confirmation, sweep.tuning, scale, names) + "\n" + plan_text
+                   + claims_text,
                    out_dir / "table.md")
         write_text(json.dumps(split_record(sweep), indent=2) + "\n", out_dir / "split.json")
     else:
