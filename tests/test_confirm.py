@@ -8,6 +8,7 @@ it and must be far above — so the same check fails when confirmation is switch
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -357,8 +358,94 @@ def test_sweep_plan_never_plans_below_the_smallest_confirmation_set() -> None:
                                                                 "resistance_low": pl.Float64})
     results = pl.DataFrame({"config_id": ["a"], "attacks.fraction": [1 / 3], "wall_s": [60.0]})
     plan = sweep_plan(table, results, pl.DataFrame(), confirmation, tuning=1, k=2)
-    assert plan["quality_prompts"].to_list() == [9.0]
-    assert min_confirm_prompts(1 / 3, 3) == 4 and plan["prompts_per_task"].to_list() == [4]
+    assert plan["quality_prompts"].to_list() == [9.0] and plan["k"].to_list() == [2]
+    # ... and the distribution-free floor asks for more: a margin of at most 9 points over 0.9 x 100 needs
+    # ceil(log 40 / log(1 + 9 / 90)) = 39 prompts whatever the noise (13 per task).
+    assert plan["floor_prompts"].to_list() == [39.0] and plan["prompts_per_task"].to_list() == [13]
+    # A wide margin (estimate 1.5) puts the floor at 8 prompts; then the smallest confirmation set governs.
+    wide = sweep_plan(table.with_columns(pl.lit(1.5).alias("quality"), pl.lit(1.3).alias("quality_low")), results,
+                      pl.DataFrame(), confirmation, tuning=1, k=2)
+    assert wide["floor_prompts"].to_list() == [8.0]
+    assert min_confirm_prompts(1 / 3, 3) == 4 and wide["prompts_per_task"].to_list() == [4]
+
+
+def _unresolved_cell(quality: float, low: float, n: int = 48, k: int = 5) -> pl.DataFrame:
+    """One unresolved 10 % cell measured on ``n`` prompts of 3 tasks, ``k`` runs."""
+    return pl.DataFrame({
+        "temperature": [1.0], "family": ["exponential"], "max_quality_loss": [0.1], "min_tamper_resistance": [0.0],
+        "config_id": ["a"], "status": ["unresolved"], "reason": ["quality"], "quality": [quality],
+        "quality_low": [low], "resistance": [None], "resistance_low": [None], "n_prompts": [n],
+        "n_attacked": [18], "k": [k], "alpha": [0.025]},
+        schema_overrides={"resistance": pl.Float64, "resistance_low": pl.Float64})
+
+
+def test_the_plan_chooses_runs_per_prompt_by_cost_within_the_pool() -> None:
+    """Generation noise is most of a prompt's variance, so K trades against prompts: unbounded, the cheapest plan
+    runs 2 per prompt; when the tasks hold too few prompts, the plan raises K until the prompts fit, and says
+    which K. Every plan respects the floor and the pool."""
+    from mmw.sweep.cost import GPU_STAGED
+    from mmw.sweep.plan import confirmation_cost, plan_table, relative_variance
+
+    cell = _unresolved_cell(0.96, 0.85)  # needs 48 (0.11 / 0.06)^2 = 162 prompts at K = 5
+    free = plan_table(cell, k=5, tasks=3, attacked_share=1 / 3, time_model=None).row(0, named=True)
+    assert free["k"] == 2 and free["resolvable"] and free["note"] is None
+    assert free["quality_prompts"] == pytest.approx(162 * relative_variance(2, 5))
+    tight = plan_table(cell, k=5, tasks=3, attacked_share=1 / 3, time_model=None, available=60).row(0, named=True)
+    assert tight["k"] > 2 and tight["prompts_per_task"] <= 60
+    assert tight["prompts_per_task"] * 3 >= max(tight["quality_prompts"], tight["floor_prompts"])
+    # The smallest K that fits is the cheapest here (each run pays its fixed costs), and costs more than the free
+    # plan; the one below it does not fit.
+    below = 162 * relative_variance(tight["k"] - 1, 5)
+    assert math.ceil(below / 3) > 60
+    assert confirmation_cost(tight["k"], tight["prompts_per_task"] * 3, GPU_STAGED) > confirmation_cost(
+        2, free["prompts_per_task"] * 3, GPU_STAGED)
+    assert relative_variance(5, 5) == 1.0 and relative_variance(10, 5) == pytest.approx((0.02 + 0.49) / 1.0)
+
+
+def test_the_plan_refuses_what_the_tasks_cannot_resolve() -> None:
+    """Beyond the pool, or with the estimate on the limit, the plan answers that the prompts the tasks hold cannot
+    resolve the cell instead of planning it."""
+    from mmw.sweep.plan import CANNOT, plan_table
+    from mmw.sweep.tables import plan_markdown
+
+    # Estimate 0.905: the floor alone is log 40 / log(1 + 0.5 / 90) = 666 prompts, 222 per task > 95.
+    near = plan_table(_unresolved_cell(0.905, 0.80), k=5, tasks=3, attacked_share=1 / 3, time_model=None,
+                      available=95).row(0, named=True)
+    assert near["floor_prompts"] == 666 and (near["resolvable"], near["note"]) == (False, CANNOT)
+    assert near["prompts_per_task"] is None and near["k"] is None and near["h100_hours"] is None
+    on = plan_table(_unresolved_cell(0.9, 0.8), k=5, tasks=3, attacked_share=1 / 3, time_model=None).row(0, named=True)
+    assert math.isinf(on["floor_prompts"]) and on["note"] == CANNOT
+    text = plan_markdown(plan_table(_unresolved_cell(0.905, 0.80), k=5, tasks=3, attacked_share=1 / 3,
+                                    time_model=None, available=95), 0.05, 5)
+    assert CANNOT in text and "| 666 |" in text
+
+
+def test_a_plan_beyond_the_pool_or_below_the_floor_is_refused(tmp_path: Path) -> None:
+    """``mmw sweep plan --prompts``: more prompts than a task holds past the confirmation offset, or fewer in all
+    than the floor of ``--margin``, exit 2 with one line naming the task and its count, or the floor."""
+    from typer.testing import CliRunner
+
+    from mmw.cli import app
+
+    repo = Path(__file__).resolve().parents[1]
+    runner = CliRunner()
+    # small-confirmed confirms on prompts [1, 17) of book_report (100), story (96) and fake_news (100).
+    result = runner.invoke(app, ["sweep", "plan", "small-confirmed", "--repo", str(repo), "--out", str(tmp_path),
+                                 "--prompts", "96"])
+    assert result.exit_code == 2
+    error = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert error == ["error: --prompts: 96 per task from prompt 1: task story holds 96 prompts; allowed: at most 95 "
+                     "per task"]
+    # A margin of 2 points over 0.9 x 100: floor ceil(log 40 / log(1 + 2 / 90)) = 168 prompts, 56 per task.
+    result = runner.invoke(app, ["sweep", "plan", "small-confirmed", "--repo", str(repo), "--out", str(tmp_path),
+                                 "--prompts", "50", "--margin", "2"])
+    assert result.exit_code == 2
+    assert "below the distribution-free floor of 168 prompts" in result.output and "at least 56 per task" in \
+        result.output
+    # Within both, the request passes on to the plan (here: nothing collected in tmp_path, exit 2 naming that).
+    result = runner.invoke(app, ["sweep", "plan", "small-confirmed", "--repo", str(repo), "--out", str(tmp_path),
+                                 "--prompts", "60", "--margin", "2"])
+    assert result.exit_code == 2 and "mmw sweep collect small-confirmed first" in result.output
 
 
 def test_sweep_plan_command(tmp_path: Path) -> None:

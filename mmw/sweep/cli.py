@@ -24,7 +24,7 @@ from mmw.sweep.schedule import dry_run_lines
 from mmw.sweep.collect import collect
 from mmw.sweep.definition import Sweep, apply_overrides
 from mmw.sweep.pack import check_pack
-from mmw.sweep.plan import pilot_plan, sweep_plan
+from mmw.sweep.plan import check_confirmation, pilot_plan, sweep_plan
 from mmw.sweep.tables import plan_markdown
 from mmw.sweep.ray_executor import RayExecutor
 from mmw.sweep.units import export, load_units, runs_dir
@@ -211,6 +211,10 @@ def sweep_plan_command(
                                                      "level to plan for (default 0.05)")] = None,
     max_tries: Annotated[int | None, typer.Option(help="for a pilot: the tries per cell the level is split over "
                                                        "(default 2)")] = None,
+    prompts: Annotated[int | None, typer.Option(help="check a confirmation of this many prompts per task: every "
+                                                     "task must hold them (exit 2 naming the task otherwise)")] = None,
+    margin: Annotated[float | None, typer.Option(help="with --prompts: the margin in rating points (0-100) to "
+                                                      "confirm; exit 2 below its distribution-free floor")] = None,
 ) -> None:
     """Print the prompts and the time each unresolved cell of a collected sweep needs.
 
@@ -218,6 +222,13 @@ def sweep_plan_command(
     on their tuning prompts) as a pilot, from the spread of each pick's re-runs. Exit 2 when the sweep has not been
     collected yet."""
     definition = _load_sweep(repo, name, validate=False)
+    if prompts is not None:
+        alpha = definition.confirmation.per_try if definition.confirmation else (level or 0.05) / (max_tries or 2)
+        try:
+            check_confirmation(definition, repo, prompts, margin, alpha)
+        except SpecError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
     _plan_sweep(definition, out / name, level, max_tries)
 
 

@@ -21,6 +21,24 @@ spread holds generation and judge noise but not prompt-to-prompt differences: th
 bounds. No plan goes below the smallest confirmation set the definition accepts (five prompts and five attacked
 ones).
 
+**Runs per prompt.** A prompt's paired difference ``w - q b`` averaged over K runs has variance
+``s_p + s_g / K``: prompt-level ``s_p`` and generation run-to-run ``s_g`` (the judge in expected mode is
+deterministic and adds nothing). On the committed confirmation rows generation is ~98 % of it at K = 5
+(:data:`GENERATION_SHARE`), so more runs per prompt shrink the needed prompts almost in proportion, and a plan
+may trade prompts for runs. Each cell is planned at the K in :data:`RUN_CHOICES` whose confirmation costs least
+on the GPU cost model (:data:`mmw.sweep.cost.GPU_STAGED`: K runs, each a configuration and a fresh seed's baseline
+at that many prompts, fixed costs included) among those whose prompts fit the tasks' pools; the plan says which K
+(``k``). R's need is not scaled with K (its bootstrap spread is not measured per run): conservative.
+
+**The floor.** Whatever the noise, no valid test confirms with fewer than
+``log(1/alpha) / log(1 + d / (q H))`` prompts for a margin of ``d`` rating points above ``q`` times the
+baseline (``H = 100``; at ``q = 0.99`` this is ``log(1/alpha) / -log(1 - d / (d + 99))``; :func:`mmw.betting.floor`
+proves it and gives the shipped test's own best case, a few per cent higher). The plan takes the margin at the
+measured estimate with a baseline rating of 100 (``d = (estimate - q) 100``), the most favourable case, so the
+floor it states (``floor_prompts``) is one no confirmation can go below. A cell whose floor or whose needed
+prompts exceed what the tasks hold past the confirmation offset is answered ``cannot be resolved with the prompts
+the tasks hold`` (``resolvable`` false) instead of being planned.
+
 Cost: the K confirmation runs at ``n'`` prompts, from the sweep's measured run times (a line through the tuning
 and confirmation runs' median wall times against their prompt counts: fixed per-run cost plus per-prompt cost),
 and on the GPU from the measured full-scale cost model of bench/RESULTS.md (one H100, 8B-shaped models,
@@ -30,18 +48,102 @@ and on the GPU from the measured full-scale cost model of bench/RESULTS.md (one 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import polars as pl
 from scipy.stats import norm
 
+from mmw.betting import floor
+from mmw.errors import SpecError
 from mmw.sweep.cells import RANDOMNESS_CONSTRAINT
-from mmw.sweep.confirm import Confirmation
+from mmw.sweep.confirm import RATING_MAX, Confirmation
+from mmw.sweep.cost import GPU_STAGED, CostModel
 from mmw.sweep.definition import min_confirm_prompts
 
 #: Full-scale cost model, one H100 (bench/RESULTS.md "Cost model for the paper's grid, measured end to end").
 GPU_CONFIG_S, GPU_BASELINE_S, GPU_PROMPTS = 302.5, 191.0, 296
+#: Share of a prompt's variance of ``w - q b`` (K = :data:`GENERATION_K` runs averaged) that is generation
+#: run-to-run noise; the rest is prompt-level (measured on the committed confirmation rows, ../shared/DESIGN.md
+#: section 6: ~98 %, prompt-level near 0).
+GENERATION_SHARE, GENERATION_K = 0.98, 5
+#: Runs per prompt a plan may choose (two at least: an interval over runs needs two).
+RUN_CHOICES = tuple(range(2, 21))
+#: What a plan says of a cell that no confirmation within the tasks' prompts can resolve.
+CANNOT = "cannot be resolved with the prompts the tasks hold"
+
+
+def relative_variance(k: int, k_now: int) -> float:
+    """Variance of a prompt's mean ``w - q b`` over ``k`` runs relative to ``k_now`` runs (the module docstring)."""
+    def variance(runs: int) -> float:
+        return (1 - GENERATION_SHARE) + GENERATION_SHARE * GENERATION_K / runs
+    return variance(k) / variance(k_now)
+
+
+def quality_floor(estimate: float | None, limit: float, alpha: float) -> float | None:
+    """Fewest prompts any valid test needs to resolve a pooled ratio ``estimate`` against ``limit`` at level
+    ``alpha`` (either way), at the most favourable baseline rating (100): ``log(1/alpha) / log(1 + d / s)`` with
+    the margin ``d = |estimate - limit| 100`` rating points and ``s`` the largest loss of one prompt (``limit 100``
+    to confirm, ``100`` to show it short); inf on the limit, None unknown."""
+    if estimate is None or not math.isfinite(estimate):
+        return None
+    margin = abs(estimate - limit) * RATING_MAX
+    scale = limit * RATING_MAX if estimate >= limit else RATING_MAX
+    return float(floor(margin, scale, alpha)[0]) if margin > 0 else math.inf
+
+
+def task_pools(tasks: Sequence[str]) -> dict[str, int]:
+    """Prompts each task holds (:data:`mmw.tasks.TASKS`; tasks built from the pipeline's own outputs are left
+    out: their count is known only after a run)."""
+    from mmw.tasks import DATA_DIR, TASKS
+
+    return {task: len(TASKS[task](DATA_DIR)) for task in tasks if task in TASKS}
+
+
+def check_request(per_task: int, offset: int, pools: Mapping[str, int], floor_prompts: float | None = None) -> None:
+    """Refuse a confirmation of ``per_task`` prompts per task from ``offset`` that a task cannot hold, or whose
+    prompts in all lie below ``floor_prompts`` (:func:`quality_floor`).
+
+    Raises:
+        SpecError: naming the task and its count, or the floor.
+    """
+    for task, size in pools.items():
+        if offset + per_task > size:
+            raise SpecError("--prompts", f"{per_task} per task from prompt {offset}: task {task} holds {size} prompts",
+                            f"at most {max(size - offset, 0)} per task")
+    total = per_task * max(len(pools), 1)
+    if floor_prompts is not None and total < floor_prompts:
+        tasks = max(len(pools), 1)
+        raise SpecError("--prompts", f"{total} confirmation prompts are below the distribution-free floor of "
+                        f"{floor_prompts:,.0f} prompts for that margin: no valid test confirms with fewer",
+                        f"at least {math.ceil(floor_prompts / tasks)} per task")
+
+
+def check_confirmation(definition: Any, repo: Any, per_task: int, margin: float | None, alpha: float) -> None:
+    """Refuse a confirmation of ``per_task`` prompts per task for the sweep ``definition`` (:class:`Sweep`) in
+    ``repo`` (:func:`check_request`): past the confirmation offset (a pilot's: after its tuning prompts) every task
+    must hold them, and with a ``margin`` in rating points their count must reach the floor at the strictest
+    quality limit the sweep confirms (a pilot: the paper's 1 %), at the per-try level ``alpha``."""
+    from mmw.board import load_board
+
+    tasks = definition.configs[0].overrides.get("prompts.tasks") if definition.configs else None
+    if tasks is None:
+        tasks = load_board(repo / "params.yaml").prompts.tasks
+    confirmation = definition.confirmation
+    if confirmation is not None and confirmation.offset is not None:
+        offset, losses = confirmation.offset, confirmation.quality_losses
+    else:
+        offset, losses = definition.tuning_offset + (definition.tuning or 0), [0.01]
+    limit = 1 - min(losses)
+    cell_floor = None if margin is None else quality_floor(limit + margin / RATING_MAX, limit, alpha)
+    check_request(per_task, offset, task_pools(list(tasks)), cell_floor)
+
+
+def confirmation_cost(k: int, prompts: float, model: CostModel = GPU_STAGED) -> float:
+    """GPU seconds of ``k`` confirmation runs at ``prompts`` prompts: each a configuration and a fresh seed's
+    baseline."""
+    return k * float(model.unit(prompts) + model.baseline(prompts))
 
 
 def needed_prompts(estimate: float | None, low: float | None, threshold: float, n: int) -> float | None:
@@ -145,49 +247,86 @@ def _toward(estimate: float | None, threshold: float) -> str | None:
 
 
 def plan_table(table: pl.DataFrame, k: int, tasks: int, attacked_share: float,
-               time_model: tuple[float, float] | None, min_per_task: int = 1) -> pl.DataFrame:
+               time_model: tuple[float, float] | None, min_per_task: int = 1, alpha: float | None = None,
+               available: int | None = None) -> pl.DataFrame:
     """One row per cell that is not resolved (status unresolved, or :data:`PILOT`): the prompts needed for
-    quality and for R, per task, which way each is heading (``quality_toward`` / ``r_toward``: pass | fail), and
-    the cost of K confirmation runs at that scale (CPU seconds on this machine's measured runs, H100 hours from
-    the cost model).
+    quality and for R at the runs per prompt it chose, per task, which way each is heading (``quality_toward`` /
+    ``r_toward``: pass | fail), the chosen runs per prompt (``k``), the distribution-free floor of prompts
+    (``floor_prompts``), whether the tasks' prompts can resolve it (``resolvable``; ``note`` says why not) and
+    the cost of the K confirmation runs at that scale (CPU seconds on this machine's measured runs, H100 hours
+    from the cost model).
 
-    ``table``: the confirmed table (:func:`mmw.sweep.cells.confirmed_table`) or :func:`pilot_table`; ``tasks``:
-    prompt tasks; ``attacked_share``: attacked / confirmation prompts; ``min_per_task``: the smallest
-    confirmation set per task (no plan goes below it)."""
+    ``table``: the confirmed table (:func:`mmw.sweep.cells.confirmed_table`) or :func:`pilot_table`; ``k``: the
+    runs its bounds were measured on; ``tasks``: prompt tasks; ``attacked_share``: attacked / confirmation
+    prompts; ``min_per_task``: the smallest confirmation set per task (no plan goes below it); ``alpha``: the
+    per-try level (default: the table's ``alpha`` column, else 0.025); ``available``: prompts per task past the
+    confirmation offset in the smallest task (None: unlimited)."""
     rows: list[dict[str, Any]] = []
     for row in table.filter(pl.col("status").is_in(["unresolved", PILOT])).iter_rows(named=True):
         n, n_a = row["n_prompts"] or 0, row["n_attacked"] or 0
-        q_need = needed_prompts(row["quality"], row["quality_low"], 1 - row["max_quality_loss"], n)
+        k_now = int(row.get("k") or k)
+        limit = 1 - row["max_quality_loss"]
+        level = alpha if alpha is not None else (row.get("alpha") or 0.025)
+        q_need = needed_prompts(row["quality"], row["quality_low"], limit, n)
+        cell_floor = quality_floor(row["quality"], limit, level)
         r_need = None
         if row["min_tamper_resistance"]:
             attacked = needed_prompts(row["resistance"], row["resistance_low"], row["min_tamper_resistance"], n_a)
             r_need = None if attacked is None else attacked / max(attacked_share, 1e-9)
-        needs = [v for v in (q_need, r_need) if v is not None]
-        total = max(needs) if needs else None
-        per_task = None if total is None or math.isinf(total) else max(math.ceil(total / max(tasks, 1)),
-                                                                         min_per_task)
+        best: tuple[float, int, float | None, int] | None = None  # (cost, K, quality prompts, per task)
+        for runs in RUN_CHOICES:
+            q_at = None if q_need is None else (q_need if math.isinf(q_need) else
+                                                max(q_need * relative_variance(runs, k_now), 1.0))
+            needs = [v for v in (q_at, r_need, cell_floor) if v is not None]
+            if not needs or any(math.isinf(v) for v in needs):
+                continue
+            per_task = max(math.ceil(round(max(needs) / max(tasks, 1), 9)), min_per_task)
+            if available is not None and per_task > available:
+                continue
+            cost = confirmation_cost(runs, per_task * tasks)
+            if best is None or cost < best[0]:
+                best = (cost, runs, q_at, per_task)
+        known = q_need is not None or r_need is not None
+        resolvable = best is not None
+        chosen_k, q_plan, per_task = (best[1], best[2], best[3]) if best else (None, q_need, None)
         cpu = gpu = None
-        if per_task is not None:
+        if per_task is not None and chosen_k is not None:
             prompts = per_task * tasks
             if time_model is not None:
-                cpu = k * (time_model[0] + time_model[1] * prompts)
-            gpu = k * (GPU_CONFIG_S + GPU_BASELINE_S) * prompts / GPU_PROMPTS / 3600
+                cpu = chosen_k * (time_model[0] + time_model[1] * prompts)
+            gpu = chosen_k * (GPU_CONFIG_S + GPU_BASELINE_S) * prompts / GPU_PROMPTS / 3600
         rows.append({"temperature": row["temperature"], "family": row["family"],
                      "max_quality_loss": row["max_quality_loss"],
                      "min_tamper_resistance": row["min_tamper_resistance"], "config_id": row["config_id"],
                      "reason": row["reason"], "n_prompts": n, "quality": row["quality"],
-                     "quality_toward": _toward(row["quality"], 1 - row["max_quality_loss"]),
+                     "quality_toward": _toward(row["quality"], limit),
                      "resistance": row["resistance"] if row["min_tamper_resistance"] else None,
                      "r_toward": _toward(row["resistance"], row["min_tamper_resistance"])
                      if row["min_tamper_resistance"] else None,
-                     "quality_prompts": q_need, "r_prompts": r_need,
+                     "quality_prompts": q_plan, "r_prompts": r_need, "floor_prompts": cell_floor, "k": chosen_k,
+                     "resolvable": resolvable if known else None, "note": None if resolvable or not known else CANNOT,
                      "prompts_per_task": per_task, "cpu_s": cpu, "h100_hours": gpu})
     schema = {"temperature": pl.Float64, "family": pl.String, "max_quality_loss": pl.Float64,
               "min_tamper_resistance": pl.Float64, "config_id": pl.String, "reason": pl.String,
               "n_prompts": pl.Int64, "quality": pl.Float64, "quality_toward": pl.String, "resistance": pl.Float64,
               "r_toward": pl.String, "quality_prompts": pl.Float64, "r_prompts": pl.Float64,
+              "floor_prompts": pl.Float64, "k": pl.Int64, "resolvable": pl.Boolean, "note": pl.String,
               "prompts_per_task": pl.Int64, "cpu_s": pl.Float64, "h100_hours": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
+
+
+def run_tasks(results: pl.DataFrame) -> list[str]:
+    """The prompt tasks of a sweep's runs (``prompts.tasks``, written as a list), empty when not recorded."""
+    if "prompts.tasks" not in results.columns or not results["prompts.tasks"].drop_nulls().len():
+        return []
+    written = str(results["prompts.tasks"].drop_nulls()[0]).strip("[]")
+    return [t.strip().strip("'\"") for t in written.split(",") if t.strip()]
+
+
+def available_prompts(results: pl.DataFrame, offset: int) -> int | None:
+    """Prompts per task past ``offset`` in the smallest of the runs' tasks (None: unknown)."""
+    pools = task_pools(run_tasks(results))
+    return max(min(pools.values()) - offset, 0) if pools else None
 
 
 def randomness_cells(randomness: pl.DataFrame) -> pl.DataFrame:
@@ -217,7 +356,8 @@ def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Dat
     if "wall_s" in reevaluations.columns:
         walls = [(confirmation.prompts * tasks, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
     model = run_time_model(results, walls, tuning * tasks)
-    return plan_table(table, k, tasks, share, model, min_confirm_prompts(attack_fraction(results, share), tasks) or 1)
+    return plan_table(table, k, tasks, share, model, min_confirm_prompts(attack_fraction(results, share), tasks) or 1,
+                      confirmation.per_try, available_prompts(results, confirmation.offset or 0))
 
 
 def pilot_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, level: float,
@@ -233,5 +373,7 @@ def pilot_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Dat
     walls = []
     if "wall_s" in reevaluations.columns:
         walls = [(prompts, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
+    offset = int(results["prompts.offset"].drop_nulls().max() or 0) if "prompts.offset" in results.columns else 0
     return plan_table(pilot, k, tasks, share, run_time_model(results, walls, prompts),
-                      min_confirm_prompts(attack_fraction(results), tasks) or 1)
+                      min_confirm_prompts(attack_fraction(results), tasks) or 1, level / max_tries,
+                      available_prompts(results, offset + per_task))

@@ -152,12 +152,13 @@ def constraint_label(row: Mapping[str, Any]) -> str:
 def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
     """The planner's table (:mod:`mmw.sweep.plan`) for table.md / the terminal."""
     lines = [f"Prompts needed to resolve each unresolved cell at level {level:g} (from the measured per-prompt "
-             f"spread; ∞: the estimate sits on the constraint) and the cost of {k} confirmation runs at that scale.",
+             "spread at the runs per prompt K that costs least; ∞: the estimate sits on the constraint; floor: the "
+             "fewest prompts any valid test needs at that margin) and the cost of K confirmation runs at that scale.",
              ""]
     if plan.height == 0:
         return "\n".join([*lines, "(no unresolved cell)"]) + "\n"
-    lines += ["| constraint | T | family | now | estimate (heading) | quality needs | R needs | per task | CPU h (here) "
-              "| H100 h |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| constraint | T | family | now | estimate (heading) | quality needs | R needs | floor | runs K "
+              "| per task | CPU h (here) | H100 h |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def show(value: float | None, digits: int = 0) -> str:
         if value is None:
@@ -170,7 +171,8 @@ def plan_markdown(plan: pl.DataFrame, level: float, k: int) -> str:
         if r["resistance"] is not None:
             estimate += f", R {r['resistance']:.2f} ({r['r_toward']})"
         lines.append(f"| {label} | {r['temperature']:g} | {r['family']} | {r['n_prompts']} | {estimate} | "
-                     f"{show(r['quality_prompts'])} | {show(r['r_prompts'])} | {show(r['prompts_per_task'])} | "
+                     f"{show(r['quality_prompts'])} | {show(r['r_prompts'])} | {show(r.get('floor_prompts'))} | "
+                     f"{show(r.get('k'))} | {r.get('note') or show(r['prompts_per_task'])} | "
                      f"{show(None if r['cpu_s'] is None else r['cpu_s'] / 3600, 1)} | {show(r['h100_hours'], 2)} |")
     return "\n".join(lines) + "\n"
 
