@@ -949,8 +949,9 @@ def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -
     """Two picks re-run 5 times each on 3 prompts: quality runs 0.90..0.98 (mean 0.94) and 0.99..1.03 (mean 1.02)
     in steps of 0.02 and 0.01: SDs sqrt(0.001) and sqrt(0.00025), pooled sqrt(0.000625) = 0.025. Level 0.05 over
     2 tries: z = 1.95996. For the 10 % cell of the first pick, h = z * 0.025 / sqrt(5) = 0.0219, gap 0.94 - 0.9 =
-    0.04: n' = 3 * (h / gap)^2 = 0.9 -> the 3 prompts it has; the plan is the smallest set the definition accepts
-    (4 per task: 4 attacked of 12)."""
+    0.04: n' = 3 * (h / gap)^2 = 0.9 -> the 3 prompts it has, at K = 5; the cheapest plan runs K = 2, whose
+    variance is (0.02 + 0.98 * 5 / 2) times K = 5's: 7.41 prompts; the distribution-free floor at that margin
+    (4 points over 90) is ceil(log 40 / log(1 + 4 / 90)) = 85 prompts, 29 per task."""
     from scipy.stats import norm
 
     from mmw.sweep.plan import pilot_plan, pilot_table
@@ -963,12 +964,14 @@ def test_a_sweep_without_confirmation_is_planned_as_a_pilot_from_its_re_runs() -
     assert p["quality_low"] == pytest.approx(0.94 - half)
     plan = pilot_plan(table, results, reevaluations, 0.05, 2, 5).sort("max_quality_loss")
     rows = plan.to_dicts()
-    assert (rows[1]["quality_prompts"], rows[1]["prompts_per_task"], rows[1]["quality_toward"]) == (3, 4, "pass")
-    # 1 %: estimate 1.02 vs 0.99 -> gap 0.03, n' = 3 (h / 0.03)^2 = 1.6 -> the 3 it has, 4 per task; 5 runs of
-    # 12 prompts at 20 s a prompt (60 s over 3 prompts, all charged per prompt).
-    assert rows[0]["quality_prompts"] == 3 and rows[0]["prompts_per_task"] == 4
+    assert (rows[1]["quality_prompts"], rows[1]["floor_prompts"], rows[1]["k"]) == (pytest.approx(7.41), 85, 2)
+    assert (rows[1]["prompts_per_task"], rows[1]["quality_toward"]) == (29, "pass")
+    # 1 %: estimate 1.02 vs 0.99 -> gap 0.03, n' = 3 (h / 0.03)^2 = 1.6 -> the 3 it has; the floor (3 points over
+    # 99) is 124 prompts, 42 per task; 2 runs of 126 prompts at 20 s a prompt (60 s over 3 prompts, all charged
+    # per prompt).
+    assert rows[0]["floor_prompts"] == 124 and rows[0]["prompts_per_task"] == 42
     assert rows[0]["quality"] == pytest.approx(1.02)
-    assert rows[0]["cpu_s"] == pytest.approx(5 * 12 * 20.0)
+    assert rows[0]["cpu_s"] == pytest.approx(2 * 126 * 20.0)
 
 
 def test_plan_refuses_tables_collected_without_confirmation_and_plans_a_pilot(tmp_path: Path) -> None:
