@@ -141,16 +141,17 @@ def main() -> None:
                 new = (quality_bounds(ws, bs, ALPHA, CONSTRAINT)[1] >= CONSTRAINT).mean()
                 old = (bootstrap_low(ws, bs, ALPHA, args.resamples) >= CONSTRAINT).mean()
                 print(f"| {name} | {truth} | {n} | {new:.3f} | {old:.3f} |")
-    print("\nBet truncation c (every factor of the capital stays above 1 - c): power, real rows, true quality 0.95")
+    print("\nLarge bet c of the mixture (every factor of the capital stays above 1 - c): power, real rows, true "
+          "quality 0.95")
     w, b = populations["real rows (small-confirmed, T = 0.7)"]
     w_at = calibrate(w, b, 0.95)
     ws, bs = draw(w_at, b, args.power_cells, 128, rng)
-    shipped = betting.TRUNCATION
+    shipped = betting.BETS
     for c in (0.5, 0.75, 0.9, 0.95, 0.99):
-        betting.TRUNCATION = c
+        betting.BETS = (c, *shipped[1:])
         confirmed = (quality_bounds(ws, bs, ALPHA, CONSTRAINT)[1] >= CONSTRAINT).mean()
         print(f"c = {c}: 128 prompts, confirmed {confirmed:.3f}")
-    betting.TRUNCATION = shipped
+    betting.BETS = shipped
 
 
 if __name__ == "__main__":
