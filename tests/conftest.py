@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,17 +33,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 MACHINE_WIDE = {"test_ray": "ray", "test_pack": "ray",
                 "test_sandbox": "sandbox", "test_sandbox_escapes": "sandbox", "test_quality": "sandbox"}
 
-# Slowest files first (seconds, one process, a 2-core AMD EPYC VM), so the two processes do not end on one long
-# file; files not named keep their order after these. The two "ray" files sit apart, so neither waits long for the
-# other's lock.
-SLOW_FILES = ["test_sweep",  # 931
-              "test_ray",  # 576
-              "test_faults",  # 427
-              "test_selection",  # 348
-              "test_statistics",  # 260
-              "test_dvc",  # 243
-              "test_pack",  # 310
-              "test_judge", "test_engine", "test_adaptive", "test_plugins", "test_deps", "test_kernels"]  # 128-173
+# Slowest files first, by the seconds each file took alone in one process (tests/budget.json, written by
+# `tests/budget.py --update`), so the two processes do not end on one long file (`--no-loadscope-reorder` hands files
+# out in this order): files without a budget keep their order after these. A file that shares a machine-wide lock with
+# a slower file goes where the other process has had time to finish that file, so it does not wait for the lock.
+_BUDGET_FILE = Path(__file__).with_name("budget.json")
+BUDGET = json.loads(_BUDGET_FILE.read_text())["files"] if _BUDGET_FILE.is_file() else {}
+WORKERS = 2
+
+
+def file_order(seconds: dict[str, float]) -> list[str]:
+    """Test file stems, slowest first, the later files of each machine-wide lock moved past their slower partner."""
+    order = sorted(seconds, key=lambda stem: -seconds[stem])
+    for lock in set(MACHINE_WIDE.values()):
+        sharing = [stem for stem in order if MACHINE_WIDE.get(stem) == lock]
+        for slower, later in zip(sharing, sharing[1:]):
+            order.remove(later)
+            start = order.index(slower)
+            elapsed, at = 0.0, len(order)
+            for index in range(start + 1, len(order)):  # the other process works through these meanwhile
+                elapsed += seconds[order[index]] / (WORKERS - 1)
+                if elapsed >= seconds[slower]:
+                    at = index + 1
+                    break
+            order.insert(at, later)
+    return order
+
+
+SLOW_FILES = file_order({Path(name).stem: entry["seconds"] or 0.0 for name, entry in BUDGET.items()})
+
+#: Tests collected per file this session (before -k/-m deselection), for tests/test_budget.py.
+COLLECTED: Counter[str] = Counter()
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    COLLECTED[item.path.name] += 1
+
+
+@pytest.fixture(scope="session")
+def collected_per_file() -> dict[str, int]:
+    """Tests collected per file this session, before any -k or -m deselection."""
+    return dict(COLLECTED)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
