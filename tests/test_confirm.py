@@ -442,6 +442,11 @@ def test_a_plan_beyond_the_pool_or_below_the_floor_is_refused(tmp_path: Path) ->
     assert result.exit_code == 2
     assert "below the distribution-free floor of 168 prompts" in result.output and "at least 56 per task" in \
         result.output
+    # A margin of 1 point: floor 334 prompts, 112 per task, more than the tasks hold past prompt 1.
+    result = runner.invoke(app, ["sweep", "plan", "small-confirmed", "--repo", str(repo), "--out", str(tmp_path),
+                                 "--prompts", "95", "--margin", "1"])
+    assert result.exit_code == 2 and "floor of 334 prompts" in result.output
+    assert "cannot be resolved with the prompts the tasks hold (at most 95 per task past prompt 1)" in result.output
     # Within both, the request passes on to the plan (here: nothing collected in tmp_path, exit 2 naming that).
     result = runner.invoke(app, ["sweep", "plan", "small-confirmed", "--repo", str(repo), "--out", str(tmp_path),
                                  "--prompts", "60", "--margin", "2"])

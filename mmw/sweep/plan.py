@@ -112,12 +112,15 @@ def check_request(per_task: int, offset: int, pools: Mapping[str, int], floor_pr
         if offset + per_task > size:
             raise SpecError("--prompts", f"{per_task} per task from prompt {offset}: task {task} holds {size} prompts",
                             f"at most {max(size - offset, 0)} per task")
-    total = per_task * max(len(pools), 1)
+    tasks = max(len(pools), 1)
+    total = per_task * tasks
     if floor_prompts is not None and total < floor_prompts:
-        tasks = max(len(pools), 1)
+        needed = math.ceil(floor_prompts / tasks) if math.isfinite(floor_prompts) else math.inf
+        most = min((size - offset for size in pools.values()), default=math.inf)
+        allowed = f"at least {needed} per task" if needed <= most else \
+            f"none: that margin {CANNOT} (at most {most} per task past prompt {offset})"
         raise SpecError("--prompts", f"{total} confirmation prompts are below the distribution-free floor of "
-                        f"{floor_prompts:,.0f} prompts for that margin: no valid test confirms with fewer",
-                        f"at least {math.ceil(floor_prompts / tasks)} per task")
+                        f"{floor_prompts:,.0f} prompts for that margin: no valid test confirms with fewer", allowed)
 
 
 def check_confirmation(definition: Any, repo: Any, per_task: int, margin: float | None, alpha: float) -> None:
