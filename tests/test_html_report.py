@@ -335,7 +335,7 @@ def test_tolerates_missing_optional_and_extra_columns(tmp_path: Path) -> None:
     assert 'id="fig-size-quality"' in markup  # family fell back to the sampler column
     dom = Dom(markup)
     fpr_rows = dom.tables["fpr-table"][1:]
-    assert fpr_rows and all(r[4] == "– [–, –]" for r in fpr_rows)  # any-prefix FPR absent: shown as missing
+    assert fpr_rows and all(r[5] == "– [–, –]" for r in fpr_rows)  # any-prefix FPR absent: shown as missing
 
 
 def test_undetected_size_reads_as_infinity_and_a_missing_one_as_missing(tmp_path: Path) -> None:
@@ -486,3 +486,148 @@ def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tm
     assert Dom(markup).tables["claims-table"][1][:3] == ["exponential ahead of distribution shift at T = 1", "1",
                                                          "supported"]
     assert 'id="fig-sizes"' in markup  # the figure still draws, from the confirmed cell only
+
+
+# --- a deployed sweep: provider names, a reader's page, the sweep chosen first ----------------------------------
+
+def make_deployed_sweep(directory: Path, fpr: bool = True, confirmed: bool = True) -> None:
+    """A sweep shaped like sweeps/deployed.yaml: Gumbel-max at vLLM's setting (exponential, window 4), the paper's
+    exponential (window 3), DiPmark (reweight) and SynthID-Text (plugin), at T = 0.7 and 1, one 10 % constraint;
+    per-prompt rows with ratings. ``fpr``: whether the runs recorded false-positive rates; ``confirmed``: whether
+    a cell (Gumbel-max at T = 0.7) was confirmed, else every cell is unresolved."""
+    rng = np.random.default_rng(5)
+    settings = [("exponential", {"scheme.window": 4, "scheme.score": "sum", "scheme.randomness": "window"}),
+                ("exponential", {"scheme.window": 3, "scheme.score": "sum", "scheme.randomness": "window",
+                                 "scheme.skip_prob": 0.05}),
+                ("reweight", {"scheme.window": 1, "scheme.score": "sum", "scheme.randomness": "window"}),
+                ("hf_synthid", {}), ("hf_kgw", {}),
+                ("distribution_shift", {"scheme.window": 1, "scheme.score": "sum", "scheme.randomness": "window"})]
+    rows, prompts = [], []
+    for t in (0.7, 1.0):
+        for i, (family, params) in enumerate(settings):
+            config_id = f"c{i}-t{t:g}"
+            rows.append({"config_id": config_id, "status": "done", "family": family, "model.temperature": t,
+                         "model.name": "embedded:smollm2-135m", "model.max_new_tokens": 48, "scheme.alpha": 0.02,
+                         "rate.judge": "embedded:qwen2.5-coder-1.5b", "rate.mode": "expected",
+                         "scheme.window": None, "scheme.score": None, "scheme.randomness": None,
+                         "scheme.skip_prob": None, **params,
+                         "all.size": float(rng.uniform(8, 30)), "all.relative_quality": float(rng.uniform(0.85, 1.05)),
+                         "all.tamper_resistance": float(rng.uniform(0.1, 0.9)), "all.generations": 3.0,
+                         "all.fpr": 0.0 if fpr else None, "all.fpr_any_prefix": (1 / 3 if i % 2 else 0.0) if fpr else None,
+                         "all.fpr_n": 3.0 if fpr else None})
+            for p in range(6):
+                for source, rating in (("baseline", 80.0), ("watermarked", 70.0 + i)):
+                    prompts.append({"config_id": config_id, "prompt_id": f"p{p}", "source": source, "rating": rating})
+    table = []
+    for t in (0.7, 1.0):
+        for i, family in ((0, "exponential"), (2, "reweight"), (3, "hf_synthid")):
+            answered = confirmed and t == 0.7 and family == "exponential"
+            table.append({"temperature": t, "family": family, "max_quality_loss": 0.1, "min_tamper_resistance": 0.2,
+                          "config_id": f"c{i}-t{t:g}", "status": "confirmed" if answered else "unresolved",
+                          "reason": None if answered else "quality", "size_median": 19.5, "size_mad": 0.5, "k": 5,
+                          "quality_low": 0.91 if answered else 0.85, "quality_high": 1.1, "n_prompts": 48,
+                          "level": 0.05, "size_kind": "all.size_anytime"})
+    directory.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame(rows).write_parquet(directory / "results.parquet")
+    pl.DataFrame(table).write_parquet(directory / "table.parquet")
+    pl.DataFrame(prompts).write_parquet(directory / "prompts.parquet")
+
+
+def test_the_front_page_is_chosen_from_the_tables_not_from_file_times(tmp_path: Path) -> None:
+    """A clone resets file times: the sweep with answers leads whatever the times say, and equal tables tie-break
+    by name."""
+    from mmw.reporting.data import latest_sweep
+
+    sweeps = tmp_path / "reports/sweeps"
+    make_deployed_sweep(sweeps / "deployed")
+    make_deployed_sweep(sweeps / "small-race", confirmed=False)
+    make_sweep(sweeps / "exploratory", seed=4)
+    for age, name in enumerate(("small-race", "exploratory", "deployed")):  # deployed oldest, the race newest
+        for path in (sweeps / name).iterdir():
+            os.utime(path, (1_700_000_000 - 1000 * age, 1_700_000_000 - 1000 * age))
+    assert latest_sweep(sweeps) == sweeps / "deployed"
+    make_deployed_sweep(sweeps / "another")  # the same number of confirmed cells: the first name
+    assert latest_sweep(sweeps) == sweeps / "another"
+
+
+def test_deployed_page_names_watermarks_and_explains_what_it_cannot_show(tmp_path: Path) -> None:
+    make_deployed_sweep(tmp_path / "reports/sweeps/deployed")
+    (tmp_path / "reports/judge.json").write_text(json.dumps({  # the workspace run's judge: not this sweep's
+        "mode": "expected", "discriminates": True, "n_texts": 24, "modes": {"expected": {
+            "n_pairs": 24, "mean_original": 79.3, "mean_shuffled": 67.5, "pvalue": 1e-6, "discriminates": True}}}))
+    markup = build_report(tmp_path).path.read_text()
+    dom = Dom(markup)
+    headline = re.search(r'<ul class="headline" id="headline">(.*?)</ul>', markup, re.S).group(1)
+    assert "Gumbel-max (vLLM&#39;s setting): 19.5 tokens" in headline
+    cells = [c for row in dom.tables["paper-table"] for c in row]
+    assert any("Gumbel-max (vLLM's setting)" in c for c in cells)
+    assert dom.tables["paper-table"][0][2:] == ["Distribution shift", "Exponential", "Reweight (DiPmark)",
+                                                "KGW (transformers)", "SynthID-Text (transformers)"]
+    # FPR: rows with numbers, a figure; Figure 1 draws the confirmed cell.
+    assert dom.ids.get("fig-fpr") == "figure" and dom.ids.get("fig-sizes") == "figure"
+    assert all("–" not in r[4] for r in dom.tables["fpr-table"][1:])
+    # The judge section is the sweep's (its judge and ratings), never the workspace run's judge.json.
+    assert "judge-table" not in dom.tables and "judge-check-missing" in dom.ids
+    ratings = dom.tables["judge-sweep-ratings"]
+    assert ratings[1][:3] == ["0.7", "embedded:qwen2.5-coder-1.5b", "expected"] and "80" in ratings[1]
+    # Without FPR data and without a confirmed size: a sentence each, no empty figure, no row of dashes.
+    make_deployed_sweep(tmp_path / "reports/sweeps/bare", fpr=False, confirmed=False)
+    markup = build_report(tmp_path, "bare", tmp_path / "bare.html").path.read_text()
+    dom = Dom(markup)
+    assert "fpr-table" not in dom.tables and "fig-fpr" not in dom.ids and "fpr-missing" in dom.ids
+    assert "fig-sizes" not in dom.ids and "no-sizes" in dom.ids
+
+
+def test_figure_legends_and_labels_stay_inside_and_apart(tmp_path: Path) -> None:
+    """Long provider names: the size-quality legend fits inside its figure and the FPR axis labels do not overlap
+    (their drawn extents, as matplotlib lays them out)."""
+    from mmw.reporting import figures
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    make_deployed_sweep(tmp_path / "deployed")
+    sweep = load_sweep(tmp_path / "deployed")
+    figure = figures.figure_size_quality(sweep)
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)
+    box = figure.bbox
+    for legend in figure.legends:
+        extent = legend.get_window_extent(renderer)
+        assert box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1, (extent, box)
+    figure = figures.figure_fpr(sweep, 0.02)
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)
+    labels = [t.get_window_extent(renderer) for t in figure.axes[0].get_xticklabels() if t.get_text()]
+    assert len(labels) == 5
+    for left, right in zip(labels, labels[1:], strict=False):
+        assert left.x1 < right.x0, (left, right)
+
+
+def test_sweep_pages_and_dvc_plots_in_chromium(tmp_path: Path) -> None:
+    """The deployed-like sweep through `mmw report` and `dvc plots show`, looked at in the browser: the page paints
+    its figures and every one of the sweep's dvc plots is drawn, the FPR plots with a y axis (alpha.csv gives
+    them a range when every rate is 0)."""
+    repo = tmp_path / "repo"
+    (repo / ".dvc").mkdir(parents=True)
+    shutil.copy(REPO / ".dvc/config", repo / ".dvc/config")
+    shutil.copytree(REPO / "vendor", repo / "vendor")
+    make_deployed_sweep(repo / "reports/sweeps/deployed")
+    page = build_report(repo).path
+    keep = os.environ.get("MMW_SCREENSHOTS")
+    image = screenshot(page, Path(keep) / "report_deployed.png" if keep else tmp_path / "page.png", height=5000)
+    bare = tmp_path / "bare.html"  # the same page without its figures: text, tables and grey rules
+    bare.write_text(re.sub(r"<svg.*?</svg>", "", page.read_text(), flags=re.S))
+    assert coloured_share(image) > 3 * coloured_share(screenshot(bare, tmp_path / "bare.png", height=5000))
+    definitions = yaml.safe_load((repo / "reports/figures/dvc.yaml").read_text())["plots"]
+    fpr_plots = [spec for d in definitions for title, spec in d.items() if title.startswith("False-positive")]
+    assert len(fpr_plots) == 2 and all("fpr/alpha.csv" in spec["y"] for spec in fpr_plots)
+    for definition in definitions:  # every series the plots read exists, with its columns and rows
+        (spec,) = definition.values()
+        for file, column in spec["y"].items():
+            frame = pl.read_csv(repo / "reports/figures" / file)
+            assert column in frame.columns and spec["x"] in frame.columns and frame.height, (file, column)
+    dvc = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin/dvc")
+    for command in (["git", "init", "-q"], [dvc, "plots", "show", "-o", "out"]):
+        subprocess.run(command, cwd=repo, check=True, capture_output=True, timeout=300)
+    dom = Dom(dump_dom(repo / "out/index.html"))
+    assert dom.tags.get("canvas", 0) + dom.tags.get("svg", 0) >= len(definitions), "a plot was not drawn"

@@ -16,6 +16,7 @@ Every column except ``config_id`` is optional here: a missing one reads as null,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable
@@ -41,6 +42,7 @@ RESULT_COLUMNS: dict[str, pl.DataType] = {
     "all.relative_quality_ci_low": pl.Float64(), "all.relative_quality_ci_high": pl.Float64(),
     "all.tamper_resistance": pl.Float64(), "all.fpr": pl.Float64(), "all.fpr_any_prefix": pl.Float64(),
     "all.generations": pl.Float64(), "all.mean_tokens": pl.Float64(), "all.detection_rate": pl.Float64(),
+    "all.fpr_n": pl.Float64(),
 }
 TABLE_COLUMNS: dict[str, pl.DataType] = {
     "temperature": pl.Float64(), "family": pl.String(), "max_quality_loss": pl.Float64(),
@@ -61,7 +63,7 @@ ATTACK_COLUMNS: dict[str, pl.DataType] = {
 #: Optional tables a sweep may hold: the picks' re-evaluations (fresh seeds and keys), text-dependent vs fixed
 #: randomness, the size-quality trade-off over delta, per-stage timings, the power planner's rows and the paper's
 #: orderings judged on the confirmed cells (confirmed sweeps), the race's rounds (adaptive sweeps).
-EXTRA_TABLES = ("reevaluations", "randomness", "delta", "timings", "plan", "claims", "race")
+EXTRA_TABLES = ("reevaluations", "randomness", "delta", "timings", "plan", "claims", "race", "prompts")
 #: The paper's headline constraint (Figure 1): quality loss <= 1 %, tamper resistance > 0.2.
 MAIN_CONSTRAINT = (0.01, 0.2)
 
@@ -249,20 +251,34 @@ def load_sweep(directory: Path) -> Sweep:
     return Sweep(directory.name, directory, results, attacks, table, meta, extras)
 
 
-def has_confirmed_table(directory: Path) -> bool:
-    """Whether ``directory``'s table.parquet carries confirmation statuses (see :attr:`Sweep.confirmed`)."""
+def confirmed_cells(directory: Path) -> int | None:
+    """How many cells of ``directory``'s table.parquet were confirmed on held-out prompts; None when the table
+    carries no confirmation statuses (an exploratory table, or none)."""
     path = directory / "table.parquet"
     if not path.is_file() or "status" not in pl.read_parquet_schema(path):
-        return False
-    return pl.read_parquet(path, columns=["status"])["status"].drop_nulls().len() > 0
+        return None
+    status = pl.read_parquet(path, columns=["status"])["status"].drop_nulls()
+    return int((status == "confirmed").sum()) if status.len() else None
+
+
+def has_confirmed_table(directory: Path) -> bool:
+    """Whether ``directory``'s table.parquet carries confirmation statuses (see :attr:`Sweep.confirmed`)."""
+    return confirmed_cells(directory) is not None
 
 
 def latest_sweep(root: Path) -> Path | None:
-    """The sweep directory under ``root`` to show first: the confirmed one whose results were written last; an
-    exploratory (unconfirmed) sweep only when no confirmed one exists (None when there is none)."""
-    candidates = [p.parent for p in root.glob("*/results.parquet")]
-    return max(candidates, key=lambda p: (has_confirmed_table(p), (p / "results.parquet").stat().st_mtime, p.name),
-               default=None)
+    """The sweep directory under ``root`` to show first (None when there is none): a confirmed sweep before an
+    exploratory one, then the one with the most confirmed cells (an answer before a table of unresolved cells),
+    then by name. Decided from the tables alone: file times are not recorded history (a clone or checkout resets
+    them), so the same tables always lead with the same sweep."""
+    candidates = sorted(p.parent for p in root.glob("*/results.parquet"))
+
+    def rank(directory: Path) -> tuple[bool, int]:
+        confirmed = confirmed_cells(directory)
+        return confirmed is not None, confirmed or 0
+
+    # max keeps the first of equals: with names sorted, ties go to the alphabetically first sweep.
+    return max(candidates, key=rank, default=None)
 
 
 # --- the paper's table -------------------------------------------------------------------------------------------
@@ -275,6 +291,9 @@ class Cell:
     k: int | None
     title: str
     kind: str  # value | inf | infeasible | unreevaluated | missing
+    #: The pick as a provider knows it, where that differs from its column (e.g. "Gumbel-max (vLLM's setting)"
+    #: in the exponential column); shown under a confirmed size.
+    name: str = ""
 
 
 #: table.parquet columns that are not the pick's params.
@@ -341,14 +360,23 @@ def paper_table(sweep: Sweep) -> list[TableBlock]:
     """The appendix table "Size of ideal watermark under four tested constraints", from table.parquet."""
     if sweep.table is None:
         return []
+    names = watermark_names(sweep.results)
     blocks = []
     for constraint in sweep.constraints:
         rows = sweep.table.filter(_constraint_expr(constraint))
         by_key = {(r["temperature"], r["family"]): r for r in rows.iter_rows(named=True)}
         blocks.append(TableBlock(constraint, [
-            (t, [_cell(by_key.get((t, f))) for f in sweep.families]) for t in sweep.temperatures
-            if any((t, f) in by_key for f in sweep.families)]))
+            (t, [_named(_cell(by_key.get((t, f))), by_key.get((t, f)), names) for f in sweep.families])
+            for t in sweep.temperatures if any((t, f) in by_key for f in sweep.families)]))
     return blocks
+
+
+def _named(cell: Cell, row: dict[str, Any] | None, names: dict[str, str]) -> Cell:
+    """``cell`` naming its confirmed pick when the pick's name is not its column's."""
+    if row is None or cell.kind != "value" or row.get("config_id") is None:
+        return cell
+    name = names.get(row["config_id"], "")
+    return dataclasses.replace(cell, name=name) if name and name != family_label(row["family"]) else cell
 
 
 def picks(sweep: Sweep, constraint: Constraint) -> pl.DataFrame:
@@ -447,9 +475,41 @@ def fpr_summary(sweep: Sweep) -> pl.DataFrame:
         stats += [pl.col(column).median().alias(f"{name}_median"), pl.col(column).min().alias(f"{name}_min"),
                   pl.col(column).max().alias(f"{name}_max")]
     return (sweep.done.group_by("family", "model.temperature")
-            .agg(pl.len().alias("configs"), *stats)
+            .agg(pl.len().alias("configs"), pl.col("all.fpr_n").median().alias("texts"), *stats)
             .sort("model.temperature", pl.col("family").replace_strict(
                 {f: i for i, f in enumerate(sweep.families)}, default=len(sweep.families))))
+
+
+def fpr_missing(sweep: Sweep) -> str | None:
+    """Why the sweep has no false-positive rates to show (None when some done setting has one)."""
+    if sweep.done.height == 0:
+        return "no setting of this sweep has finished yet"
+    if sweep.done["all.fpr"].drop_nulls().len() or sweep.done["all.fpr_any_prefix"].drop_nulls().len():
+        return None
+    return (f"this sweep's runs recorded no false-positive rate (results.parquet of {sweep.name} has no "
+            "all.fpr / all.fpr_any_prefix values: its runs predate the FPR metrics or did not detect their baseline "
+            "texts); rerun `mmw sweep collect` after runs that measure them")
+
+
+def sweep_judge(sweep: Sweep) -> list[dict[str, Any]]:
+    """The judge the sweep's runs used (``rate.*`` params) and what it rated, per temperature: the mean rating
+    of the baseline and watermarked texts over the sweep's per-prompt rows (tuning and confirmation), and the
+    share of texts without a rating. Empty when the sweep recorded neither."""
+    params = [c for c in ("rate.judge", "rate.mode", "rate.backend", "rate.dtype", "rate.device")
+              if c in sweep.done.columns]
+    prompts = sweep.extras.get("prompts")
+    if prompts is None or not {"config_id", "source", "rating"} <= set(prompts.columns):
+        return []
+    texts = prompts.filter(pl.col("source").is_in(["baseline", "watermarked"])).join(
+        sweep.done.select("config_id", "model.temperature", *params), on="config_id", how="inner")
+    if texts.height == 0:
+        return []
+    rows = (texts.group_by("model.temperature", *params)
+            .agg(pl.col("rating").filter(pl.col("source") == "baseline").mean().alias("baseline"),
+                 pl.col("rating").filter(pl.col("source") == "watermarked").mean().alias("watermarked"),
+                 pl.col("rating").is_null().mean().alias("unrated"), pl.len().alias("texts"))
+            .sort("model.temperature"))
+    return rows.rename({c: c.removeprefix("rate.") for c in params}).to_dicts()
 
 
 def key_spread(sweep: Sweep) -> pl.DataFrame:

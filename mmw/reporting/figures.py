@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from typing import TYPE_CHECKING
 
 import matplotlib
 import numpy as np
 import polars as pl
 from matplotlib.patches import Patch
-from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 from mmw.reporting.data import (
     SingleRun,
@@ -61,12 +62,37 @@ def _grid(n: int, per_row: int, width: float, height: float) -> tuple[Figure, li
     return figure, axes[:n]
 
 
+def _legend_columns(labels: list[str], width_in: float) -> int:
+    """How many legend entries fit side by side in ``width_in`` inches (a long name such as "SynthID-Text
+    (transformers)" takes about 2 inches at the legend's size): the rest wrap to new rows instead of being cut off
+    at the figure's edge."""
+    widest = max((len(label) for label in labels), default=1)
+    per_entry = 0.5 + 0.075 * widest  # marker and gap, then ~0.075 in a character at 9-10 pt
+    return max(1, min(len(labels), int(width_in // per_entry)))
+
+
+def has_sizes(sweep: Sweep) -> bool:
+    """Whether Figure 1 has something to draw: some cell under some constraint has a size to show, a bar or ∞ (a
+    confirmed table shows only confirmed cells' sizes)."""
+    for constraint in sweep.constraints:
+        rows = picks(sweep, constraint)
+        sizes = pl.concat([rows["size_median"], rows.filter(pl.col("k").fill_null(0) == 0)["pick_size"]])
+        if sizes.drop_nulls().drop_nans().len():
+            return True
+    return False
+
+
+#: How Figure 1 marks a cell without a bar: its status (a confirmed table) -> the mark.
+STATUS_MARKS = {"unresolved": "?", "not confirmed": "✗", "pending": "…"}
+
+
 def figure_sizes(sweep: Sweep) -> Figure:
     """The paper's Figure 1, per constraint: re-evaluated size (median, MAD error bar) per family x temperature.
 
     Picks that are not detected in half the texts (size ∞) are marked ∞ at the top of the panel; picks not
     re-evaluated show their selection-time size as a hollow bar marked *; cells where no setting met the
-    constraint are marked "none" on the axis.
+    constraint are marked "none" on the axis; in a confirmed table, unresolved cells "?", not confirmed "✗",
+    pending "…" (no size is a result there); a panel with no bar says so.
     """
     constraints = sweep.constraints
     figure, axes = _grid(len(constraints), 2, 6.2, 3.6)
@@ -85,9 +111,12 @@ def figure_sizes(sweep: Sweep) -> Figure:
                 if row is None:
                     continue
                 median = row["size_median"]
+                mark = STATUS_MARKS.get(row.get("status") or "")
                 if row["config_id"] is None:
                     ax.text(x, top * 0.02, "none", rotation=90, ha="center", va="bottom", fontsize=7,
                             color=styles[family]["color"])
+                elif mark is not None and median is None:
+                    ax.text(x, top * 0.02, mark, ha="center", va="bottom", fontsize=10, color=styles[family]["color"])
                 elif median is not None and math.isinf(median):
                     ax.text(x, top * 0.985, "∞", ha="center", va="top", fontsize=14, color=styles[family]["color"])
                 elif not row["k"] and row["pick_size"] is not None and math.isfinite(row["pick_size"]):
@@ -99,6 +128,9 @@ def figure_sizes(sweep: Sweep) -> Figure:
                     mad = row["size_mad"] if (row["k"] or 0) > 1 else None
                     ax.bar(x, median, width, color=styles[family]["color"], alpha=0.85,
                            yerr=None if mad is None else [[mad], [mad]], capsize=2, ecolor="black")
+        if not finite:
+            ax.text(0.5, 0.55, "no confirmed size under this constraint", transform=ax.transAxes, ha="center",
+                    va="center", color="grey", fontsize=9)
         ax.set_xticks(range(len(temperatures)), [f"T = {t:g}" for t in temperatures])
         ax.set_xlim(-0.5, len(temperatures) - 0.5)
         ax.set_ylim(0, top)
@@ -106,7 +138,11 @@ def figure_sizes(sweep: Sweep) -> Figure:
         ax.set_title(constraint.label, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     handles = [Patch(color=styles[f]["color"], label=family_label(f)) for f in families]
-    figure.legend(handles=handles, loc="outside lower center", ncols=len(families), frameon=False)
+    marks = [Patch(color="none", label=f"{mark} {status}") for status, mark in STATUS_MARKS.items()] \
+        if sweep.confirmed else []
+    labels = [h.get_label() for h in handles + marks]
+    figure.legend(handles=handles + marks, loc="outside lower center", frameon=False,
+                  ncols=_legend_columns(labels, figure.get_figwidth()))
     return figure
 
 
@@ -143,18 +179,21 @@ def figure_size_quality(sweep: Sweep, max_losses: tuple[float, ...] = (0.01, 0.1
             ax.axvline(1 - loss, color="grey", ls="--", lw=0.8)
         ax.axhline(ceiling, color="grey", ls=":", lw=0.6)
         ax.set_yscale("log")
+        # Ticks at 1-2-5 steps: a panel spanning less than a decade would otherwise show a single label.
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_title(f"T = {t:g} ({rows.height} settings)", fontsize=10)
         ax.set_xlabel("relative quality (watermarked / baseline)")
         ax.grid(alpha=0.3)
     if axes:
-        axes[0].set_ylabel("watermark size (tokens, log; top band = ∞)")
+        axes[0].set_ylabel("watermark size (tokens, log)")
     if mappable is not None:
         figure.colorbar(mappable, ax=axes, label="tamper resistance R", shrink=0.85)
     handles = [axes[0].scatter([], [], marker=styles[f]["marker"], color="grey", label=family_label(f))
                for f in sweep.families] if axes else []
-    figure.legend(handles=handles, loc="outside lower center", ncols=max(len(handles), 1), frameon=False)
+    figure.legend(handles=handles, loc="outside lower center", frameon=False,
+                  ncols=_legend_columns([family_label(f) for f in sweep.families], figure.get_figwidth() * 0.85))
     return figure
 
 
@@ -201,7 +240,8 @@ def figure_fpr(sweep: Sweep, alpha: float) -> Figure:
     full text (circles) and any prefix (triangles), with the detector's alpha as a dashed line."""
     done = sweep.done
     families, temperatures = sweep.families, sweep.temperatures
-    figure, axes = _grid(1, 1, 7.5, 3.4)
+    # About an inch per family: a label like "SynthID-Text (transformers)", wrapped, fits under its group.
+    figure, axes = _grid(1, 1, max(7.5, 1.15 * len(families) + 1.8), 3.6)
     ax = axes[0]
     colors = matplotlib.colormaps["plasma"](np.linspace(0.05, 0.8, max(len(temperatures), 1)))
     rng = np.random.default_rng(0)  # jitter only: points of one family/temperature would overprint
@@ -218,7 +258,7 @@ def figure_fpr(sweep: Sweep, alpha: float) -> Figure:
     ax.axhline(alpha, color="black", ls="--", lw=0.8, label=f"alpha = {alpha:g}")
     ax.scatter([], [], marker="o", color="grey", label="full text")
     ax.scatter([], [], marker="^", color="grey", label="any prefix")
-    ax.set_xticks(range(len(families)), [family_label(f) for f in families])
+    ax.set_xticks(range(len(families)), [textwrap.fill(family_label(f), 14) for f in families], fontsize=8)
     ax.set_xlim(-0.5, len(families) - 0.5)
     ax.set_ylabel("false-positive rate")
     ax.set_ylim(bottom=0)

@@ -24,7 +24,6 @@ from mmw import provenance as numeric_path
 from mmw.errors import SpecError
 from mmw.io import write_text, write_with
 from mmw.reporting import data, figures
-from mmw.samplers import LABELS
 
 TEMPLATES = Path(__file__).with_name("templates")
 #: Where `mmw report` writes the CSVs that dvc.yaml's sweep plots read (one file per family: DVC colours by file).
@@ -70,10 +69,30 @@ def _svg(figure: Any, name: str) -> markupsafe.Markup:
 @dataclass(frozen=True)
 class Headline:
     """The page's lead: under ``constraint`` (the paper's main one when the table has it, else its tightest), per
-    temperature the smallest confirmed size in words. Only a confirmed table has one."""
+    temperature the smallest confirmed size in words, naming the watermark as a provider knows it, and what the
+    claims table resolved about it. Only a confirmed table has one."""
 
     constraint: data.Constraint
     lines: list[tuple[float, str]]
+
+
+def _orderings(claims: pl.DataFrame | None, temperature: float, constraint: data.Constraint, family: str,
+               names: dict[str, str]) -> str:
+    """``; significantly smaller than X and Y; not resolved against Z``: the pairwise claims rows of the leading
+    cell at one temperature and constraint (:func:`mmw.sweep.claims.pairwise_orderings`)."""
+    if claims is None or "scope" not in claims.columns:
+        return ""
+    r_min = constraint.min_tamper_resistance or 0.0
+    rows = claims.filter((pl.col("scope") == "pairwise") & (pl.col("temperature") == temperature)
+                         & ((pl.col("max_quality_loss") - constraint.max_quality_loss).abs() < 1e-9)
+                         & ((pl.col("min_tamper_resistance").fill_null(0.0) - r_min).abs() < 1e-9))
+    beaten = [names.get(r["than"], data.family_label(r["than"])) for r in rows.iter_rows(named=True)
+              if r["smaller"] == family and r["verdict"] == "supported"]
+    open_ = [names.get(other, data.family_label(other)) for r in rows.iter_rows(named=True)
+             if r["verdict"] not in ("supported", "contradicted") and family in (r["smaller"], r["than"])
+             for other in (r["than"] if r["smaller"] == family else r["smaller"],)]
+    text = f"; significantly smaller than {', '.join(beaten)}" if beaten else ""
+    return text + (f"; not resolved against {', '.join(open_)}" if open_ else "")
 
 
 def _headline(sweep: data.Sweep) -> Headline | None:
@@ -84,6 +103,8 @@ def _headline(sweep: data.Sweep) -> Headline | None:
     main = data.Constraint(*data.MAIN_CONSTRAINT)
     constraint = main if main in sweep.constraints else sweep.constraints[0]
     picked = data.picks(sweep, constraint)
+    names = data.watermark_names(sweep.results)
+    family_names = {f: data.family_label(f) for f in sweep.families}
     lines = []
     for t in sweep.temperatures:
         at = picked.filter(pl.col("temperature") == t)
@@ -92,8 +113,10 @@ def _headline(sweep: data.Sweep) -> Headline | None:
         answered = at.filter(pl.col("status") == "confirmed").sort("size_median")
         if answered.height:
             best = answered.row(0, named=True)
-            lines.append((t, f"{data.family_label(best['family'])}: {data.fmt_tokens(best['size_median'])} "
-                             f"tokens, confirmed on held-out prompts (K = {best['k']})"))
+            name = names.get(best["config_id"]) or data.family_label(best["family"])
+            lines.append((t, f"{name}: {data.fmt_tokens(best['size_median'])} tokens, confirmed on held-out "
+                             f"prompts (K = {best['k']})"
+                             + _orderings(sweep.extras.get("claims"), t, constraint, best["family"], family_names)))
         else:
             counts = ", ".join(f"{n} {s}" for s, n in at.group_by("status").len().sort("status").iter_rows())
             lines.append((t, f"no confirmed cell ({counts})"))
@@ -198,10 +221,10 @@ def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | 
     has_table = bool(sweep.constraints)
     done = sweep.done
     sections = {
-        "sizes": _svg(figures.figure_sizes(sweep), "sizes") if has_table else None,
+        "sizes": _svg(figures.figure_sizes(sweep), "sizes") if has_table and figures.has_sizes(sweep) else None,
         "size_quality": _svg(figures.figure_size_quality(sweep), "size-quality") if done.height else None,
         "hulls": _svg(figures.figure_tamper_hulls(sweep), "hulls") if sweep.attacks is not None else None,
-        "fpr": _svg(figures.figure_fpr(sweep, alpha), "fpr") if done.height else None,
+        "fpr": _svg(figures.figure_fpr(sweep, alpha), "fpr") if data.fpr_missing(sweep) is None else None,
     }
     failed = sweep.results.filter(pl.col("status") == "failed").select("config_id", "error").head(50)
     judge_columns = [c for c in sweep.results.columns if c.startswith("judge.")]
@@ -214,6 +237,7 @@ def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | 
         confirmation_scale=data.confirmation_scale(sweep),
         sweep=sweep, blocks=data.paper_table(sweep), headline=_headline(sweep), figures=sections,
         attack_tables=data.attack_tables(sweep), fpr=list(data.fpr_summary(sweep).iter_rows(named=True)),
+        fpr_missing=data.fpr_missing(sweep), sweep_judge=data.sweep_judge(sweep),
         alpha=alpha, failed=list(failed.iter_rows(named=True)), judge=judge, judge_rows=_judge_rows(judge),
         judge_columns=judge_columns, judge_sweep=list(judge_sweep), keys=list(data.key_spread(sweep).iter_rows(
             named=True)), randomness=_plain(randomness_shown(sweep.extras.get("randomness"))),
@@ -245,24 +269,87 @@ def render_single(run: data.SingleRun, commit: str | None, generated: str) -> st
         alpha=float(scheme.get("alpha", 0.02)))
 
 
-def sweep_plot_tables(sweep: data.Sweep) -> dict[str, pl.DataFrame]:
-    """CSV tables behind dvc.yaml's sweep plots, keyed by path under ``reports/figures`` (one file per family,
-    because DVC colours series by file). Infinite and missing sizes are left out (a plot axis has no ∞)."""
-    tables: dict[str, pl.DataFrame] = {}
+def figure_constraint(sweep: data.Sweep) -> data.Constraint:
+    """The constraint Figure 1's plot shows: the paper's main one when the table has it, else its tightest (as the
+    page's headline)."""
     main = data.Constraint(*data.MAIN_CONSTRAINT)
-    chosen = data.picks(sweep, main)
+    return main if main in sweep.constraints or not sweep.constraints else sweep.constraints[0]
+
+
+def sweep_plot_tables(sweep: data.Sweep, alpha: float = 0.02) -> dict[str, pl.DataFrame]:
+    """CSV tables behind the sweep's dvc plots, keyed by path under ``reports/figures`` (one file per family of
+    the sweep, because DVC colours series by file), plus ``fpr/alpha.csv``: the detector's alpha at each
+    temperature, the level every FPR is judged against (it also gives the FPR plots a y range when every rate is
+    0). Infinite and missing sizes are left out (a plot axis has no ∞)."""
+    tables: dict[str, pl.DataFrame] = {}
+    chosen = data.picks(sweep, figure_constraint(sweep))
     done = sweep.done.filter(pl.col("all.size").is_finite() & pl.col("all.relative_quality").is_not_null())
-    for family in LABELS:
+    for family in sweep.families:
         tables[f"sizes/{family}.csv"] = (chosen.filter((pl.col("family") == family) & pl.col("size_median").is_finite())
                                          .select("temperature", "size_median", "size_mad").sort("temperature"))
         tables[f"size_quality/{family}.csv"] = done.filter(pl.col("family") == family).select(
             pl.col("all.relative_quality").alias("relative_quality"), pl.col("all.size").alias("size"),
             pl.col("all.tamper_resistance").alias("tamper_resistance"),
             pl.col("model.temperature").alias("temperature"), "config_id")
-        tables[f"fpr/{family}.csv"] = sweep.done.filter(pl.col("family") == family).select(
-            pl.col("model.temperature").alias("temperature"), pl.col("all.fpr").alias("fpr"),
-            pl.col("all.fpr_any_prefix").alias("fpr_any_prefix"), "config_id")
+        tables[f"fpr/{family}.csv"] = sweep.done.filter(
+            (pl.col("family") == family) & (pl.col("all.fpr").is_not_null() | pl.col("all.fpr_any_prefix").is_not_null())
+        ).select(pl.col("model.temperature").alias("temperature"), pl.col("all.fpr").alias("fpr"),
+                 pl.col("all.fpr_any_prefix").alias("fpr_any_prefix"), "config_id")
+    tables["fpr/alpha.csv"] = pl.DataFrame({"temperature": sweep.temperatures}, schema={"temperature": pl.Float64}
+                                           ).with_columns(pl.lit(alpha).alias("fpr"), pl.lit(alpha).alias("fpr_any_prefix"))
     return tables
+
+
+def plot_definitions(sweep: data.Sweep, tables: dict[str, pl.DataFrame]) -> str:
+    """``reports/figures/dvc.yaml``: the sweep's figures for ``dvc plots show``/``diff``, one series per family
+    file that has rows (a file without rows would draw an empty series)."""
+    import yaml
+
+    constraint = figure_constraint(sweep)
+
+    def series(folder: str, column: str, extra: tuple[str, ...] = ()) -> dict[str, str]:
+        names = [f"{folder}/{f}.csv" for f in sweep.families] + [f"{folder}/{e}" for e in extra]
+        return {name: column for name in names if tables.get(name) is not None and tables[name].height}
+
+    def plot(title: str, x: str, y: dict[str, str], x_label: str, y_label: str) -> dict[str, Any]:
+        return {title: {"template": "scatter", "x": x, "y": y, "x_label": x_label, "y_label": y_label}}
+
+    plots = [
+        plot(f"Watermark size per temperature, {constraint.label} (Figure 1; median over the confirmation runs)",
+             "temperature", series("sizes", "size_median"), "sampling temperature", "watermark size (tokens)"),
+        plot("Size versus relative quality of every setting", "relative_quality", series("size_quality", "size"),
+             "relative quality (watermarked / baseline)", "watermark size (tokens)"),
+        plot("Tamper resistance versus relative quality of every setting", "relative_quality",
+             series("size_quality", "tamper_resistance"), "relative quality (watermarked / baseline)",
+             "tamper resistance R"),
+        plot("False-positive rate on unwatermarked texts (full text) per temperature; alpha.csv: the detector alpha",
+             "temperature", series("fpr", "fpr", ("alpha.csv",)), "sampling temperature", "false-positive rate"),
+        plot("False-positive rate at any prefix per temperature; alpha.csv: the detector alpha", "temperature",
+             series("fpr", "fpr_any_prefix", ("alpha.csv",)), "sampling temperature",
+             "false-positive rate (any prefix)"),
+    ]
+    plots = [p for p in plots if next(iter(p.values()))["y"]]
+    header = (f"# Written by `mmw report` for sweep {sweep.name} (reports/sweeps/{sweep.name}/): its figures for\n"
+              "# `dvc plots show` / `dvc plots diff` (rendered offline through .dvc/config's plots.html_template).\n"
+              "# One CSV per family because DVC colours series by file; undetected sizes (∞) are left out (a plot\n"
+              "# axis has no infinity; reports/index.html marks them).\n")
+    return header + yaml.safe_dump({"plots": plots}, sort_keys=False, allow_unicode=True, width=120)
+
+
+def write_plot_tables(folder: Path, sweep: data.Sweep) -> list[Path]:
+    """Write the sweep's plot tables and their ``dvc.yaml`` under ``folder`` (``reports/figures``); CSVs of
+    families the sweep does not have are removed (they would be another sweep's)."""
+    alpha_values = sweep.results["scheme.alpha"].drop_nulls() if "scheme.alpha" in sweep.results.columns else []
+    tables = sweep_plot_tables(sweep, float(alpha_values[0]) if len(alpha_values) else 0.02)
+    written = []
+    for name, table in tables.items():
+        write_with(folder / name, table.write_csv)
+        written.append(folder / name)
+    for stale in sorted(folder.glob("*/*.csv")):
+        if stale.relative_to(folder).as_posix() not in tables:
+            stale.unlink()
+    write_text(plot_definitions(sweep, tables), folder / "dvc.yaml")
+    return [*written, folder / "dvc.yaml"]
 
 
 def build_report(root: Path, sweep_name: str | None = None, out: Path | None = None,
@@ -292,14 +379,13 @@ def build_report(root: Path, sweep_name: str | None = None, out: Path | None = N
     written: list[Path] = []
     if directory is not None:
         sweep = data.load_sweep(directory)
-        judge_path = next((p for p in (directory / "judge.json", reports / "judge.json") if p.is_file()), None)
-        judge = json.loads(judge_path.read_text()) if judge_path else None
+        # The sweep's own judge check only: reports/judge.json is the workspace run's, another judge and scale.
+        judge_path = directory / "judge.json"
+        judge = json.loads(judge_path.read_text()) if judge_path.is_file() else None
         html = render_sweep(sweep, judge, commit, generated)
         source = f"sweep {sweep.name}"
-        for name, table in (sweep_plot_tables(sweep) if plots else {}).items():
-            path = root / FIGURE_TABLES / name
-            write_with(path, table.write_csv)
-            written.append(path)
+        if plots:
+            written = write_plot_tables(root / FIGURE_TABLES, sweep)
     else:
         run = data.load_single_run(reports, params_path or root / "params.yaml")
         html = render_single(run, commit, generated)
