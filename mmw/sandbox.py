@@ -11,11 +11,14 @@ The boundary is the operating system, not the program's cooperation (``MODES``, 
   network, IPC and UTS namespaces, with a private ``/proc``, a minimal read-only ``/dev``, ``/usr`` (and the
   interpreter's prefix) read-only, and nothing else of the host: no repository, no home directory, no ``/etc``,
   no ``/tmp``. Its only writable place is ``/sandbox``, a private tmpfs of at most ``disk_mb`` MiB and
-  ``max_files`` files, mounted by ``unshare --mount`` just before bubblewrap starts and gone when the program
-  ends. The program runs as ``nobody`` (as root, the whole chain drops to the host's ``nobody`` first), with
-  ``no_new_privs``, no capabilities, its own session, and bubblewrap dies with the caller. The program is the
-  namespace's PID 1, the root is read-only, nested user namespaces are off, a seccomp filter
-  (``DENIED_SYSCALLS``) is loaded before it starts, and after the run nothing may be left in its PID namespace.
+  ``max_files`` files, mounted by ``unshare --mount`` over ``/mnt`` of that private mount namespace just before
+  bubblewrap starts, and gone when the program ends; the program's source reaches it through a descriptor, so a
+  run leaves no name on the host, even when its caller is killed. The program runs as ``nobody`` (as root, the
+  whole chain drops to the host's ``nobody`` first), with ``no_new_privs``, no capabilities, its own session. It
+  is the namespace's PID 1 and bubblewrap dies with the caller: the parent-death signal, which the filter keeps
+  the program from clearing, kills PID 1 from outside and the kernel the rest of the namespace with it. The root
+  is read-only, nested user namespaces are off, a seccomp filter (``DENIED_SYSCALLS``, ``ARGUMENT_RULES``: no
+  sockets of any family) is loaded before it starts, and after the run nothing may be left in its PID namespace.
 * ``unsafe``: an explicit opt-in for machines without bubblewrap (recorded in reports/quality.json): the older
   layers only (``unshare`` network and PID namespaces and ``nobody`` where they work, rlimits, the audit hook).
   The program can then read every file its user can read. Without the opt-in, a machine where bubblewrap does
@@ -46,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -119,18 +123,20 @@ _limit_all()
 _program()
 """
 
-#: The runner of :func:`run_tests` (argv = [memory_bytes, cpu_s, file_bytes, tests_fd, entry_point]). The sandbox's
-#: PID 1 is the trusted harness: it reads the tests from a descriptor (never a file the program can open), makes
-#: itself non-dumpable (so its own user cannot open /proc/1/mem or /proc/1/fd), forks the program's process, and
-#: runs ``check(candidate)`` with a ``candidate`` that forwards each call there. Arguments go as marshal; results
-#: come back as their repr, read with ``ast.literal_eval``: only literals of builtin types cross, so a result
-#: cannot carry an ``__eq__`` of its own. The verdict is the harness's exit status; the program's process can make
-#: it fail (crash, hang, answer wrongly) but cannot make it exit 0.
+#: The runner of :func:`run_tests` (argv = [memory_bytes, cpu_s, file_bytes, tests_fd]). The sandbox's PID 1 is
+#: the trusted harness. It makes itself non-dumpable (so its own user cannot open /proc/1/mem or /proc/1/fd) and
+#: forks the program's process *before* it reads anything of the problem: the program's process closes the tests'
+#: descriptor first thing, so no memory, descriptor, file or environment it starts from holds the tests, the
+#: expected results or even the entry point (a fork after reading would copy them with the heap, and deleting the
+#: variable would not help). Only then the harness reads the entry point (first line) and the tests from the
+#: descriptor and runs ``check(candidate)`` with a ``candidate`` that forwards each call to the program's process
+#: over a pipe only the two of them hold. Calls go as marshal; results come back as their repr, read with
+#: ``ast.literal_eval``: only literals of builtin types cross, so a result cannot carry an ``__eq__`` of its own.
+#: The verdict is the harness's exit status, not a frame: the program's process can make it fail (crash, hang,
+#: answer wrongly) but cannot make it exit 0.
 TEST_RUNNER = PRELUDE + r"""
 import ast, ctypes, marshal, struct
-tests_fd, entry = int(sys.argv[4]), sys.argv[5]
-with os.fdopen(tests_fd, encoding="utf-8") as fh:
-    tests = fh.read()
+tests_fd = int(sys.argv[4])
 if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 0
     raise SystemExit("sandbox: the harness could not make itself non-dumpable")
 calls_r, calls_w = os.pipe()
@@ -151,15 +157,14 @@ def _receive(fd):
         return b"".join(parts)
     return exactly(struct.unpack("<Q", exactly(8))[0])
 if os.fork() == 0:
-    os.close(calls_w); os.close(answers_r)
+    os.close(tests_fd); os.close(calls_w); os.close(answers_r)
     _limit_all()
     try:
         names = _program()
-        function = names[entry]
         while True:
-            args, kwargs = marshal.loads(_receive(calls_r))
+            entry, args, kwargs = marshal.loads(_receive(calls_r))
             try:
-                reply = b"=" + repr(function(*args, **kwargs)).encode("utf-8", "surrogatepass")
+                reply = b"=" + repr(names[entry](*args, **kwargs)).encode("utf-8", "surrogatepass")
             except Exception as error:
                 reply = b"!" + type(error).__name__.encode()
             _send(answers_w, reply)
@@ -171,11 +176,13 @@ if os.fork() == 0:
         sys.stderr.flush()
         os._exit(1)
 os.close(calls_r); os.close(answers_w)
+with os.fdopen(tests_fd, encoding="utf-8") as fh:
+    entry, _, tests = fh.read().partition("\n")
 _limit_all()
 class CandidateError(Exception):
     pass
 def candidate(*args, **kwargs):
-    _send(calls_w, marshal.dumps((args, kwargs)))
+    _send(calls_w, marshal.dumps((entry, args, kwargs)))
     reply = _receive(answers_r)
     if reply[:1] == b"!":
         raise CandidateError(reply[1:].decode())
@@ -197,14 +204,18 @@ os._exit(0)
 #: System calls generated code never needs, refused (EPERM) by the seccomp filter bubblewrap loads before it
 #: starts the program: tracing and reading other processes, the kernel keyrings, new namespaces and mounts,
 #: kernel-side programs and modules, memory outside the address-space limit (memfd, System V shared memory and
-#: message queues), io_uring (whose operations bypass seccomp), execution-domain tricks, and machine-wide switches.
+#: message queues, POSIX message queues, and every socket: AF_UNIX send buffers, with sockets passed in flight,
+#: hold memory that RLIMIT_AS never counts), other socket families the network namespace does not cover
+#: (AF_VSOCK reaches the host of a virtual machine), io_uring (whose operations bypass seccomp), execution-domain
+#: tricks, and machine-wide switches.
 DENIED_SYSCALLS = (
     "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
     "keyctl", "add_key", "request_key",
     "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick",
     "move_mount", "open_tree", "mount_setattr", "open_by_handle_at", "name_to_handle_at",
     "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
-    "delete_module", "memfd_create", "memfd_secret", "shmget", "msgget", "semget",
+    "delete_module", "memfd_create", "memfd_secret", "shmget", "msgget", "semget", "mq_open",
+    "socket", "socketpair",
     "io_uring_setup", "io_uring_enter", "io_uring_register", "personality", "modify_ldt", "iopl", "ioperm",
     "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "uselib", "vhangup",
 )
@@ -212,6 +223,32 @@ DENIED_SYSCALLS = (
 CLONE_NAMESPACES = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
                     0x40000000)
 PR_SET_PDEATHSIG = 1
+F_SETPIPE_SZ = 1031
+#: The bits of a system-call argument the kernel reads for a C ``int`` (and for ``clone``'s flags, which it cuts
+#: with ``lower_32_bits``). seccomp sees the whole 64-bit register: a rule that compared all 64 bits would let
+#: ``prctl(PR_SET_PDEATHSIG | 1 << 32, 0)`` through, which the kernel executes as ``PR_SET_PDEATHSIG``.
+INT_BITS = 0xFFFF_FFFF
+
+
+@dataclass(frozen=True)
+class ArgumentRule:
+    """A refusal (EPERM) of ``syscall`` when its argument ``index`` has the bits ``mask`` equal to ``value``;
+    ``mask`` lies within ``INT_BITS``, so the filter compares exactly the bits the kernel reads."""
+
+    syscall: str
+    index: int
+    mask: int
+    value: int
+
+
+#: Every rule on an argument: namespace flags of ``clone``; clearing (or changing) the parent-death signal, which
+#: would let the program outlive a killed bubblewrap; growing a pipe beyond its default 64 KiB (pipe buffers are
+#: memory RLIMIT_AS does not count; 64 descriptors of default pipes hold at most 2 MiB).
+ARGUMENT_RULES = (
+    *(ArgumentRule("clone", 0, flag, flag) for flag in CLONE_NAMESPACES),
+    ArgumentRule("prctl", 0, INT_BITS, PR_SET_PDEATHSIG),
+    ArgumentRule("fcntl", 1, INT_BITS, F_SETPIPE_SZ),
+)
 #: What an ordinary standard-library program imports; the interpreter probe checks they load in the sandbox (as
 #: ``nobody`` and, under bubblewrap, with only ``/usr`` and the interpreter's prefix visible).
 PROBE = "import math, re, collections, itertools, functools, hashlib, heapq, string, typing, fractions, resource"
@@ -219,6 +256,8 @@ NOBODY = "nobody"
 OUTPUT_TAIL = 2000
 #: Where the program's directory appears inside bubblewrap.
 INSIDE = "/sandbox"
+#: Directories one of which the chain covers with the program's tmpfs inside its private mount namespace.
+MOUNT_POINTS = ("/mnt", "/srv", "/media")
 #: Top-level host paths that may be symlinks into /usr (merged-/usr systems) or directories the loader needs.
 SYSTEM_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
@@ -287,9 +326,9 @@ class Isolation:
 
 @functools.cache
 def seccomp_filter() -> bytes:
-    """The compiled BPF program (libseccomp) that refuses ``DENIED_SYSCALLS``, namespace flags of ``clone``,
-    ``clone3`` (ENOSYS, so the C library falls back to ``clone``, whose flags the filter can see) and clearing the
-    parent-death signal (which would let the program outlive a killed bubblewrap). Raises :class:`SpecError` naming
+    """The compiled BPF program (libseccomp) that refuses ``DENIED_SYSCALLS``, the calls ``ARGUMENT_RULES``
+    describe and ``clone3`` (ENOSYS, so the C library falls back to ``clone``, whose flags the filter can see,
+    while ``clone3``'s sit in memory it cannot read). Raises :class:`SpecError` naming
     ``quality.sandbox`` when no libseccomp binding is importable: no filter, no run."""
     if seccomp is None:
         raise SpecError(SETTING, "no libseccomp binding (pyseccomp or python3-seccomp) is importable, so the "
@@ -299,10 +338,9 @@ def seccomp_filter() -> bytes:
     refuse = seccomp.ERRNO(errno.EPERM)
     for name in DENIED_SYSCALLS:
         rules.add_rule(refuse, name)
-    for flag in CLONE_NAMESPACES:
-        rules.add_rule(refuse, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    for rule in ARGUMENT_RULES:
+        rules.add_rule(refuse, rule.syscall, seccomp.Arg(rule.index, seccomp.MASKED_EQ, rule.mask, rule.value))
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    rules.add_rule(refuse, "prctl", seccomp.Arg(0, seccomp.EQ, PR_SET_PDEATHSIG))
     with tempfile.TemporaryFile() as compiled:
         rules.export_bpf(compiled)
         compiled.seek(0)
@@ -354,34 +392,50 @@ def _system_binds(python: str) -> list[str]:
 @dataclass(frozen=True)
 class Descriptors:
     """Descriptors a run hands down the chain to bubblewrap: the seccomp program to load (``seccomp``), where
-    bubblewrap writes its child's host pid and namespaces (``info``), and extra ones for the program (the tests)."""
+    bubblewrap writes its child's host pid and namespaces (``info``), the program's source (``program``, which
+    bubblewrap copies into ``/sandbox/program.py``), and extra ones for the program (the tests)."""
 
     seccomp: int
     info: int
+    program: int
     extra: tuple[int, ...] = ()
 
     @property
     def all(self) -> tuple[int, ...]:
-        return (self.seccomp, self.info, *self.extra)
+        return (self.seccomp, self.info, self.program, *self.extra)
 
 
-def command(where: Isolation, workdir: Path, limits: SandboxLimits, argv: list[str],
-            fds: Descriptors | None = None) -> list[str]:
-    """The full command that runs ``python argv`` for ``where`` with ``workdir`` (holding ``program.py`` and the
-    empty mount point ``box``) as the program's directory; ``fds`` are required under bubblewrap."""
+def mount_point(python: str) -> str:
+    """Where the chain's private mount namespace mounts the program's tmpfs before bubblewrap binds it as
+    ``/sandbox``: the first of ``MOUNT_POINTS`` that is a directory and holds neither ``/usr`` nor the interpreter.
+    It is covered only inside that namespace, so a run creates nothing on the host that a killed caller could
+    leave behind."""
+    prefix = Path(os.path.realpath(python)).parents[1]
+    for path in MOUNT_POINTS:
+        if os.path.isdir(path) and not os.path.islink(path) and not prefix.is_relative_to(path):
+            return path
+    raise SpecError(SETTING, f"none of {', '.join(MOUNT_POINTS)} is a directory here, so the sandbox has no place "
+                             f"to mount its private directory; create /mnt, or set {SETTING}: unsafe", MODES)
+
+
+def command(where: Isolation, limits: SandboxLimits, argv: list[str], fds: Descriptors | None = None) -> list[str]:
+    """The full command that runs ``python argv`` for ``where``; under bubblewrap (``fds`` required) the program's
+    directory is a fresh tmpfs holding ``program.py`` from ``fds.program``, in the ``unsafe`` mode the caller's
+    working directory."""
     if where.mode != "bwrap":
         return [*where.prefix, where.python, *argv]
     if fds is None:
-        raise ValueError("bubblewrap needs the seccomp and info descriptors")
-    box = workdir / "box"
+        raise ValueError("bubblewrap needs the seccomp, info and program descriptors")
+    box = mount_point(where.python)
     # The program is the namespace's PID 1 (no bubblewrap init it could trace and take over; when it exits the
-    # kernel kills everything it left); the root is read-only after the mounts, so /sandbox is the only place it
-    # can write; no further user namespaces; the seccomp program is loaded just before the exec.
+    # kernel kills everything it left, and bubblewrap, which dies with the caller, takes it along through the
+    # parent-death signal the filter keeps it from clearing); the root is read-only after the mounts, so /sandbox
+    # is the only place it can write; no further user namespaces; the seccomp program is loaded just before exec.
     bwrap = [
         where.prefix[0], "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1", "--die-with-parent",
         "--new-session", "--cap-drop", "ALL",
         *_system_binds(where.python), "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-        "--bind", str(box), INSIDE, "--ro-bind", str(workdir / "program.py"), f"{INSIDE}/program.py",
+        "--bind", box, INSIDE, "--ro-bind-data", str(fds.program), f"{INSIDE}/program.py",
         "--remount-ro", "/", "--seccomp", str(fds.seccomp), "--info-fd", str(fds.info),
         "--chdir", INSIDE, "--uid", str(pwd.getpwnam(NOBODY).pw_uid), "--gid", str(pwd.getpwnam(NOBODY).pw_gid),
         where.python, *argv,
@@ -397,17 +451,16 @@ def command(where: Isolation, workdir: Path, limits: SandboxLimits, argv: list[s
         namespace = ["unshare", "--map-root-user", "--mount", "--propagation", "private"]
     options = f"size={limits.disk_mb}m,nr_inodes={limits.max_files + 2},mode=0777"
     script = 'mount -t tmpfs -o "$1" mmw-sandbox "$0" && shift && exec "$@"'
-    return [*namespace, "--", "/bin/sh", "-c", script, str(box), options, *drop, *bwrap]
+    return [*namespace, "--", "/bin/sh", "-c", script, box, options, *drop, *bwrap]
 
 
 def _prepare(where: Isolation, source: str) -> Path:
-    """A fresh directory with ``program.py`` (and the mount point ``box``), readable by the sandbox's user."""
+    """The ``unsafe`` mode's fresh directory with ``program.py``, readable by the sandbox's user."""
     workdir = Path(tempfile.mkdtemp(prefix="mmw-sandbox-"))
     (workdir / "program.py").write_text(source, encoding="utf-8")
-    (workdir / "box").mkdir()
     if where.as_nobody:
         nobody = pwd.getpwnam(NOBODY)
-        for path in (workdir, workdir / "program.py", workdir / "box"):
+        for path in (workdir, workdir / "program.py"):
             os.chown(path, nobody.pw_uid, nobody.pw_gid)
     return workdir
 
@@ -472,15 +525,23 @@ def run_tests(program: str, tests: str, entry_point: str,
               limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Run ``check(entry_point)`` of the trusted ``tests`` source against ``program`` (see ``TEST_RUNNER``):
     ``passed`` iff the harness, a process the program cannot write to, trace or signal to exit 0, saw every test
-    pass. The tests reach the harness through a descriptor it closes before the program starts, so the program
-    cannot read them. Never raises for anything the program does."""
+    pass. The entry point and the tests reach the harness through an unnamed file's descriptor that the program's
+    process closes before it runs anything and the harness reads only after that process exists. Never raises for
+    anything the program does."""
     where = isolation(limits.mode)
-    with tempfile.TemporaryFile() as handed:
-        handed.write(tests.encode("utf-8"))
-        handed.flush()
-        handed.seek(0)
-        argv = ["-I", "-S", "-c", TEST_RUNNER, *_limit_argv(limits), str(handed.fileno()), entry_point]
-        return _execute(where, program, limits, argv, (handed.fileno(),))
+    with _unnamed(f"{entry_point}\n{tests}") as handed:
+        argv = ["-I", "-S", "-c", TEST_RUNNER, *_limit_argv(limits), str(handed)]
+        return _execute(where, program, limits, argv, (handed,))
+
+
+@contextlib.contextmanager
+def _unnamed(text: str) -> Iterator[int]:
+    """A descriptor, at offset 0, of an unnamed file holding ``text`` (no path anyone could open)."""
+    with tempfile.TemporaryFile() as handle:
+        handle.write(text.encode("utf-8", "surrogatepass"))
+        handle.flush()
+        handle.seek(0)
+        yield handle.fileno()
 
 
 def _limit_argv(limits: SandboxLimits) -> list[str]:
@@ -493,51 +554,64 @@ def _execute(where: Isolation, source: str, limits: SandboxLimits, argv: list[st
     """Run ``python argv`` on ``source`` under ``where``; under bubblewrap, afterwards, kill whatever of the run is
     still alive in its PID namespace and record such a run as ``failed``."""
     started = time.perf_counter()
-    workdir = _prepare(where, source)
+    if where.mode != "bwrap":
+        workdir = _prepare(where, source)
+        try:
+            return _launch(where, limits, command(where, limits, argv), str(workdir), extra_fds, (), None, started)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    # Under bubblewrap nothing of the run has a name on the host: the source, the filter and bubblewrap's report
+    # travel as descriptors, the directory is a tmpfs of the chain's own mount namespace.
     pipes: list[int] = []
     try:
-        home = INSIDE if where.mode == "bwrap" else str(workdir)
-        fds = None
-        if where.mode == "bwrap":
-            seccomp_read, seccomp_write = os.pipe()
-            info_read, info_write = os.pipe()
-            pipes += [seccomp_read, seccomp_write, info_read, info_write]
-            os.write(seccomp_write, seccomp_filter())
-            os.close(seccomp_write)
-            pipes.remove(seccomp_write)
-            os.set_blocking(info_read, False)
-            fds = Descriptors(seccomp_read, info_write, extra_fds)
-        # Output goes to unnamed files under the file-size limit, so a program printing forever cannot fill the
-        # parent's memory through a pipe, and the program cannot reach or replace them.
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                process = subprocess.Popen(command(where, workdir, limits, argv, fds), cwd=workdir,
-                                           stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                           start_new_session=True, env=_environment(home),
-                                           pass_fds=fds.all if fds else extra_fds)
-            except OSError as error:
-                return SandboxResult("error", None, time.perf_counter() - started, "", f"cannot start: {error}")
-            finally:
-                if fds:
-                    for fd in (fds.seccomp, fds.info):
-                        os.close(fd)
-                        pipes.remove(fd)
-            try:
-                returncode = process.wait(timeout=limits.timeout_s)
-                status = "passed" if returncode == 0 else "failed"
-            except subprocess.TimeoutExpired:
-                returncode, status = None, "timeout"
-            finally:
-                _kill_group(process)
-            note = ""
-            if fds:
-                status, note = _end_of_run(status, _read_info(info_read))
-            stdout, stderr = (_tail(handle) for handle in (out, err))
-        return SandboxResult(status, returncode, time.perf_counter() - started, stdout, stderr + note)
+        seccomp_read, seccomp_write = os.pipe()
+        info_read, info_write = os.pipe()
+        pipes += [seccomp_read, seccomp_write, info_read, info_write]
+        os.write(seccomp_write, seccomp_filter())
+        os.close(seccomp_write)
+        pipes.remove(seccomp_write)
+        os.set_blocking(info_read, False)
+        with _unnamed(source) as program:
+            fds = Descriptors(seccomp_read, info_write, program, extra_fds)
+            chain = command(where, limits, argv, fds)
+            handed_over = (seccomp_read, info_write)
+            for fd in handed_over:  # _launch closes them once bubblewrap holds them
+                pipes.remove(fd)
+            return _launch(where, limits, chain, "/", fds.all, handed_over, info_read, started)
     finally:
         for fd in pipes:
             os.close(fd)
-        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _launch(where: Isolation, limits: SandboxLimits, argv: list[str], cwd: str, fds: tuple[int, ...],
+            close_after_start: tuple[int, ...], info_read: int | None, started: float) -> SandboxResult:
+    """Start ``argv`` in its own session with ``fds``, close ``close_after_start`` (the ends only the chain may
+    hold: bubblewrap's report reaches EOF when it and its child end), wait at most ``timeout_s``, SIGKILL the
+    process group, and (under bubblewrap, ``info_read`` given) check the run's PID namespace is empty."""
+    home = INSIDE if where.mode == "bwrap" else cwd
+    # Output goes to unnamed files under the file-size limit, so a program printing forever cannot fill the
+    # parent's memory through a pipe, and the program cannot reach or replace them.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            process = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                       start_new_session=True, env=_environment(home), pass_fds=fds)
+        except OSError as error:
+            return SandboxResult("error", None, time.perf_counter() - started, "", f"cannot start: {error}")
+        finally:
+            for fd in close_after_start:
+                os.close(fd)
+        try:
+            returncode = process.wait(timeout=limits.timeout_s)
+            status = "passed" if returncode == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            returncode, status = None, "timeout"
+        finally:
+            _kill_group(process)
+        note = ""
+        if info_read is not None:
+            status, note = _end_of_run(status, _read_info(info_read))
+        stdout, stderr = (_tail(handle) for handle in (out, err))
+    return SandboxResult(status, returncode, time.perf_counter() - started, stdout, stderr + note)
 
 
 def _read_info(fd: int) -> dict:

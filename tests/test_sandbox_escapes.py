@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import glob
 import json
 import os
 import pwd
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,6 +35,7 @@ from pathlib import Path
 import pyseccomp
 import pytest
 
+from mmw import sandbox
 from mmw.quality.task_measures import humaneval_program, humaneval_tests
 from mmw.sandbox import SandboxLimits, isolation, run_python, run_tests
 from mmw.tasks import humaneval_problems
@@ -44,12 +48,14 @@ LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=1024)
 LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
 SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_SEARCH, KEYCTL_READ, KEY_SPEC_SESSION_KEYRING = 250, 1, 10, 11, -3
 SYS_ADD_KEY = 248
+SYS_PRCTL = 157
 KEY_NAME = b"mmw-escape-key"
 #: In the command line of a daemon an attempt tries to leave behind.
 DAEMON = "mmw-escape-daemon"
 BYPASS = "import sys\nm = sys.modules['__main__']\nm.BLOCKED = ()\nm.ROOT = ''\nm.PATH_EVENTS = ()\n"
-#: A program proves the hook is off before its attempt: it may now open a socket (the hook refused that before).
-PROVE_BYPASS = "import socket\nsocket.socket().close()\n"
+#: A program proves the hook is off before its attempt: it may now signal itself (the hook refused that before; the
+#: kernel allows it, unlike a socket, which the filter refuses outright).
+PROVE_BYPASS = "import os\nos.kill(os.getpid(), 0)\n"
 NOBODY = pwd.getpwnam("nobody")
 
 
@@ -195,6 +201,28 @@ def attempts(a: Arena) -> dict[str, str]:
         "memfd-beyond-the-limit": "import os\nfds = [os.memfd_create('m') for _ in range(60)]\n"
                                   "for fd in fds:\n    os.write(fd, b'x' * (16 << 20))\n"
                                   "heap = bytearray(900 << 20)\nprint('ESCAPED')",
+        # The kernel reads prctl's option as a 32-bit int; a filter that compared 64 bits let this through.
+        "pdeathsig-cleared-with-high-bits": LIBC + f"assert libc.syscall({SYS_PRCTL}, ctypes.c_long((1 << 32) | 1), "
+                                                   "ctypes.c_long(0), 0, 0, 0) == 0, ctypes.get_errno()\n"
+                                                   "print('ESCAPED')",
+        # The network namespace does not cover AF_VSOCK, which reaches the host of a virtual machine.
+        "vsock-socket": "import _socket\ns = _socket.socket(40, _socket.SOCK_STREAM)\nprint('ESCAPED')",
+        # Memory RLIMIT_AS does not count: AF_UNIX send buffers, the sockets passed in flight and closed.
+        "unix-buffers-beyond-the-limit": "import array, socket\ncarrier, holder = socket.socketpair()\nqueued = 0\n"
+                                         "try:\n    for _ in range(1000):\n        a, b = socket.socketpair()\n"
+                                         "        a.setblocking(False)\n        try:\n            while True:\n"
+                                         "                queued += a.send(b'x' * 65536)\n"
+                                         "        except BlockingIOError:\n            pass\n"
+                                         "        carrier.sendmsg([b'x'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, "
+                                         "array.array('i', [a.fileno(), b.fileno()]))])\n"
+                                         "        a.close()\n        b.close()\nexcept OSError:\n    pass\n"
+                                         "assert queued >= 4 << 20, queued\nprint('ESCAPED', queued)",
+        # ... and pipe buffers grown to 1 MiB each.
+        "pipe-buffers-beyond-the-limit": "import fcntl, os\nqueued = 0\nfor r, w in [os.pipe() for _ in range(28)]:\n"
+                                         "    fcntl.fcntl(w, 1031, 1 << 20)\n    os.set_blocking(w, False)\n"
+                                         "    try:\n        while True:\n            queued += os.write(w, b'x' * 65536)\n"
+                                         "    except BlockingIOError:\n        pass\n"
+                                         "assert queued >= 4 << 20, queued\nprint('ESCAPED', queued)",
         "sysv-shm-beyond-the-limit": LIBC + "libc.shmat.restype = ctypes.c_void_p\nfor _ in range(6):\n"
                                             "    sid = libc.shmget(0, 256 << 20, 0o1600)\n"
                                             "    assert sid >= 0, ctypes.get_errno()\n"
@@ -271,7 +299,8 @@ def _run_as_nobody(package: Path, source: str, tests: str = "", entry: str = "")
 
 def _leftovers(token: str) -> list[str]:
     """Live processes whose command line holds ``token`` (as "pid args")."""
-    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    # -ww: the whole command line (without a terminal ps may cut it at 80 columns, before the token)
+    listing = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
     return [line.strip() for line in listing.splitlines() if token in line and "ps -eo" not in line]
 
 
@@ -321,7 +350,7 @@ def test_escape_attempt_fails(name, bypass, arena):
     outcome = run_as_caller(source)
     assert escaped(name, outcome, arena, before) == [], outcome.stderr[-500:]
     if bypass:  # the bypass itself worked (so the OS layer, not the hook, stopped the attempt)
-        assert "sandbox: socket" not in outcome.stderr
+        assert "sandbox: os.kill" not in outcome.stderr
 
 
 @pytest.mark.parametrize("name", _names())
@@ -335,9 +364,9 @@ def test_escape_attempt_fails_for_a_non_root_caller(name, arena, nobody_package)
 
 def test_the_hook_bypass_works_so_the_suite_tests_the_os_layer():
     """Without bubblewrap's view, the bypassed program would write wherever its user may: inside the sandbox the
-    bypass succeeds (the hook no longer refuses a socket), and only the OS stops what follows."""
+    bypass succeeds (the hook no longer refuses a signal), and only the OS stops what follows."""
     hooked = run_python(PROVE_BYPASS, LIMITS)
-    assert hooked.status == "failed" and "sandbox: socket.__new__ is not allowed" in hooked.stderr
+    assert hooked.status == "failed" and "sandbox: os.kill is not allowed" in hooked.stderr
     bypassed = run_python(BYPASS + PROVE_BYPASS + "print('hook off')", LIMITS)
     assert bypassed.passed and bypassed.stdout.strip() == "hook off"
 
@@ -365,6 +394,124 @@ def test_the_suite_sees_an_escape_where_the_os_boundary_is_missing(name, arena):
     get through once the hook is off, and the suite says so."""
     outcome = run_as_caller(BYPASS + attempts(arena)[name], replace(LIMITS, mode="unsafe"))
     assert escaped(name, outcome, arena, len(arena.accepted)) != []
+
+
+# --- A killed caller: nothing of its run may outlive it ------------------------------------------------------------
+
+#: Calls run_python with a long wall clock from its own process (argv[1]: where mmw is), so the test can kill it.
+CALLER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from mmw.sandbox import SandboxLimits, run_python
+run_python(sys.stdin.read(), SandboxLimits(timeout_s=120, memory_mb=1024))
+"""
+
+
+def _outlive(token: str) -> str:
+    """A program that tries to clear its parent-death signal (the 64-bit way), then sleeps in a fresh interpreter
+    whose command line carries ``token``."""
+    return (BYPASS + LIBC + f"libc.syscall({SYS_PRCTL}, ctypes.c_long((1 << 32) | 1), ctypes.c_long(0), 0, 0, 0)\n"
+            f"import sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600) # {token}'])")
+
+
+def _kill_the_caller_midway(caller: list[str], token: str) -> tuple[list[str], set[str]]:
+    """Start ``caller`` on the outliving program, SIGKILL it once the program runs, and return what is left after
+    5 s: processes of the program, and new ``mmw-sandbox-*`` directories in the temporary directory."""
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "mmw-sandbox-*")))
+    process = subprocess.Popen(caller, stdin=subprocess.PIPE, text=True, cwd="/")
+    process.stdin.write(_outlive(token))
+    process.stdin.close()
+    try:
+        deadline = time.monotonic() + 30
+        while not _leftovers(token) and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        assert _leftovers(token), "the program never started"
+    finally:
+        process.kill()
+        process.wait()
+    deadline = time.monotonic() + 5
+    while _leftovers(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _leftovers(token)
+    for line in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+    return left, set(glob.glob(os.path.join(tempfile.gettempdir(), "mmw-sandbox-*"))) - before
+
+
+def test_a_killed_caller_takes_its_program_and_directory_along():
+    left, directories = _kill_the_caller_midway([sys.executable, "-c", CALLER, str(REPO)],
+                                                f"mmw-outlive-{uuid.uuid4().hex}")
+    assert left == [] and directories == set()
+
+
+def test_a_killed_non_root_caller_takes_its_program_and_directory_along(nobody_package):
+    if not _nobody_can_run_the_sandbox():
+        pytest.skip("this machine cannot switch to nobody or give it a user namespace")
+    as_nobody = ["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups"]
+    left, directories = _kill_the_caller_midway([*as_nobody, "/usr/bin/python3", "-I", "-c", CALLER,
+                                                 str(nobody_package)], f"mmw-outlive-{uuid.uuid4().hex}")
+    assert left == [] and directories == set()
+
+
+# --- The filter compares the bits the kernel reads -----------------------------------------------------------------
+
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+
+
+def run_filter(program: bytes, arch: int, number: int, args: tuple[int, ...]) -> int:
+    """What the kernel's seccomp decides for one call: ``program`` (classic BPF as libseccomp emits it) run on the
+    ``seccomp_data`` of the call (nr, arch, instruction pointer, six 64-bit arguments)."""
+    data = struct.pack("<iIQ6Q", number, arch, 0, *args, *(0,) * (6 - len(args)))
+    code = [struct.unpack_from("<HBBI", program, at) for at in range(0, len(program), 8)]
+    a = x = pc = 0
+    scratch = [0] * 16
+    while True:
+        op, jt, jf, k = code[pc]
+        pc += 1
+        if op == 0x20:  # ld [k]: 32 bits of seccomp_data
+            a = struct.unpack_from("<I", data, k)[0]
+        elif op in (0x15, 0x25, 0x35, 0x45):  # jeq, jgt, jge, jset #k
+            pc += jt if {0x15: a == k, 0x25: a > k, 0x35: a >= k, 0x45: bool(a & k)}[op] else jf
+        elif op == 0x54:  # and #k
+            a &= k
+        elif op == 0x05:  # ja
+            pc += k
+        elif op == 0x06:  # ret #k
+            return k
+        elif op in (0x00, 0x01, 0x02, 0x03, 0x60, 0x61, 0x07, 0x87):  # ld/ldx #k, st/stx, ld/ldx M[k], tax, txa
+            a, x = {0x00: (k, x), 0x01: (a, k), 0x60: (scratch[k], x), 0x61: (a, scratch[k]), 0x07: (a, a),
+                    0x87: (x, x)}.get(op, (a, x))
+            if op in (0x02, 0x03):
+                scratch[k] = a if op == 0x02 else x
+        else:
+            raise AssertionError(f"BPF instruction {op:#x} unknown to this test")
+
+
+@pytest.mark.parametrize("high", [1 << 32, 0xFFFF_FFFF_0000_0000, 0x8000_0000_0000_0000], ids=hex)
+def test_every_argument_rule_holds_with_the_high_bits_set(high):
+    """Each rule refuses its call whatever the 32 bits the kernel ignores hold, and lets the call through when the
+    bits it reads differ (so the walk sees the rule, not a filter that refuses everything)."""
+    program = sandbox.seccomp_filter()
+    arch = pyseccomp.system_arch()
+    assert sandbox.ARGUMENT_RULES
+    for rule in sandbox.ARGUMENT_RULES:
+        assert rule.mask & ~sandbox.INT_BITS == 0, rule
+        number = pyseccomp.resolve_syscall(arch, rule.syscall)
+        args = [0] * 6
+        args[rule.index] = rule.value | high
+        assert run_filter(program, arch, number, tuple(args)) == SECCOMP_RET_ERRNO | errno.EPERM, (rule, hex(high))
+        args[rule.index] = (rule.value ^ (rule.mask & -rule.mask)) | high  # one bit the rule reads flipped
+        assert run_filter(program, arch, number, tuple(args)) == SECCOMP_RET_ALLOW, (rule, hex(high))
+
+
+def test_sockets_of_every_family_are_refused_by_the_filter():
+    program = sandbox.seccomp_filter()
+    arch = pyseccomp.system_arch()
+    for name in ("socket", "socketpair"):
+        for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, 40, socket.AF_NETLINK, socket.AF_PACKET):
+            assert run_filter(program, arch, pyseccomp.resolve_syscall(arch, name),
+                              (family, socket.SOCK_STREAM, 0)) == SECCOMP_RET_ERRNO | errno.EPERM, (name, family)
 
 
 # --- Forged verdicts: the HumanEval harness runs check() outside the program's process -------------------------
@@ -419,3 +566,174 @@ def test_the_harness_passes_a_correct_solution_and_sees_a_wrong_one():
     assert run_tests(humaneval_program(problem, solution), humaneval_tests(problem), problem.entry_point,
                      LIMITS).passed
     assert not run_tests(*_forge("exit-zero-early"), LIMITS).passed
+
+
+# --- The generic cheat: an answer that attempts no task and copies the expected results ------------------------
+# It searches everything it could inherit from the harness (its memory, the raw bytes of its own mappings included;
+# the environment; its and PID 1's descriptors and process files; the files it can reach) for a ``check`` function
+# and answers each call with the expected value of the ``assert`` on the same arguments. The harness creates the
+# program's process before it reads the tests, so the cheat must find nothing and pass nothing; the control plants
+# the tests in the program itself. bench/sandbox.py runs it over all 164 problems.
+
+#: The response text: a body for the prompt's function (it forwards the arguments), then module-level code.
+CHEAT = r'''    return _mmw_answer(list(locals().values()))
+
+
+import ast as _ast, gc as _gc, math as _math, os as _os, stat as _stat, sys as _sys
+
+
+def _mmw_texts():
+    """Every text holding a ``check`` the program can reach: memory (its modules, reachable objects, the raw
+    bytes of its own writable mappings), environment, descriptors, process files and directories."""
+    found = set()
+
+    def take(text):
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        if isinstance(text, str) and "def check(" in text:
+            found.add(text[text.index("def check("):].split("\x00")[0])
+
+    for holder in [globals(), *(vars(m) for m in list(_sys.modules.values()) if hasattr(m, "__dict__"))]:
+        for value in list(holder.values()):
+            take(value)
+    for obj in _gc.get_objects():
+        if obj is not found:  # a list that grows while it is read would never end
+            values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+            for value in list(values):
+                take(value)
+    for value in _os.environ.values():
+        take(value)
+    paths = ["/proc/self/environ", "/proc/self/cmdline", "/proc/1/environ", "/proc/1/cmdline"]
+    for base in ("/proc/self/fd", "/proc/1/fd"):
+        try:
+            paths += [f"{base}/{fd}" for fd in _os.listdir(base)]
+        except OSError:
+            pass
+    for root in (".", "/sandbox", "/tmp"):
+        for where, _dirs, files in _os.walk(root):
+            paths += [_os.path.join(where, name) for name in files]
+    for path in paths:
+        try:
+            if not _stat.S_ISREG(_os.stat(path).st_mode) and not path.startswith("/proc/"):
+                continue
+            if "/fd/" in path and not _stat.S_ISREG(_os.stat(path).st_mode):
+                continue  # a pipe would block
+            with open(path, "rb") as handle:
+                take(handle.read(1 << 22))
+        except OSError:
+            pass
+    try:
+        with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb") as mem:
+            for line in maps:
+                span, perms = line.split()[:2]
+                start, end = (int(x, 16) for x in span.split("-"))
+                if perms.startswith("rw") and end - start <= 1 << 26:
+                    mem.seek(start)
+                    raw = mem.read(end - start)
+                    at, hits = raw.find(b"def check("), 0
+                    while at >= 0 and hits < 64:
+                        take(raw[at:at + (1 << 16)])
+                        at, hits = raw.find(b"def check(", at + 1), hits + 1
+    except OSError:
+        pass
+    return found
+
+
+def _mmw_parse(text):
+    """``check``'s definition at the start of ``text`` (its indented lines), parsed; None if it does not parse."""
+    lines = text.splitlines()
+    end = 1
+    while end < len(lines) and (not lines[end].strip() or lines[end][:1] in " \t"):
+        end += 1
+    for cut in range(end, max(end - 20, 0), -1):
+        try:
+            return _ast.parse("\n".join(lines[:cut]))
+        except SyntaxError:
+            pass
+    return None
+
+
+def _mmw_expected(test):
+    """(call of candidate, expected value's expression) of one assert, or None."""
+    def is_call(node):
+        return isinstance(node, _ast.Call) and isinstance(node.func, _ast.Name) and node.func.id == "candidate"
+    if is_call(test):
+        return test, _ast.Constant(True)
+    if isinstance(test, _ast.UnaryOp) and isinstance(test.op, _ast.Not) and is_call(test.operand):
+        return test.operand, _ast.Constant(False)
+    if isinstance(test, _ast.Compare) and len(test.ops) == 1:
+        left, right = test.left, test.comparators[0]
+        if isinstance(test.ops[0], (_ast.Eq, _ast.Is)):
+            if is_call(left):
+                return left, right
+            if is_call(right):
+                return right, left
+        if isinstance(left, _ast.Call) and left.args and isinstance(left.args[0], _ast.BinOp) \
+                and is_call(left.args[0].left):
+            return left.args[0].left, left.args[0].right
+    if isinstance(test, _ast.Call) and len(test.args) >= 2 and is_call(test.args[0]):
+        return test.args[0], test.args[1]
+    return None
+
+
+def _mmw_table():
+    """Call arguments (repr) -> expected result, from every ``assert`` on a call of ``candidate`` found."""
+    table = {}
+    for text in _mmw_texts():
+        tree = _mmw_parse(text)
+        for node in _ast.walk(tree) if tree is not None else ():
+            pair = _mmw_expected(node.test) if isinstance(node, _ast.Assert) else None
+            if pair is None:
+                continue
+            call, value = pair
+            scope = {"math": _math}
+            try:
+                args = [eval(compile(_ast.Expression(a), "t", "eval"), scope) for a in call.args]
+                args += [eval(compile(_ast.Expression(k.value), "t", "eval"), scope) for k in call.keywords]
+                table.setdefault(repr(args), eval(compile(_ast.Expression(value), "t", "eval"), scope))
+            except Exception:
+                pass
+    return table
+
+
+_MMW_TABLE = []
+
+
+def _mmw_answer(arguments):
+    if not _MMW_TABLE:  # built at the first call, once everything the program could inherit is in place
+        _MMW_TABLE.append(_mmw_table())
+    return _MMW_TABLE[0].get(repr(arguments))
+'''
+#: Cheap problems whose asserts are plain ``candidate(...) == value`` (the control needs the cheat to pass them).
+PROBLEMS = (0, 2, 3)
+
+
+def cheat_program(index: int, planted: bool = False) -> tuple[str, str, str]:
+    """(program, tests, entry point) of the cheat against HumanEval/``index``, built as the quality stage builds
+    them; ``planted``: the tests also sit in the program's own globals (the control)."""
+    problem = humaneval_problems()[index]
+    tests = humaneval_tests(problem)
+    response = CHEAT + (f"\n_MMW_PLANTED = {tests!r}\n" if planted else "")
+    return humaneval_program(problem, response), tests, problem.entry_point
+
+
+@pytest.mark.parametrize("index", PROBLEMS)
+def test_the_cheat_finds_no_tests_to_copy(index):
+    result = run_tests(*cheat_program(index), LIMITS)
+    assert result.status == "failed", (result.status, result.stderr[-300:])
+
+
+@pytest.mark.parametrize("index", PROBLEMS)
+def test_the_cheat_finds_no_tests_to_copy_for_a_non_root_caller(index, nobody_package):
+    if not _nobody_can_run_the_sandbox():
+        pytest.skip("this machine cannot switch to nobody or give it a user namespace")
+    program, tests, entry = cheat_program(index)
+    outcome = _run_as_nobody(nobody_package, program, tests=tests, entry=entry)
+    assert outcome.status == "failed", (outcome.status, outcome.stderr[-300:])
+
+
+@pytest.mark.parametrize("index", PROBLEMS)
+def test_the_cheat_passes_where_the_tests_are_within_its_reach(index):
+    """The cheat can pass: with the tests planted in its own globals it answers every assert."""
+    result = run_tests(*cheat_program(index, planted=True), LIMITS)
+    assert result.passed, result.stderr[-300:]
