@@ -1,4 +1,5 @@
-"""The ``mmw`` commands that are not pipeline stages: select, report, timings, plots-template, install-argos.
+"""The ``mmw`` commands that are not pipeline stages: select, report, timings, plots-template, install-argos,
+plugin new.
 
 ``mmw.cli`` loads this module only when one of these commands runs (or ``mmw --help`` lists them), so that the
 pipeline stages, which run through ``mmw.cli``, do not depend on it: editing these commands invalidates no stage.
@@ -153,3 +154,29 @@ def verify(ctx: typer.Context) -> None:
     from mmw.verify import app as verify_app
 
     verify_app(ctx.args, prog_name="mmw verify")
+
+
+plugin_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                         help="Outside watermarks as plugins (docs/PLUGINS.md).")
+app.add_typer(plugin_app, name="plugin")
+
+
+@plugin_app.command("new")
+def plugin_new(
+    name: Annotated[str, typer.Argument(help="the plugin's name: entry point, package and distribution")],
+    directory: Annotated[Path, typer.Option("--dir", help="the folder to create the package NAME in")] = Path("."),
+) -> None:
+    """Write a plugin package to fill in: entry point, processor and detector with the contract in their
+    docstrings, and a test that runs mmw's contract check (docs/PLUGINS.md)."""
+    from mmw.plugins.scaffold import new_plugin
+
+    try:
+        files = new_plugin(name, directory)
+    except SpecError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    root = files[0].parent
+    typer.echo(f"wrote {root}/ ({len(files)} files). Fill in watermark_scores and green_units in "
+               f"{root / name / 'watermark.py'}, then:\n"
+               f"  .venv/bin/python -m pip install --no-deps -e {root}\n"
+               f"  .venv/bin/python -m pytest {root / 'tests'}")

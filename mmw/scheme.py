@@ -66,7 +66,10 @@ class SchemeSpec(Section):
     layer_weights: Literal[tuple(LAYER_WEIGHTS)] | None = allowed(  # type: ignore[valid-type]
         ", ".join(LAYER_WEIGHTS), default=None)
     plugin: str | None = allowed("an installed plugin's name (entry-point group mmw.watermarks)", default=None)
-    plugin_params: dict[str, Any] | None = allowed("a mapping the plugin's own model accepts", default=None)
+    # A string holding a YAML/JSON mapping is parsed (mmw.plugins.parse_plugin_params): `dvc exp run -S` replaces a
+    # string whole, where it merges a mapping into the previous plugin's keys.
+    plugin_params: dict[str, Any] | str | None = allowed("a mapping the plugin's own model accepts (or a string "
+                                                         "holding one)", default=None)
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -38,8 +38,9 @@ def detection_rows(texts: pl.DataFrame, source: str, results: list[DetectionResu
 def audit_pvalues(params: Params, vocab_size: int, key: int, tokens: list[np.ndarray]) -> list[list[float]]:
     """Full-text p-values of each text under ``detect.audit_keys`` keys derived one-way from ``key``
     -> [texts][K] (the FPR spread over keys, ``mmw.audit``)."""
-    per_key = [[r.pvalue for r in build_detector(params.scheme, audit_key, vocab_size, params.detect.device)
-                .detect(tokens)] for audit_key in audit_keys(key, params.detect.audit_keys)]
+    per_key = [[r.pvalue for r in build_detector(params.scheme, audit_key, vocab_size, params.detect.device,
+                                                 params.model).detect(tokens)]
+               for audit_key in audit_keys(key, params.detect.audit_keys)]
     return [list(row) for row in zip(*per_key, strict=True)] if per_key else [[] for _ in tokens]
 
 
@@ -60,7 +61,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         tokenizer, vocab_size = load_generator_vocabulary(params.model)
         if params.scheme.is_plugin:
             preflight_detector(params.scheme, key, vocab_size)  # a misbehaving detector fails before any text
-        detector = build_detector(params.scheme, key, vocab_size, params.detect.device)
+        detector = build_detector(params.scheme, key, vocab_size, params.detect.device, params.model)
         stored = [np.asarray(tokens, dtype=np.int64) for tokens in generations["tokens"].to_list()]
         audit = audit_pvalues(params, vocab_size, key, stored) if which == "baseline" else None
         frames = [detection_rows(generations, which, detector.detect(stored), audit)]

@@ -188,11 +188,11 @@ def test_a_plugin_is_chosen_and_validated_like_a_built_in_sampler(fake_dist):
 
 @pytest.mark.parametrize(("params", "message"), [
     ({"sampler": "plugin", "plugin": "toy", "plugin_params": {"delta": -1.0}},
-     "scheme.plugin_params.delta: -1.0 is out of range; allowed: a number > 0"),
+     "scheme.plugin_params.delta: -1.0 is out of range (plugin 'toy': Toy green list); allowed: a number > 0"),
     ({"sampler": "plugin", "plugin": "toy", "plugin_params": {"detla": 1.0}},
-     "scheme.plugin_params.detla: unknown key; allowed: delta, gamma, mode"),
+     "scheme.plugin_params.detla: unknown key (plugin 'toy': Toy green list); allowed: delta, gamma, mode"),
     ({"sampler": "plugin", "plugin": "toy", "plugin_params": {"mode": "both"}},
-     "scheme.plugin_params.mode: unknown value 'both'; allowed: pivots, pvalues"),
+     "scheme.plugin_params.mode: unknown value 'both' (plugin 'toy': Toy green list); allowed: pivots, pvalues"),
     ({"sampler": "plugin", "plugin": "toy", "window": 2},
      "scheme.window: not used by sampler=plugin"),
     ({"sampler": "plugin"}, "scheme.plugin: required with sampler=plugin"),
