@@ -631,3 +631,42 @@ def test_sweep_pages_and_dvc_plots_in_chromium(tmp_path: Path) -> None:
         subprocess.run(command, cwd=repo, check=True, capture_output=True, timeout=300)
     dom = Dom(dump_dom(repo / "out/index.html"))
     assert dom.tags.get("canvas", 0) + dom.tags.get("svg", 0) >= len(definitions), "a plot was not drawn"
+
+
+# --- the experiments table (python -m mmw.reporting.exps) --------------------------------------------------------
+
+def test_experiments_table_fits_80_columns_and_shows_what_differs(tmp_path: Path) -> None:
+    """Real `dvc exp run`s in a scratch repository: the table fits 80 columns, names each run, shows its headline
+    metrics and the params that differ (a dict-valued param by its keys), and never the key."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "params.yaml").write_text(
+        "key: do-not-print-me\nmodel: {name: embedded:smollm2-135m, temperature: 0.7}\n"
+        "scheme: {sampler: plugin, plugin: hf_synthid, delta: null, plugin_params: {depth: 30, ngram_len: 5}}\n")
+    (repo / "score.py").write_text(
+        "import json, yaml\np = yaml.safe_load(open('params.yaml'))\n"
+        "size = 10.0 + p['scheme']['plugin_params']['depth']\n"
+        "json.dump({'all': {'size_valid': size, 'relative_quality': 0.95, 'tamper_resistance': 0.4, 'fpr': 0.02}},"
+        " open('metrics.json', 'w'))\n")
+    (repo / "dvc.yaml").write_text("stages:\n  score:\n    cmd: python score.py\n    deps: [score.py]\n"
+                                   "    params: [model, scheme]\n    metrics: [metrics.json: {cache: false}]\n")
+    bin_dir = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    for command in (["git", "init", "-q"], ["git", "config", "user.email", "t@t"], ["git", "config", "user.name", "t"],
+                    ["dvc", "init", "-q"], ["dvc", "repro", "-q"], ["git", "add", "-A"],
+                    ["git", "commit", "-qm", "base"],
+                    ["dvc", "exp", "run", "-q", "-S", "scheme.plugin_params.depth=10", "-n", "depth-ten"]):
+        subprocess.run(command, cwd=repo, env=env, check=True, capture_output=True, timeout=300)
+    done = subprocess.run([str(bin_dir / "python"), "-m", "mmw.reporting.exps", "--width", "80"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in lines[0]
+    rows = {line.split()[0]: line for line in lines[1:] if line and not line.startswith(" ")}
+    assert set(rows) >= {"workspace", "depth-ten"}
+    assert "20" in rows["depth-ten"].split() and "depth=10" in rows["depth-ten"]  # size 10 + depth 10
+    assert "ngram_len" not in done.stdout  # the same in every run: not shown
+    assert "do-not-print-me" not in done.stdout and "key=" not in done.stdout
+    bad = subprocess.run([str(bin_dir / "python"), "-m", "mmw.reporting.exps", "--width", "20"], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == "--width: allowed: an integer >= 60 (columns)"
