@@ -314,6 +314,8 @@ def plot_definitions(sweep: data.Sweep, tables: dict[str, pl.DataFrame]) -> str:
     def plot(title: str, x: str, y: dict[str, str], x_label: str, y_label: str) -> dict[str, Any]:
         return {title: {"template": "scatter", "x": x, "y": y, "x_label": x_label, "y_label": y_label}}
 
+    # No apostrophe in a title: DVC's page embeds each plot's spec in a quoted script string, and one left the plot
+    # blank (seen with "detector's").
     plots = [
         plot(f"Watermark size per temperature, {constraint.label} (Figure 1; median over the confirmation runs)",
              "temperature", series("sizes", "size_median"), "sampling temperature", "watermark size (tokens)"),
