@@ -220,7 +220,8 @@ def attempts(a: Arena) -> dict[str, str]:
         # ... and pipe buffers grown to 1 MiB each.
         "pipe-buffers-beyond-the-limit": "import fcntl, os\nqueued = 0\nfor r, w in [os.pipe() for _ in range(28)]:\n"
                                          "    fcntl.fcntl(w, 1031, 1 << 20)\n    os.set_blocking(w, False)\n"
-                                         "    try:\n        while True:\n            queued += os.write(w, b'x' * 65536)\n"
+                                         "    try:\n        while True:\n"
+                                         "            queued += os.write(w, b'x' * 65536)\n"
                                          "    except BlockingIOError:\n        pass\n"
                                          "assert queued >= 4 << 20, queued\nprint('ESCAPED', queued)",
         "sysv-shm-beyond-the-limit": LIBC + "libc.shmat.restype = ctypes.c_void_p\nfor _ in range(6):\n"
@@ -246,9 +247,10 @@ def run_as_caller(source: str, limits: SandboxLimits = LIMITS) -> Outcome:
     return Outcome(result.status, result.wall_s, result.stdout, result.stderr)
 
 
-@pytest.fixture(scope="module")
-def nobody_package():
-    """mmw.sandbox (and mmw.errors) where ``nobody`` can import them with the system interpreter."""
+@contextlib.contextmanager
+def make_nobody_package() -> Iterator[Path]:
+    """mmw.sandbox (and mmw.errors) where ``nobody`` can import them with the system interpreter (also used by
+    bench/sandbox.py for the unprivileged column)."""
     root = Path(tempfile.mkdtemp(prefix="mmw-nobody-", dir="/tmp"))
     (root / "mmw").mkdir()
     (root / "mmw" / "__init__.py").write_text("")
@@ -256,8 +258,16 @@ def nobody_package():
         shutil.copy(REPO / "mmw" / name, root / "mmw" / name)
     shutil.copy(pyseccomp.__file__, root)  # the libseccomp binding the sandbox compiles its filter with
     subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def nobody_package():
+    with make_nobody_package() as root:
+        yield root
 
 
 DRIVER = """
