@@ -131,16 +131,22 @@ class WatermarkStep:
             chosen = self.plain.choose(logits, None, self.temperature, plain_u)
             return chosen, torch.stack([entropy, spike]), chosen
         seeds = self.seeds(context, steps, shift)
-        chosen = self.sampler.choose(logits, seeds, self.temperature, plain_u)
+        seen = None
+        if history is not None:
+            # Repeated context: this seed was already used at an earlier step of the row (slot k of the ring holds
+            # step k mod H's seed; slots not yet written are ignored), so the token is sampled plainly.
+            seen = ((history == seeds.unsqueeze(-1)) & (self._slots.unsqueeze(0) < steps.unsqueeze(-1))).any(-1)
+        if seen is not None and hasattr(self.sampler, "choose_or_plain"):
+            # The sampler draws those rows plainly itself, from the same scan (the tournament: one scan, not two).
+            chosen, seen = self.sampler.choose_or_plain(logits, seeds, self.temperature, plain_u, seen), None
+        else:
+            chosen = self.sampler.choose(logits, seeds, self.temperature, plain_u)
         if self.spec.skip_prob > 0:
             # Both branches are computed for every row: choosing per row on the host would sync every step.
             skip = prf.unit_t(prf.prf_t(skip_base, steps)) < self.spec.skip_prob
             chosen = torch.where(skip, self.plain.choose(logits, None, self.temperature, plain_u), chosen)
-        if history is not None:
-            # Repeated context: this seed was already used at an earlier step of the row (slot k of the ring holds
-            # step k mod H's seed; slots not yet written are ignored), so the token is sampled plainly.
-            seen = (history == seeds.unsqueeze(-1)) & (self._slots.unsqueeze(0) < steps.unsqueeze(-1))
-            chosen = torch.where(seen.any(-1), self.plain.choose(logits, None, self.temperature, plain_u), chosen)
+        if seen is not None:
+            chosen = torch.where(seen, self.plain.choose(logits, None, self.temperature, plain_u), chosen)
         return chosen, torch.stack([entropy, spike]), seeds
 
     def __call__(self, scores: torch.Tensor, context: torch.Tensor, steps: torch.Tensor, shift: torch.Tensor,

@@ -1,11 +1,15 @@
-"""The tournament sampler (SynthID-Text): its exact distribution against a brute-force tournament, distortion over
+"""The tournament sampler (SynthID-Text): its exact distribution against a brute-force tournament, the chunked form
+of that law against the layer-by-layer one (and its CUDA kernels, in numba's simulator), distortion over
 keys in both modes, the repeated-context mask, its exact null and anytime e-process (mean and weighted mean
 score), and its validation."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -24,9 +28,9 @@ from mmw.detector import Detector
 from mmw.errors import SpecError
 from mmw.processor import WatermarkStep, row_state
 from mmw.samplers import build_sampler
-from mmw.samplers.base import Plain
+from mmw.samplers.base import Plain, inverse_cdf
 from mmw.samplers.parts import decreasing_weights
-from mmw.samplers.tournament import g_values_np, tournament_probs
+from mmw.samplers.tournament import CHUNKED_FROM_VOCAB, g_values_np, tournament_probs, tournament_probs_chunked
 from mmw.scheme import SchemeSpec
 from mmw.size import anytime_bets
 
@@ -76,8 +80,95 @@ def test_exact_distribution_equals_a_played_out_tournament(leaves, layers):
     for _ in range(3):
         hashes = rng.integers(-2**63, 2**63 - 1, size=3, dtype=np.int64)
         bits = ((hashes.view(np.uint64)[:, None] >> np.arange(63, 63 - layers, -1).astype(np.uint64)) & 1)
+        played = brute_force(p, bits.astype(int), leaves)
         exact = tournament_probs(torch.from_numpy(p)[None], torch.from_numpy(hashes)[None], layers, leaves)[0]
-        np.testing.assert_allclose(exact.numpy(), brute_force(p, bits.astype(int), leaves), rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(exact.numpy(), played, rtol=1e-12, atol=1e-15)
+        chunked = tournament_probs_chunked(torch.from_numpy(p)[None], torch.from_numpy(hashes)[None], layers, leaves,
+                                           chunk_bits=2)[0]
+        np.testing.assert_allclose(chunked.numpy(), played, rtol=1e-12, atol=1e-15)
+
+
+def random_law(rows: int, vocab: int, scale: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """probs float64 [rows, vocab] (softmax of Gaussian logits times ``scale``), row seeds, and the PRF hashes."""
+    gen = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * scale, -1)
+    seeds = torch.randint(-2**62, 2**62, (rows,), generator=gen)
+    return probs, seeds, prf.prf_t(seeds.unsqueeze(-1), torch.arange(vocab).unsqueeze(0))
+
+
+@pytest.mark.parametrize("layers,leaves,chunk_bits", [(30, 2, 10), (30, 2, 7), (7, 3, 3), (30, 4, 10), (64, 2, 10)])
+@pytest.mark.parametrize("scale", [1.0, 8.0])
+def test_chunked_law_equals_the_layer_by_layer_law(layers, leaves, chunk_bits, scale):
+    """Same law up to rounding: flat and peaked rows, uneven last chunks, the distortionary mode, m = 64."""
+    probs, _, hashes = random_law(4, 3000, scale, layers * 10 + leaves)
+    reference = tournament_probs(probs, hashes, layers, leaves)
+    chunked = tournament_probs_chunked(probs, hashes, layers, leaves, chunk_bits)
+    assert float((chunked - reference).abs().sum(-1).max()) < 1e-12
+
+
+def test_chunked_law_does_not_depend_on_the_token_order():
+    """Integer histograms: the law of a token is bit-identical whatever order the vocabulary is summed in (a GPU's
+    atomic adds land in any order)."""
+    probs, _, hashes = random_law(3, 5000, 3.0, 5)
+    order = torch.randperm(5000, generator=torch.Generator().manual_seed(1))
+    law = tournament_probs_chunked(probs, hashes, 30, 2)
+    assert torch.equal(tournament_probs_chunked(probs[:, order], hashes[:, order], 30, 2), law[:, order])
+
+
+def test_a_large_vocabulary_draws_the_same_tokens_as_the_layer_by_layer_law():
+    """At a vocabulary that takes the chunked form, ``choose`` gives the layer-by-layer law's inverse-CDF token on
+    every row, and ``choose_or_plain`` the plain sampler's token on the plain rows."""
+    vocab, rows = CHUNKED_FROM_VOCAB * 2, 32
+    sampler = build_sampler(spec_of(layers=30), KEY, vocab)
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(rows, vocab, generator=gen) * 4
+    seeds = torch.randint(-2**62, 2**62, (rows,), generator=gen)
+    u = torch.rand(rows, generator=gen, dtype=torch.float64)
+    hashes = prf.prf_t(seeds.unsqueeze(-1), torch.arange(vocab).unsqueeze(0))
+    reference = inverse_cdf(tournament_probs(torch.softmax(logits.double() / 0.7, -1), hashes, 30, 2), u)
+    assert torch.equal(sampler.choose(logits, seeds, 0.7, u), reference)
+    plain_rows = torch.arange(rows) % 3 == 0
+    plain = Plain(None, 0, vocab).choose(logits, None, 0.7, u)
+    assert torch.equal(sampler.choose_or_plain(logits, seeds, 0.7, u, plain_rows),
+                       torch.where(plain_rows, plain, reference))
+
+
+SIMULATED_KERNELS = """
+import numpy as np, torch
+from mmw import prf
+from mmw.kernels import tournament as kernels
+from mmw.samplers.tournament import FIXED_POINT, apply_tables, scatter_histogram
+gen = torch.Generator().manual_seed(3)
+rows, vocab = 2, 700
+probs = torch.softmax(torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 3, -1)
+seeds = torch.randint(-2**62, 2**62, (rows,), generator=gen)
+hashes = prf.prf_t(seeds.unsqueeze(-1), torch.arange(vocab).unsqueeze(0))
+for n_tables, start, width in [(0, 0, 10), (1, 10, 10), (2, 20, 5)]:
+    tables = [torch.rand(rows, 1024, generator=gen, dtype=torch.float64) * 2 for _ in range(n_tables)]
+    stacked = (torch.stack(tables) if tables else torch.ones(1, rows, 1024, dtype=torch.float64)).numpy()
+    partial = np.zeros((rows, 3, 1 << width), dtype=np.int64)
+    kernels._histogram_kernel[(3, rows), 32](probs.numpy(), seeds.numpy(), stacked, n_tables, 10, start, width,
+                                             FIXED_POINT, partial)
+    assert np.array_equal(partial.sum(1), scatter_histogram(probs, hashes, tables, start, width).numpy()), start
+for widths in [(10, 10, 10), (10, 7), (3,)]:
+    tables = [torch.rand(rows, 1 << w, generator=gen, dtype=torch.float64) * 2 for w in widths]
+    padded = torch.stack([torch.nn.functional.pad(t, (0, 1024 - t.shape[-1]), value=1.0) for t in tables])
+    out = np.zeros((rows, vocab))
+    kernels._apply_kernel[(3, rows), 32](probs.numpy(), seeds.numpy(), padded.numpy(), len(widths), 10, widths[-1],
+                                         out)
+    assert np.array_equal(out, apply_tables(probs, hashes, tables).numpy()), widths
+print("ok")
+"""
+
+
+def test_cuda_kernels_equal_the_torch_passes_in_the_simulator():
+    """The CUDA histogram and last pass (``mmw.kernels.tournament``), run by numba's CUDA simulator on a small
+    vocabulary with several blocks a row: bit-identical to the torch passes the CPU runs."""
+    pytest.importorskip("numba")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": "ignore::RuntimeWarning"}
+    result = subprocess.run([sys.executable, "-c", SIMULATED_KERNELS], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 
 def test_g_values_are_the_prf_bits_and_the_statistic_counts_them():

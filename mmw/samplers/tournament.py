@@ -10,6 +10,13 @@ of round l; its winner's law is computed layer by layer, as SynthID's own effici
 - ``leaves`` = K > 2 (distortionary): p_{l+1}(x) = p_l(x) (1 - (1 - G_l)^K) / G_l when g_l(x) = 1, else
   p_l(x) (1 - G_l)^(K - 1).
 
+Generation computes the same law in a few passes over the vocabulary instead of one per layer
+(``tournament_probs_chunked``): the law after layer l is p(x) times a product of per-layer factors that depend on
+x only through its g-bits, so one pass that sums the current law's mass by the next ``CHUNK_BITS`` g-bits (a
+2^CHUNK_BITS-bin histogram a row) yields those layers' masses G_l exactly, on the histogram alone; the chunk's
+factors become one table indexed by those bits. m = 30 takes three passes where the layer-by-layer form takes 60.
+``tournament_probs`` stays the reference the tests compare it with.
+
 One inverse-CDF draw with the step's plain uniform then picks the token. Repeated contexts (a seed already used in
 this generation) are sampled plainly by the step (``mmw.processor``), as SynthID's context history does.
 """
@@ -24,6 +31,16 @@ from mmw.samplers.parts import TournamentPart
 
 #: Shifts that bring layer l's bit (bit 63 - l of the PRF output) to bit 0, for l = 0..63.
 _SHIFTS = np.arange(63, -1, -1, dtype=np.uint64)
+#: Layers one pass over the vocabulary resolves: their g-bits index a 2 ** CHUNK_BITS-bin histogram a row (1,024 bins:
+#: the per-layer work on it is tiny next to a pass over a 128k vocabulary, and m = 30 takes 3 passes).
+CHUNK_BITS = 10
+#: Fixed-point unit of the histograms: masses are summed as integers (each token's mass rounded to 2^-62, at most
+#: V 2^-63 off in a layer's G, ~1e-14 at V = 128k), because integer sums do not depend on the order a GPU's atomic
+#: adds land in, so the law and the sampled tokens are the same from run to run (float atomics are not).
+FIXED_POINT = 2.0 ** 62
+#: Vocabularies from this size take the chunked form: below it a histogram pass costs about as much as the passes
+#: over the vocabulary it saves (and tiny test vocabularies over many rows would pay 2 ** CHUNK_BITS bins a row).
+CHUNKED_FROM_VOCAB = 8 << CHUNK_BITS
 
 
 def tournament_probs(probs: torch.Tensor, hashes: torch.Tensor, layers: int, leaves: int) -> torch.Tensor:
@@ -32,13 +49,118 @@ def tournament_probs(probs: torch.Tensor, hashes: torch.Tensor, layers: int, lea
     for layer in range(layers):
         g = ((hashes >> (63 - layer)) & 1).to(probs.dtype)
         mass = (g * probs).sum(-1, keepdim=True)  # G_l: the chance that one candidate has g_l = 1
-        if leaves == 2:
-            probs = probs * (1.0 + g - mass)
-        else:
-            miss = 1.0 - mass  # a match is lost by the g = 1 side only when no candidate has g = 1
-            won = (1.0 - miss ** leaves) / mass.clamp(min=torch.finfo(probs.dtype).tiny)
-            probs = probs * torch.where(g > 0, won, miss ** (leaves - 1))
+        probs = probs * _layer_factor(g, mass, leaves)
     return probs
+
+
+def _layer_factor(g: torch.Tensor, mass: torch.Tensor, leaves: int) -> torch.Tensor:
+    """The factor p_{l+1}(x) / p_l(x) of a token with g_l(x) = g, given G_l = mass (broadcast)."""
+    if leaves == 2:
+        return 1.0 + g - mass
+    miss = 1.0 - mass  # a match is lost by the g = 1 side only when no candidate has g = 1
+    won = (1.0 - miss ** leaves) / mass.clamp(min=torch.finfo(mass.dtype).tiny)
+    return torch.where(g > 0, won, miss ** (leaves - 1))
+
+
+def chunk_bins(hashes: torch.Tensor, start: int, width: int) -> torch.Tensor:
+    """Each token's g-bits of layers start .. start + width - 1 as one integer: bits 63 - start .. 64 - start - width
+    of the PRF, so bin bit width - 1 - j is layer start + j (the mask drops the sign bits an arithmetic shift of the
+    int64 brings in)."""
+    return (hashes >> (64 - start - width)) & ((1 << width) - 1)
+
+
+def chunk_table(counts: torch.Tensor, width: int, leaves: int) -> torch.Tensor:
+    """A chunk's factor table from its histogram: counts int64 [B, 2^width], the current law's mass by the chunk's
+    g-bits in units of 1 / FIXED_POINT -> float64 [B, 2^width], each bin's product of its layers' factors. Layer by
+    layer, G_l is the mass of the bins whose bit for l is 1, and every bin's mass takes its factor."""
+    mass = counts.to(torch.float64) / FIXED_POINT
+    codes = torch.arange(1 << width, device=counts.device)
+    table = torch.ones_like(mass)
+    for j in range(width):
+        g = ((codes >> (width - 1 - j)) & 1).to(mass.dtype)
+        factor = _layer_factor(g, (mass * g).sum(-1, keepdim=True), leaves)
+        mass = mass * factor
+        table = table * factor
+    return table
+
+
+def apply_tables(probs: torch.Tensor, hashes: torch.Tensor, tables: list[torch.Tensor],
+                 chunk_bits: int = CHUNK_BITS) -> torch.Tensor:
+    """probs times each chunk's factor, looked up by the token's bits of that chunk."""
+    for c, table in enumerate(tables):
+        width = table.shape[-1].bit_length() - 1
+        probs = probs * table.gather(1, chunk_bins(hashes, c * chunk_bits, width))
+    return probs
+
+
+def scatter_histogram(probs: torch.Tensor, hashes: torch.Tensor, tables: list[torch.Tensor], start: int, width: int,
+                      chunk_bits: int = CHUNK_BITS) -> torch.Tensor:
+    """The current law's mass (probs times the earlier chunks' tables) by the bits of layers start ..
+    start + width - 1: int64 [B, 2^width], in units of 1 / FIXED_POINT (each token's mass rounded half up)."""
+    fixed = torch.floor(apply_tables(probs, hashes, tables, chunk_bits) * FIXED_POINT + 0.5).to(torch.int64)
+    counts = torch.zeros(probs.shape[0], 1 << width, dtype=torch.int64, device=probs.device)
+    return counts.scatter_add_(1, chunk_bins(hashes, start, width), fixed)
+
+
+@torch.library.custom_op("mmw::tournament_histogram", mutates_args=())
+def cuda_histogram(probs: torch.Tensor, seeds: torch.Tensor, tables: torch.Tensor, n_tables: int, table_bits: int,
+                   start: int, width: int) -> torch.Tensor:
+    """``scatter_histogram`` on a CUDA device with the PRF computed in the kernel, from the row seeds int64 [B] and
+    the earlier chunks' tables stacked float64 [max(n_tables, 1), B, 2^table_bits] (``mmw.kernels.tournament``;
+    opaque to ``torch.compile``, which would otherwise lower the scatter to serialised global atomics)."""
+    from mmw.kernels.tournament import histogram
+
+    return histogram(probs.contiguous(), seeds.contiguous(), tables.contiguous(), n_tables, table_bits, start, width,
+                     FIXED_POINT)
+
+
+@cuda_histogram.register_fake
+def _(probs, seeds, tables, n_tables, table_bits, start, width):
+    return probs.new_empty((probs.shape[0], 1 << width), dtype=torch.int64)
+
+
+@torch.library.custom_op("mmw::tournament_apply", mutates_args=())
+def cuda_apply(probs: torch.Tensor, seeds: torch.Tensor, tables: torch.Tensor, table_bits: int,
+               last_bits: int) -> torch.Tensor:
+    """``apply_tables`` on a CUDA device, the PRF in the kernel: tables stacked float64 [C, B, 2^table_bits], the
+    last chunk's 2^last_bits entries first (``mmw.kernels.tournament``)."""
+    from mmw.kernels.tournament import apply_tables as apply_kernel
+
+    return apply_kernel(probs.contiguous(), seeds.contiguous(), tables.contiguous(), table_bits, last_bits)
+
+
+@cuda_apply.register_fake
+def _(probs, seeds, tables, table_bits, last_bits):
+    return torch.empty_like(probs)
+
+
+def chunk_tables(probs: torch.Tensor, layers: int, leaves: int, histogram, chunk_bits: int = CHUNK_BITS
+                 ) -> list[torch.Tensor]:
+    """Every chunk's factor table, one histogram pass each: ``histogram(tables, start, width)`` gives the current
+    law's mass by the chunk's bits, the law being probs times the earlier chunks' ``tables``."""
+    tables: list[torch.Tensor] = []
+    for start in range(0, layers, chunk_bits):
+        width = min(chunk_bits, layers - start)
+        tables.append(chunk_table(histogram(tables, start, width), width, leaves))
+    return tables
+
+
+def tournament_probs_chunked(probs: torch.Tensor, hashes: torch.Tensor, layers: int, leaves: int,
+                             chunk_bits: int = CHUNK_BITS) -> torch.Tensor:
+    """``tournament_probs``'s law in ceil(layers / chunk_bits) histogram passes over the vocabulary (same
+    arguments and result, up to float64 rounding and the histograms' fixed point)."""
+    def histogram(tables, start, width):
+        return scatter_histogram(probs, hashes, tables, start, width, chunk_bits)
+
+    tables = chunk_tables(probs, layers, leaves, histogram, chunk_bits)
+    return apply_tables(probs, hashes, tables, chunk_bits)
+
+
+def tournament_law(probs: torch.Tensor, hashes: torch.Tensor, layers: int, leaves: int) -> torch.Tensor:
+    """The tournament winner's distribution by the form that is cheaper at this vocabulary (same law)."""
+    if probs.shape[-1] >= CHUNKED_FROM_VOCAB:
+        return tournament_probs_chunked(probs, hashes, layers, leaves)
+    return tournament_probs(probs, hashes, layers, leaves)
 
 
 def g_values_np(tokens: np.ndarray, seeds: np.ndarray, layers: int) -> np.ndarray:
@@ -63,10 +185,40 @@ class Tournament(Sampler, TournamentPart):
     def choose(self, logits, seeds, temperature, plain_u):
         if temperature == 0:  # a one-hot distribution stays one-hot through every round
             return logits.argmax(dim=-1)
-        vocab = self.token_ids(logits.device)
-        hashes = prf.prf_t(seeds.unsqueeze(-1), vocab.unsqueeze(0))
-        probs = tournament_probs(probabilities(logits, temperature), hashes, self.spec.layers, self.spec.leaves)
-        return inverse_cdf(probs, plain_u)
+        return inverse_cdf(self.law(logits, seeds, temperature), plain_u)
+
+    def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows):
+        """``choose``, except that the rows where ``plain_rows`` (bool [B]) is set are drawn from the model's own law
+        (the repeated-context mask, ``mmw.processor``): the same tokens as the plain sampler's choice with this
+        uniform, from one scan of one law instead of a second softmax and scan for the plain rows."""
+        if temperature == 0:
+            return logits.argmax(dim=-1)
+        return inverse_cdf(self.law(logits, seeds, temperature, plain_rows), plain_u)
+
+    def law(self, logits, seeds, temperature, plain_rows=None):
+        """The tournament winner's law float64 [B, V] (the model's own in ``plain_rows``). On a CUDA device with a
+        large vocabulary the histogram passes run in ``mmw.kernels.tournament`` (the PRF in the kernel)."""
+        probs = probabilities(logits, temperature)
+        hashes = prf.prf_t(seeds.unsqueeze(-1), self.token_ids(logits.device).unsqueeze(0))
+        layers, leaves = self.spec.layers, self.spec.leaves
+        if probs.shape[-1] < CHUNKED_FROM_VOCAB:
+            law = tournament_probs(probs, hashes, layers, leaves)
+            return law if plain_rows is None else torch.where(plain_rows.unsqueeze(-1), probs, law)
+        if probs.is_cuda:
+            def histogram(tables, start, width):
+                stacked = torch.stack(tables) if tables else probs.new_ones(1, probs.shape[0], 1 << CHUNK_BITS)
+                return cuda_histogram(probs, seeds, stacked, len(tables), CHUNK_BITS, start, width)
+        else:
+            def histogram(tables, start, width):
+                return scatter_histogram(probs, hashes, tables, start, width)
+        tables = chunk_tables(probs, layers, leaves, histogram)
+        if plain_rows is not None:  # unit factors: probs * 1.0 * ... is the model's law exactly
+            tables = [torch.where(plain_rows.unsqueeze(-1), 1.0, table) for table in tables]
+        if probs.is_cuda:
+            last = tables[-1].shape[-1]
+            padded = tables[:-1] + [torch.nn.functional.pad(tables[-1], (0, (1 << CHUNK_BITS) - last), value=1.0)]
+            return cuda_apply(probs, seeds, torch.stack(padded), CHUNK_BITS, last.bit_length() - 1)
+        return apply_tables(probs, hashes, tables)
 
     def statistic(self, tokens, seeds):
         return -(g_values_np(tokens, seeds, self.spec.layers).astype(np.int64) @ self.weights).astype(np.float64)

@@ -1,0 +1,369 @@
+"""SynthID-Text's tournament sampler on a GPU: before (the layer-by-layer law, ``tournament_probs``: two passes over
+the vocabulary a layer) and after (``tournament_law``: the chunked law, ceil(m / 10) histogram passes), each against
+plain sampling on the same card in the same process, back to back.
+
+* ``kernels``: the numba passes alone (``mmw.kernels.tournament``) per launch shape, beside a copy of the
+  probabilities (the bandwidth they are bound by).
+* ``step``: the watermark step alone at ``--batch`` rows x 128,256 logits (float32, an LLM's spread of a few nats),
+  compiled as ``generate``'s processor compiles it (CUDA graphs); GPU ms per call from CUDA events (median of
+  ``--calls``) for plain sampling, before and after, in ``--rounds`` interleaved rounds; the tokens after vs the
+  layer-by-layer law run eagerly on the same inputs (flat and peaked logits); a torch profiler table of one step of
+  each (kernels, host syncs), written under ``--out``.
+* ``decode``: random-init Llama-3-8B shape in bf16, ``--batch`` prompts of 64 tokens, ``--new-tokens`` new tokens,
+  through the stage's own call (``mmw.engines.generate.generate_batch``) on both paths: mmw's graph loop (plain,
+  tournament before, after) and transformers' ``generate`` (HF plain sampling, mmw's tournament through its
+  processor before and after, and mmw's plain sampling through it). Every prompt is 64 tokens (no padding), and a
+  batch runs all its steps unless every row draws its end of text. One warm-up run each, then ``--rounds`` rounds,
+  every configuration once a round in that order (A B A B ...); each ratio is taken within a round against that
+  round's baseline, and the median and range over rounds are reported. The graph loop's GPU ms a step come from CUDA events around each step.
+
+    PYTHONPATH=. python3 bench/gpu_tournament.py --out DIR          (bench/gpu_tournament_h200.sh on the H200)
+
+The GPU image has no polars: ``generate_batch`` does not use it, so a placeholder module stands in for the import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+import typer
+
+# The GPU image lacks polars; nothing this bench runs calls it (MMW_BENCH_NO_POLARS=1 tries the stand-in elsewhere).
+if importlib.util.find_spec("polars") is None or os.environ.get("MMW_BENCH_NO_POLARS"):
+    class _Placeholder:  # any call or attribute of it (module-level schemas) gives another placeholder
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __call__(self, *args, **kwargs):
+            return _Placeholder()
+
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return _Placeholder()
+
+    def _placeholder(name: str) -> _Placeholder:
+        if name.startswith("__"):  # inspect and importlib probe dunders: say there are none
+            raise AttributeError(name)
+        return _Placeholder()
+
+    _stub = types.ModuleType("polars")
+    _stub.__dict__["__getattr__"] = _placeholder
+    sys.modules["polars"] = _stub
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_generate import build_model  # noqa: E402
+from gpu_graph import free, sync, word_tokenizer  # noqa: E402
+
+from mmw import prf  # noqa: E402
+from mmw.engines import generate as engine  # noqa: E402
+from mmw.engines import graph_decode  # noqa: E402
+from mmw.engines.attention import grouped_query_sdpa  # noqa: E402
+from mmw.processor import WatermarkProcessor, WatermarkStep, row_state, watermark_step  # noqa: E402
+from mmw.samplers.base import Sampler, inverse_cdf, probabilities  # noqa: E402
+from mmw.samplers.parts import TournamentPart  # noqa: E402
+from mmw.samplers.tournament import Tournament, tournament_probs  # noqa: E402
+from mmw.scheme import SchemeSpec  # noqa: E402
+
+KEY = 1234
+#: The "before" configurations run under another key: ``watermark_step`` shares one compiled step per (scheme,
+#: key, ...), and the before step's sampler is swapped for the layer-by-layer law before its first call.
+KEY_BEFORE = 4321
+VOCAB = 128256
+TOURNAMENT = dict(sampler="tournament", layers=30, randomness="window", window=4, score="sum")
+
+
+class LayerByLayer(Sampler, TournamentPart):
+    """The tournament as it was: its law computed layer by layer (two passes over the vocabulary a layer), and the
+    processor's repeated-context rows drawn by a second, plain softmax and scan (it has no ``choose_or_plain``)."""
+
+    def prepare(self, device):
+        self.token_ids(device)
+
+    def choose(self, logits, seeds, temperature, plain_u):
+        if temperature == 0:
+            return logits.argmax(dim=-1)
+        hashes = prf.prf_t(seeds.unsqueeze(-1), self.token_ids(logits.device).unsqueeze(0))
+        probs = tournament_probs(probabilities(logits, temperature), hashes, self.spec.layers, self.spec.leaves)
+        return inverse_cdf(probs, plain_u)
+
+    def statistic(self, tokens, seeds):
+        raise NotImplementedError("generation only")
+
+
+def spec() -> SchemeSpec:
+    return SchemeSpec.from_params(TOURNAMENT)
+
+
+def install_before(mode: str | None) -> None:
+    """Swap the layer-by-layer law into the shared step the processor will fetch (same call as the processor's:
+    ``watermark_step``'s cache keys on how it is called)."""
+    if mode is None:
+        step = watermark_step(spec(), KEY_BEFORE, VOCAB, 1.0, True, dynamic=False)
+    else:
+        step = watermark_step(spec(), KEY_BEFORE, VOCAB, 1.0, True, mode, dynamic=False)
+    if not isinstance(step.sampler, LayerByLayer):
+        step.sampler = LayerByLayer(step.spec, KEY_BEFORE, VOCAB)
+
+
+def step_inputs(batch: int, scale: float, seed: int) -> tuple:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    scores = torch.randn(batch, VOCAB, device="cuda", generator=gen) * scale
+    context = torch.randint(0, VOCAB, (batch, 4), device="cuda", generator=gen)
+    steps = torch.randint(0, 512, (batch,), device="cuda", generator=gen)
+    state = {k: v.cuda() for k, v in row_state(spec(), list(range(batch))).items()}
+    return scores, context, steps, state
+
+
+def time_calls(step: WatermarkStep, batch: int, calls: int) -> float:
+    """Median GPU ms of one call of the step on fresh-looking inputs (the step index advances every call)."""
+    scores, context, steps, state = step_inputs(batch, 3.0, 1)
+    history = step.new_history(batch, "cuda")
+    ms = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(scores, context, steps, **state, history=history)
+        end.record()
+        steps += 1
+        ms.append((start, end))
+    sync()
+    return statistics.median(s.elapsed_time(e) for s, e in ms)
+
+
+def kernel_part(batch: int, result: dict) -> None:
+    """The histogram pass alone (no table, two tables) and the last pass, per launch shape: GPU ms, median of 20."""
+    from mmw.kernels import tournament as kt
+    from mmw.samplers.tournament import CHUNK_BITS, FIXED_POINT
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    probs = torch.softmax(torch.randn(batch, VOCAB, device="cuda", generator=gen, dtype=torch.float64) * 3, -1)
+    seeds = torch.randint(-2**62, 2**62, (batch,), device="cuda", generator=gen)
+    tables = torch.rand(3, batch, 1 << CHUNK_BITS, device="cuda", generator=gen, dtype=torch.float64) + 0.5
+
+    def timed(fn) -> float:
+        fn()
+        ms = []
+        for _ in range(20):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            ms.append((start, end))
+        sync()
+        return statistics.median(s.elapsed_time(e) for s, e in ms)
+
+    rows = []
+    default = (kt.PARTS, kt.THREADS)
+    for parts, threads in ((4, 256), (8, 256), (16, 256), (32, 256), (8, 128), (8, 512), (16, 512)):
+        kt.PARTS, kt.THREADS = parts, threads
+        row = dict(parts=parts, threads=threads,
+                   hist0_ms=timed(lambda: kt.histogram(probs, seeds, tables, 0, CHUNK_BITS, 0, 10, FIXED_POINT)),
+                   hist2_ms=timed(lambda: kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT)),
+                   apply_ms=timed(lambda: kt.apply_tables(probs, seeds, tables, CHUNK_BITS, CHUNK_BITS)))
+        rows.append(row)
+        print(f"kernels parts={parts} threads={threads}: histogram (0 tables) {row['hist0_ms']:.3f} ms, "
+              f"(2 tables) {row['hist2_ms']:.3f} ms, apply {row['apply_ms']:.3f} ms", flush=True)
+    kt.PARTS, kt.THREADS = default
+    copy_ms = timed(lambda: probs.clone())
+    print(f"kernels: a copy of the float64 probabilities ({probs.numel() * 8 / 1e6:.0f} MB read + written) "
+          f"{copy_ms:.3f} ms", flush=True)
+    result["kernels"] = dict(batch=batch, vocab=VOCAB, rows=rows, copy_ms=copy_ms)
+
+
+def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dict) -> None:
+    steps = {"plain": watermark_step(None, KEY, VOCAB, 1.0, True, dynamic=False),
+             "tournament before": watermark_step(spec(), KEY_BEFORE, VOCAB, 1.0, True, dynamic=False),
+             "tournament after": watermark_step(spec(), KEY, VOCAB, 1.0, True, dynamic=False)}
+    install_before(None)
+    for name, step in steps.items():  # warm-up: compilation, CUDA-graph recording
+        t0 = time.perf_counter()
+        time_calls(step, batch, 3)
+        print(f"step warm-up {name}: {time.perf_counter() - t0:.1f} s, compiled={step.is_compiled} "
+              f"{step.compile_error or ''}", flush=True)
+    per_round = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            per_round[name].append(time_calls(step, batch, calls))
+    rows = {}
+    for name, ms in per_round.items():
+        extra = [m - p for m, p in zip(ms, per_round["plain"])]
+        rows[name] = dict(ms_rounds=ms, ms_median=statistics.median(ms), extra_ms_rounds=extra)
+        print(f"step {name:20s} GPU ms/call by round {[round(m, 3) for m in ms]}, over plain "
+              f"{[round(e, 3) for e in extra]}", flush=True)
+
+    # The tokens: the compiled chunked step against the layer-by-layer law run eagerly, same key and inputs.
+    reference = WatermarkStep(spec(), KEY, VOCAB, 1.0, compiled=False)
+    reference.sampler = LayerByLayer(spec(), KEY, VOCAB)
+    agree = {}
+    for scale in (1.0, 3.0, 8.0):
+        same = total = 0
+        for seed in range(4):
+            scores, context, steps_, state = step_inputs(batch, scale, 100 + seed)
+            # Fresh histories: no seed of these inputs was seen before, so every row is drawn by the tournament.
+            a = steps["tournament after"](scores, context, steps_.clone(), **state,
+                                          history=reference.new_history(batch, "cuda"))[0]
+            b = reference(scores, context, steps_.clone(), **state, history=reference.new_history(batch, "cuda"))[0]
+            same += int((a == b).sum())
+            total += batch
+        agree[f"logit scale {scale}"] = dict(same=same, total=total)
+        print(f"tokens after vs layer-by-layer (eager), logit scale {scale}: {same}/{total} equal", flush=True)
+    # Half the rows with a repeated context (their seed already in the history): drawn plainly on both sides.
+    scores, context, steps_, state = step_inputs(batch, 3.0, 200)
+    steps_ += 1  # slot 0 counts as written
+    histories = [reference.new_history(batch, "cuda") for _ in range(2)]
+    seeds = reference.seeds(context, steps_, state["shift"])
+    for history in histories:
+        history[: batch // 2, 0] = seeds[: batch // 2]
+    a = steps["tournament after"](scores, context, steps_.clone(), **state, history=histories[0])[0]
+    b = reference(scores, context, steps_.clone(), **state, history=histories[1])[0]
+    same = int((a == b).sum())
+    agree["half the rows repeated"] = dict(same=same, total=batch)
+    print(f"tokens after vs layer-by-layer (eager), half the rows repeated: {same}/{batch} equal", flush=True)
+
+    # Where the time goes: kernels and host syncs of one step each, compiled without CUDA graphs.
+    tables = {}
+    for name, key, before in (("plain", KEY, False), ("tournament before", KEY, True),
+                              ("tournament after", KEY, False)):
+        step = WatermarkStep(spec() if name != "plain" else None, key, VOCAB, 1.0, compiled=True, mode="default")
+        if before:
+            step.sampler = LayerByLayer(spec(), key, VOCAB)
+        time_calls(step, batch, 3)
+        scores, context, steps_, state = step_inputs(batch, 3.0, 7)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step(scores, context, steps_, **state, history=step.new_history(batch, "cuda"))
+            sync()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+        tables[name] = table
+        if out is not None:
+            (out / f"profile_{name.replace(' ', '_')}.txt").write_text(table)
+        print(f"\nprofile, {name} (3 calls):\n" + "\n".join(table.splitlines()[:16]), flush=True)
+    result["step"] = dict(batch=batch, vocab=VOCAB, calls=calls, rows=rows, tokens_agree=agree)
+
+
+def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
+    model, cfg = build_model(32, 4096, "cuda", "llama3-8b")
+    tok = word_tokenizer(cfg.vocab_size)
+    torch.manual_seed(batch)
+    ids = torch.randint(3, cfg.vocab_size, (batch, 64))
+    prompts = ids.tolist()
+    install_before(None)
+    install_before("default")
+
+    def run(static: bool, scheme: SchemeSpec | None, key: int, hf_plain: bool = False) -> float:
+        engine.STATIC_DECODING = static
+        os.environ["MMW_GRAPH_DECODE"] = "1"
+        if hf_plain:  # transformers' own sampling, no processor, in generate_batch's own generate call
+            batch_ids = ids.cuda()
+            config = engine.neutral_generation_config(tok, model, new_tokens)
+            config.cache_implementation = engine.CACHE_IMPLEMENTATION
+            config.disable_compile = not engine.COMPILE_DECODING
+            config.do_sample, config.top_k, config.top_p, config.temperature = True, 0, 1.0, 1.0
+            sync()
+            t0 = time.perf_counter()
+            with torch.inference_mode(), engine.neutral_model_defaults(model), grouped_query_sdpa(model):
+                model.generate(input_ids=batch_ids, attention_mask=torch.ones_like(batch_ids),
+                               generation_config=config)
+            sync()
+            wall = time.perf_counter() - t0
+            free(model)
+            return wall
+        proc = WatermarkProcessor(scheme, key, cfg.vocab_size, list(range(batch)), 1.0)
+        sync()
+        t0 = time.perf_counter()
+        engine.generate_batch(model, tok, prompts, proc, new_tokens)
+        sync()
+        wall = time.perf_counter() - t0
+        free(model)
+        return wall
+
+    configs = {
+        "graph loop: mmw plain": (True, None, KEY),
+        "graph loop: tournament before": (True, spec(), KEY_BEFORE),
+        "graph loop: tournament after": (True, spec(), KEY),
+        "generate: HF plain sampling": (False, None, KEY, True),
+        "generate: mmw plain": (False, None, KEY),
+        "generate: tournament before": (False, spec(), KEY_BEFORE),
+        "generate: tournament after": (False, spec(), KEY),
+    }
+    walls = {}
+    for name, args in configs.items():
+        t0 = time.perf_counter()
+        run(*args)
+        print(f"decode warm-up {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        walls[name] = []
+    gpu_ms = {}
+    for r in range(rounds):
+        for name, args in configs.items():
+            timed = name.startswith("graph loop")
+            graph_decode.STEP_EVENTS = [] if timed else None
+            walls[name].append(run(*args))
+            if timed:
+                sync()
+                ms = [s.elapsed_time(e) for s, e in graph_decode.STEP_EVENTS[4:]]
+                gpu_ms.setdefault(name, []).append(statistics.median(ms))
+            graph_decode.STEP_EVENTS = None
+        print(f"round {r}: " + ", ".join(f"{n} {w[-1]:.3f} s" for n, w in walls.items()), flush=True)
+    baselines = {"graph loop": "graph loop: mmw plain", "generate": "generate: HF plain sampling"}
+    rows = {}
+    for name, w in walls.items():
+        base = walls[baselines[name.split(":")[0]]]
+        ratios = [b / x for b, x in zip(base, w)]
+        rows[name] = dict(walls_s=w, wall_median_s=statistics.median(w), ratio_rounds=ratios,
+                          ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
+                          step_ms_median=1e3 * statistics.median(w) / new_tokens,
+                          gpu_ms_per_step_rounds=gpu_ms.get(name))
+    result["decode"] = dict(batch=batch, new_tokens=new_tokens, prompt_len=64, rounds=rounds, rows=rows)
+    print(f"\nB={batch}, {new_tokens} new tokens, {rounds} interleaved rounds; ratio = baseline wall / wall, "
+          "same round")
+    for name, row in rows.items():
+        gpu = row["gpu_ms_per_step_rounds"]
+        print(f"{name:32s} wall {row['wall_median_s']:6.3f} s  x{row['ratio_median']:.3f} "
+              f"[{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]  {row['step_ms_median']:6.2f} ms/step"
+              + (f"  GPU {statistics.median(gpu):6.2f} ms/step {[round(g, 2) for g in gpu]}" if gpu else ""),
+              flush=True)
+
+
+def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, new_tokens: int = 128, rounds: int = 3,
+         calls: int = 30) -> None:
+    unknown = set(parts.split(",")) - {"kernels", "step", "decode"}
+    if unknown:
+        raise typer.BadParameter(f"unknown part(s) {sorted(unknown)}; allowed: kernels, step, decode",
+                                 param_hint="--parts")
+    out_dir = Path(out) if out else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    import transformers
+
+    result: dict = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                        transformers=transformers.__version__, date=time.strftime("%F %T"))
+
+    def save() -> None:
+        if out_dir is not None:
+            tmp = out_dir / "gpu_tournament.json.tmp"
+            tmp.write_text(json.dumps(result, indent=1))
+            tmp.replace(out_dir / "gpu_tournament.json")
+
+    if "kernels" in parts:
+        kernel_part(batch, result)
+        save()
+    if "step" in parts:
+        step_part(batch, calls, rounds, out_dir, result)
+        save()
+    if "decode" in parts:
+        decode_part(batch, new_tokens, rounds, result)
+        save()
+
+
+if __name__ == "__main__":
+    typer.run(main)
