@@ -383,7 +383,7 @@ def test_each_plugin_is_its_own_family_in_the_tables_and_the_page():
 # ------------------------------------------------------------------------------------------------ end to end
 #: The worked example of docs/PLUGINS.md: transformers' SynthID-Text through its plugin, configured by -S alone.
 EXAMPLE = ("-S", "scheme.sampler=plugin", "-S", "scheme.plugin=hf_synthid",
-           "-S", "scheme.plugin_params={depth: 30, ngram_len: 5}", "-S", "scheme.randomness=null",
+           "-S", "scheme.plugin_params='{depth: 30, ngram_len: 5}'", "-S", "scheme.randomness=null",
            "-S", "scheme.window=null", "-S", "scheme.delta=null", "-S", "scheme.gamma=null", "-S", "scheme.score=null")
 
 
