@@ -24,7 +24,9 @@ pooled ratio exactly at the limit, task ratios .95/.90/.85 over 999 prompts, K =
 confirmations at a nominal 2.5 %; this test 0.03 %; bench/results/confirm_validity.md). A data-dependent bet (a
 running variance) has the same flaw, since the AM-GM step needs one bet for every factor. The price of the fixed
 bets is power at small margins with many prompts, where the best bet is well below the largest (the mixture
-tracks the best of its bets up to ``log(1 / weight)``).
+tracks the best of its bets up to ``log(1 / weight)``): a constant bet ``c / m`` grows the capital only while the
+mean exceeds ``m`` by more than about ``c var / (2 m)``, so the bound settles that far below the mean rather than
+reaching it as ``N`` grows (docs/SWEEP.md: below the floor of any confirmation the tasks' prompts allow).
 
 **Bets.** ``lambda_j = c_j / m`` with fractions ``c_j`` of :data:`BETS`: every factor stays above ``1 - c_j``
 (at ``x = 0``). Each factor ``1 - c_j + c_j x / m`` is non-increasing in ``m``, so the capital is too and the

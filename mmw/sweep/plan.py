@@ -1,8 +1,8 @@
 """Power planner: how many prompts an unresolved cell needs, and what that costs.
 
-A one-sided bound's distance from its estimate shrinks at least as fast as ``1 / sqrt(n)`` (the bootstrap bound of R
-as ``1 / sqrt(n)``; the betting bound of quality, :mod:`mmw.betting`, as ``a / n + b / sqrt(n)``, so scaling its
-measured width by ``sqrt(n / n')`` over-asks: the plan errs towards more prompts). A cell whose interval at
+A one-sided bound's distance from its estimate shrinks about as ``1 / sqrt(n)`` (the bootstrap bound of R; the
+betting bound of quality, :mod:`mmw.betting`, as ``a / n + b / sqrt(n)`` down to a small offset of its fixed bets,
+``c var / (2 m)``, which lies below the floor of any confirmation the tasks' prompts allow). A cell whose interval at
 ``n`` prompts (half-width ``h = estimate - lower bound``) straddles its constraint ``c`` resolves — the bound
 clears ``c`` on the side of the estimate — once ``h * sqrt(n / n') < |estimate - c|``, i.e. at
 
