@@ -175,3 +175,30 @@ def test_switching_plugins_with_dvc_set_param_needs_the_string_form(fake_dist, t
     scheme = yaml.safe_load(params.read_text())["scheme"]
     assert scheme["plugin_params"] == "{delta: 2.0, mode: pvalues}"
     assert SchemeSpec.from_params({**scheme, "alpha": ALPHA}) == plugin_spec("toy", delta=2.0, mode="pvalues")
+
+
+@pytest.mark.parametrize("bos", [None, 5])
+def test_the_generator_model_gives_the_next_token_logits_before_each_token(bos):
+    """Row n is the model's output after tokens[:n] (after BOS + tokens[:n] when the tokenizer has one); without a
+    BOS, row 0 is uniform (zeros)."""
+    from types import SimpleNamespace
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from mmw.plugin_detection import GeneratorModel
+
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
+    model = GeneratorModel(lm, SimpleNamespace(bos_token_id=bos), vocab_size=37)  # a padded output layer: 40 > 37
+    tokens = np.array([3, 9, 1, 30, 7])
+    rows = model.logits(tokens)
+    assert rows.shape == (5, 37)
+    for n in range(5):
+        prefix = ([bos] if bos is not None else []) + tokens[:n].tolist()
+        if not prefix:
+            assert not rows[0].any()
+            continue
+        with torch.no_grad():
+            expected = lm(torch.tensor([prefix])).logits[0, -1, :37].numpy()
+        np.testing.assert_allclose(rows[n], expected, rtol=1e-4, atol=1e-5)
+    assert model.logits(np.array([], dtype=np.int64)).shape == (0, 37)
