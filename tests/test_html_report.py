@@ -388,8 +388,9 @@ def test_cli_rejects_an_unknown_sweep_naming_the_present_ones(tmp_path: Path,
     assert (tmp_path / "reports/index.html").is_file()
     sizes = pl.read_csv(tmp_path / "reports/figures/sizes/distribution_shift.csv")
     assert sizes["size_median"].to_list() == [53.0, 55.0, 50.0, 114.5]  # the paper's first column
-    # Every file the sweep's dvc plots read (reports/figures/dvc.yaml, paths relative to it) has its columns.
-    definitions = yaml.safe_load((REPO / "reports/figures/dvc.yaml").read_text())["plots"]
+    # Every file the sweep's dvc plots read (reports/figures/dvc.yaml, written with them; paths relative to it)
+    # has its columns.
+    definitions = yaml.safe_load((tmp_path / "reports/figures/dvc.yaml").read_text())["plots"]
     for definition in definitions:
         (spec,) = definition.values()
         for file, column in spec["y"].items():
