@@ -50,8 +50,23 @@ def test_a_program_that_never_ends_is_killed_at_the_timeout(source):
 
 def _sandbox_processes() -> list[str]:
     """Command lines of live processes that run the sandbox runner (its argv carries the RUNNER source)."""
-    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    # -ww: whole command lines (without a terminal ps may cut them at 80 columns, before the runner's source)
+    listing = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout
     return [line for line in listing.splitlines() if "sys.addaudithook(_hook)" in line]
+
+
+def test_the_leftover_listing_sees_a_running_program():
+    """The listing can fail: while a program runs it is there (its whole command line is read), after it is not."""
+    import threading
+
+    done = threading.Thread(target=run_python, args=("import time\ntime.sleep(1.5)", FAST))
+    done.start()
+    deadline, seen = time.monotonic() + 10, []
+    while not seen and time.monotonic() < deadline:
+        seen = _sandbox_processes()
+        time.sleep(0.02)
+    done.join()
+    assert seen and _sandbox_processes() == []
 
 
 @pytest.mark.parametrize("source", [
