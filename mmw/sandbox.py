@@ -165,8 +165,8 @@ if os.fork() == 0:
             entry, args, kwargs = marshal.loads(_receive(calls_r))
             try:
                 reply = b"=" + repr(names[entry](*args, **kwargs)).encode("utf-8", "surrogatepass")
-            except Exception as error:
-                reply = b"!" + type(error).__name__.encode()
+            except Exception as error:  # its message is the reason the verdict records (the stderr tail)
+                reply = b"!" + f"{type(error).__name__}: {error}"[:500].encode("utf-8", "surrogatepass")
             _send(answers_w, reply)
     except EOFError:
         os._exit(0)
@@ -185,7 +185,7 @@ def candidate(*args, **kwargs):
     _send(calls_w, marshal.dumps((entry, args, kwargs)))
     reply = _receive(answers_r)
     if reply[:1] == b"!":
-        raise CandidateError(reply[1:].decode())
+        raise CandidateError(reply[1:].decode("utf-8", "replace"))
     return ast.literal_eval(reply[1:].decode("utf-8", "surrogatepass"))
 try:
     names = {"__name__": "__harness__"}

@@ -464,6 +464,28 @@ def test_a_killed_non_root_caller_takes_its_program_and_directory_along(nobody_p
     assert left == [] and directories == set()
 
 
+#: The classes the red team found; each must now end as ``failed`` with the refusal in its output.
+REFUSED = ("pdeathsig-cleared-with-high-bits", "vsock-socket", "unix-buffers-beyond-the-limit",
+           "pipe-buffers-beyond-the-limit")
+
+
+def test_a_refused_attempt_is_a_failed_answer_with_its_reason_and_changes_nothing_else(arena):
+    """As HumanEval answers scored the quality stage's way: each attempt is a failed verdict whose output names the
+    refusal (EPERM), and the next answer, HumanEval/0's correct solution, passes as usual."""
+    problem = humaneval_problems()[0]
+    for name in REFUSED:
+        body = "\n".join("    " + line for line in (BYPASS + attempts(arena)[name]).splitlines())
+        result = run_tests(humaneval_program(problem, body + "\n"), humaneval_tests(problem), problem.entry_point,
+                           LIMITS)
+        assert result.status == "failed", (name, result.status)
+        assert "PermissionError: [Errno 1] Operation not permitted" in result.stderr \
+            or "AssertionError: 1" in result.stderr, (name, result.stderr[-300:])  # errno 1 = EPERM
+    solution = ("    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
+                "            if i != j and abs(a - b) < threshold:\n                return True\n    return False\n")
+    assert run_tests(humaneval_program(problem, solution), humaneval_tests(problem), problem.entry_point,
+                     LIMITS).passed
+
+
 # --- The filter compares the bits the kernel reads -----------------------------------------------------------------
 
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
