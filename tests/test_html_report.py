@@ -564,6 +564,19 @@ def test_deployed_page_names_watermarks_and_explains_what_it_cannot_show(tmp_pat
     assert any("Gumbel-max (vLLM's setting)" in c for c in cells)
     assert dom.tables["paper-table"][0][2:] == ["Distribution shift", "Exponential", "Reweight (DiPmark)",
                                                 "KGW (transformers)", "SynthID-Text (transformers)"]
+    # The pairwise orderings have their own compact table, in the names the headline uses.
+    claims = pl.DataFrame({"claim": ["Gumbel-max (vLLM's setting) smaller than DiPmark"], "temperature": [0.7],
+                           "max_quality_loss": [0.1], "min_tamper_resistance": [0.2], "smaller": ["exponential"],
+                           "than": ["reweight"], "verdict": ["not resolved at this scale"],
+                           "comparisons": ["vs DiPmark: pending or unresolved"], "scope": ["pairwise"]})
+    claims.write_parquet(tmp_path / "reports/sweeps/deployed/claims.parquet")
+    markup = build_report(tmp_path).path.read_text()
+    dom = Dom(markup)
+    assert dom.tables["deploy-table"][1][2:5] == ["Gumbel-max (vLLM's setting) smaller than DiPmark",
+                                                  "not resolved at this scale", "pending or unresolved"]
+    assert "claims-table" not in dom.tables  # no paper ordering in this sweep's claims
+    headline = re.search(r'<ul class="headline" id="headline">(.*?)</ul>', markup, re.S).group(1)
+    assert "not resolved against Reweight (DiPmark)" in headline
     # FPR: rows with numbers, a figure; Figure 1 draws the confirmed cell.
     assert dom.ids.get("fig-fpr") == "figure" and dom.ids.get("fig-sizes") == "figure"
     assert all("–" not in r[4] for r in dom.tables["fpr-table"][1:])

@@ -148,9 +148,38 @@ def _size(value: float | None) -> str:
     return "−∞" if value is not None and value == -math.inf else data.fmt_tokens(value)
 
 
-def claims_shown(claims: pl.DataFrame | None) -> pl.DataFrame | None:
-    """The claims table (:mod:`mmw.sweep.claims`) in words: one row per claim, temperature and constraint."""
+def _scope(claims: pl.DataFrame | None, pairwise: bool) -> pl.DataFrame | None:
+    """The paper's orderings (``pairwise`` False) or the pairwise rows of the claims table; an older table without
+    a scope holds only the paper's."""
     if claims is None or claims.height == 0:
+        return None
+    is_pair = (pl.col("scope") == "pairwise") if "scope" in claims.columns else pl.lit(False)
+    rows = claims.filter(is_pair if pairwise else ~is_pair)
+    return rows if rows.height else None
+
+
+def deploy_shown(claims: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The pairwise rows of the claims table, compact: per temperature and constraint, which watermark is
+    smaller than which, the verdict and the gap interval (the paper's orderings are :func:`claims_shown`)."""
+    pairs = _scope(claims, pairwise=True)
+    if pairs is None:
+        return None
+    rows = []
+    for r in pairs.iter_rows(named=True):
+        low, high = r.get("gap_low"), r.get("gap_high")
+        rows.append({
+            "T": data.fmt_number(r.get("temperature"), 3), "Constraint": _constraint_words(r),
+            "Claim": r["claim"], "Verdict": r.get("verdict") or "–",
+            "Why": (r.get("comparisons") or "–").split(": ", 1)[-1],
+            "Gap, 95 % interval (tokens)": "–" if low is None and high is None else f"[{_size(low)}, {_size(high)}]"})
+    return pl.DataFrame(rows)
+
+
+def claims_shown(claims: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The paper's orderings of the claims table (:mod:`mmw.sweep.claims`) in words: one row per claim,
+    temperature and constraint."""
+    claims = _scope(claims, pairwise=False)
+    if claims is None:
         return None
     rows = []
     for r in claims.iter_rows(named=True):
@@ -243,6 +272,7 @@ def render_sweep(sweep: data.Sweep, judge: dict[str, Any] | None, commit: str | 
             named=True)), randomness=_plain(randomness_shown(sweep.extras.get("randomness"))),
         delta=_plain(sweep.extras.get("delta")),
         plan=_plain(plan_shown(sweep.extras.get("plan"))), claims=_plain(claims_shown(sweep.extras.get("claims"))),
+        deploy=_plain(deploy_shown(sweep.extras.get("claims"))),
         race=_plain(sweep.extras.get("race")), stages=data.stage_totals(sweep),
         provenance=data.sweep_provenance(sweep, commit, generated))
 
