@@ -514,8 +514,8 @@ def make_deployed_sweep(directory: Path, fpr: bool = True, confirmed: bool = Tru
                          "scheme.skip_prob": None, **params,
                          "all.size": float(rng.uniform(8, 30)), "all.relative_quality": float(rng.uniform(0.85, 1.05)),
                          "all.tamper_resistance": float(rng.uniform(0.1, 0.9)), "all.generations": 3.0,
-                         "all.fpr": 0.0 if fpr else None, "all.fpr_any_prefix": (1 / 3 if i % 2 else 0.0) if fpr else None,
-                         "all.fpr_n": 3.0 if fpr else None})
+                         "all.fpr": 0.0 if fpr else None, "all.fpr_n": 3.0 if fpr else None,
+                         "all.fpr_any_prefix": (1 / 3 if i % 2 else 0.0) if fpr else None})
             for p in range(6):
                 for source, rating in (("baseline", 80.0), ("watermarked", 70.0 + i)):
                     prompts.append({"config_id": config_id, "prompt_id": f"p{p}", "source": source, "rating": rating})
@@ -595,9 +595,9 @@ def test_deployed_page_names_watermarks_and_explains_what_it_cannot_show(tmp_pat
 def test_figure_legends_and_labels_stay_inside_and_apart(tmp_path: Path) -> None:
     """Long provider names: the size-quality legend fits inside its figure and the FPR axis labels do not overlap
     (their drawn extents, as matplotlib lays them out)."""
-    from mmw.reporting import figures
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from mmw.reporting import figures
 
     make_deployed_sweep(tmp_path / "deployed")
     sweep = load_sweep(tmp_path / "deployed")

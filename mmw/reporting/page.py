@@ -321,12 +321,13 @@ def sweep_plot_tables(sweep: data.Sweep, alpha: float = 0.02) -> dict[str, pl.Da
             pl.col("all.relative_quality").alias("relative_quality"), pl.col("all.size").alias("size"),
             pl.col("all.tamper_resistance").alias("tamper_resistance"),
             pl.col("model.temperature").alias("temperature"), "config_id")
-        tables[f"fpr/{family}.csv"] = sweep.done.filter(
-            (pl.col("family") == family) & (pl.col("all.fpr").is_not_null() | pl.col("all.fpr_any_prefix").is_not_null())
-        ).select(pl.col("model.temperature").alias("temperature"), pl.col("all.fpr").alias("fpr"),
-                 pl.col("all.fpr_any_prefix").alias("fpr_any_prefix"), "config_id")
-    tables["fpr/alpha.csv"] = pl.DataFrame({"temperature": sweep.temperatures}, schema={"temperature": pl.Float64}
-                                           ).with_columns(pl.lit(alpha).alias("fpr"), pl.lit(alpha).alias("fpr_any_prefix"))
+        measured = pl.col("all.fpr").is_not_null() | pl.col("all.fpr_any_prefix").is_not_null()
+        tables[f"fpr/{family}.csv"] = sweep.done.filter((pl.col("family") == family) & measured).select(
+            pl.col("model.temperature").alias("temperature"), pl.col("all.fpr").alias("fpr"),
+            pl.col("all.fpr_any_prefix").alias("fpr_any_prefix"), "config_id")
+    temperatures = pl.DataFrame({"temperature": sweep.temperatures}, schema={"temperature": pl.Float64})
+    tables["fpr/alpha.csv"] = temperatures.with_columns(pl.lit(alpha).alias("fpr"),
+                                                        pl.lit(alpha).alias("fpr_any_prefix"))
     return tables
 
 

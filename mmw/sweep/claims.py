@@ -55,11 +55,11 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-
 from scipy.optimize import brentq
 from scipy.special import rel_entr
 
-from mmw.sweep.confirm import CONFIRMED, NO_FEASIBLE, NOT_CONFIRMED, UNRESOLVED as CELL_UNRESOLVED, resample_counts
+from mmw.sweep.confirm import CONFIRMED, NO_FEASIBLE, NOT_CONFIRMED, resample_counts
+from mmw.sweep.confirm import UNRESOLVED as CELL_UNRESOLVED
 
 #: A cell's pooled median size is infinite exactly when its detected share lies below this (the lower median).
 MEDIAN_SHARE = 0.5
