@@ -2,8 +2,8 @@
 the vocabulary a layer) and after (``tournament_law``: the chunked law, ceil(m / 10) histogram passes), each against
 plain sampling on the same card in the same process, back to back.
 
-* ``kernels``: the numba passes alone (``mmw.kernels.tournament``) per launch shape, beside a copy of the
-  probabilities (the bandwidth they are bound by).
+* ``kernels``: the numba passes alone (``mmw.kernels.tournament``), each captured in a CUDA graph, per launch
+  shape, beside a copy of the probabilities (the bandwidth bound).
 * ``step``: the watermark step alone at ``--batch`` rows x 128,256 logits (float32, an LLM's spread of a few nats),
   compiled as ``generate``'s processor compiles it (CUDA graphs); GPU ms per call from CUDA events (median of
   ``--calls``) for plain sampling, before and after, in ``--rounds`` interleaved rounds; the tokens after vs the
@@ -15,7 +15,8 @@ plain sampling on the same card in the same process, back to back.
   processor before and after, and mmw's plain sampling through it). Every prompt is 64 tokens (no padding), and a
   batch runs all its steps unless every row draws its end of text. One warm-up run each, then ``--rounds`` rounds,
   every configuration once a round in that order (A B A B ...); each ratio is taken within a round against that
-  round's baseline, and the median and range over rounds are reported. The graph loop's GPU ms a step come from CUDA events around each step.
+  round's baseline, and the median and range over rounds are reported. The graph loop's GPU ms a step come from
+  CUDA events around each step.
 
     PYTHONPATH=. python3 bench/gpu_tournament.py --out DIR          (bench/gpu_tournament_h200.sh on the H200)
 
@@ -140,7 +141,8 @@ def time_calls(step: WatermarkStep, batch: int, calls: int) -> float:
 
 
 def kernel_part(batch: int, result: dict) -> None:
-    """The histogram pass alone (no table, two tables) and the last pass, per launch shape: GPU ms, median of 20."""
+    """The numba passes alone, each captured in a CUDA graph (no host time): GPU ms a replay, median of 20, per
+    launch shape; beside a copy of the float64 probabilities."""
     from mmw.kernels import tournament as kt
     from mmw.samplers.tournament import CHUNK_BITS, FIXED_POINT
 
@@ -151,27 +153,34 @@ def kernel_part(batch: int, result: dict) -> None:
 
     def timed(fn) -> float:
         fn()
+        sync()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
         ms = []
         for _ in range(20):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            graph.replay()
             end.record()
             ms.append((start, end))
         sync()
         return statistics.median(s.elapsed_time(e) for s, e in ms)
 
+    variants = {
+        "histogram, 0 tables": lambda: kt.histogram(probs, seeds, tables, 0, CHUNK_BITS, 0, 10, FIXED_POINT),
+        "histogram, 2 tables": lambda: kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT),
+        "apply, 3 tables": lambda: kt.apply_tables(probs, seeds, tables, CHUNK_BITS, CHUNK_BITS),
+    }
     rows = []
     default = (kt.PARTS, kt.THREADS)
-    for parts, threads in ((4, 256), (8, 256), (16, 256), (32, 256), (8, 128), (8, 512), (16, 512)):
+    for parts, threads in ((8, 256), (4, 256), (16, 256), (8, 512)):
         kt.PARTS, kt.THREADS = parts, threads
-        row = dict(parts=parts, threads=threads,
-                   hist0_ms=timed(lambda: kt.histogram(probs, seeds, tables, 0, CHUNK_BITS, 0, 10, FIXED_POINT)),
-                   hist2_ms=timed(lambda: kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT)),
-                   apply_ms=timed(lambda: kt.apply_tables(probs, seeds, tables, CHUNK_BITS, CHUNK_BITS)))
+        row = dict(parts=parts, threads=threads, **{name: timed(fn) for name, fn in variants.items()})
         rows.append(row)
-        print(f"kernels parts={parts} threads={threads}: histogram (0 tables) {row['hist0_ms']:.3f} ms, "
-              f"(2 tables) {row['hist2_ms']:.3f} ms, apply {row['apply_ms']:.3f} ms", flush=True)
+        print(f"kernels parts={parts} threads={threads}: "
+              + ", ".join(f"{name} {row[name]:.3f}" for name in variants) + " ms", flush=True)
     kt.PARTS, kt.THREADS = default
     copy_ms = timed(lambda: probs.clone())
     print(f"kernels: a copy of the float64 probabilities ({probs.numel() * 8 / 1e6:.0f} MB read + written) "

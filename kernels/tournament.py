@@ -29,6 +29,26 @@ THREADS = 256
 #: Blocks per row: 8 x 256 threads take ~63 tokens each at V = 128,256, and 296 rows give 2,368 blocks.
 PARTS = 8
 MAX_BINS = 1024
+#: Factor tables a block copies into shared memory first (24 KB; m <= 40 never has more): a lookup there is a shared
+#: load, where a lookup in global memory cost ~55 us a table a pass (296 x 128,256 on one H200, CUDA graph replays).
+CACHED_TABLES = 3
+_CACHE_SIZE = CACHED_TABLES * MAX_BINS  # a global constant: numba sizes shared arrays at compile time
+
+
+@cuda.jit(device=True)
+def _cache_tables(cache, tables, n_tables, row):
+    """Copy row's first min(n_tables, CACHED_TABLES) factor tables into the block's shared ``cache``."""
+    size = tables.shape[2]
+    for i in range(cuda.threadIdx.x, min(n_tables, CACHED_TABLES) * size, cuda.blockDim.x):
+        cache[i] = tables[i // size, row, i - (i // size) * size]
+
+
+@cuda.jit(device=True)
+def _factor(cache, tables, c, row, code):
+    """Table c's factor for ``code``: from shared memory when cached."""
+    if c < CACHED_TABLES:
+        return cache[c * tables.shape[2] + code]
+    return tables[c, row, code]
 
 
 @cuda.jit
@@ -36,11 +56,13 @@ def _histogram_kernel(probs, seeds, tables, n_tables, table_bits, start, width, 
     """partial[row, part, b] = sum over this block's tokens x of row with bits(x) = b of
     round(probs[row, x] * prod_c tables[c, row, chunk_c(x)] * fixed_point)."""
     bins = cuda.shared.array(MAX_BINS, int64)
+    cache = cuda.shared.array(_CACHE_SIZE, float64)
     row = cuda.blockIdx.y
     part = cuda.blockIdx.x
     n_bins = 1 << width
     for b in range(cuda.threadIdx.x, n_bins, cuda.blockDim.x):
         bins[b] = 0
+    _cache_tables(cache, tables, n_tables, row)
     cuda.syncthreads()
     seed = uint64(seeds[row])
     mask = uint64(n_bins - 1)
@@ -52,7 +74,7 @@ def _histogram_kernel(probs, seeds, tables, n_tables, table_bits, start, width, 
         h = prf(seed, x)
         mass = probs[row, x]
         for c in range(n_tables):  # chunk c holds layers c * table_bits .. (c + 1) * table_bits - 1
-            mass *= tables[c, row, int64((h >> uint64(64 - (c + 1) * table_bits)) & table_mask)]
+            mass *= _factor(cache, tables, c, row, int64((h >> uint64(64 - (c + 1) * table_bits)) & table_mask))
         cuda.atomic.add(bins, int64((h >> shift) & mask), int64(mass * fixed_point + float64(0.5)))
     cuda.syncthreads()
     for b in range(cuda.threadIdx.x, n_bins, cuda.blockDim.x):
@@ -63,7 +85,10 @@ def _histogram_kernel(probs, seeds, tables, n_tables, table_bits, start, width, 
 def _apply_kernel(probs, seeds, tables, n_tables, table_bits, last_bits, out):
     """out[row, x] = probs[row, x] * prod_c tables[c, row, chunk_c(x)]: chunk c holds table_bits layers from layer
     c * table_bits, the last chunk last_bits."""
+    cache = cuda.shared.array(_CACHE_SIZE, float64)
     row = cuda.blockIdx.y
+    _cache_tables(cache, tables, n_tables, row)
+    cuda.syncthreads()
     seed = uint64(seeds[row])
     vocab = probs.shape[1]
     stride = cuda.gridDim.x * cuda.blockDim.x
@@ -73,7 +98,7 @@ def _apply_kernel(probs, seeds, tables, n_tables, table_bits, last_bits, out):
         for c in range(n_tables):
             bits = table_bits if c < n_tables - 1 else last_bits
             code = (h >> uint64(64 - c * table_bits - bits)) & uint64((1 << bits) - 1)
-            mass *= tables[c, row, int64(code)]
+            mass *= _factor(cache, tables, c, row, int64(code))
         out[row, x] = mass
 
 

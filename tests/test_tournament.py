@@ -143,14 +143,14 @@ rows, vocab = 2, 700
 probs = torch.softmax(torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 3, -1)
 seeds = torch.randint(-2**62, 2**62, (rows,), generator=gen)
 hashes = prf.prf_t(seeds.unsqueeze(-1), torch.arange(vocab).unsqueeze(0))
-for n_tables, start, width in [(0, 0, 10), (1, 10, 10), (2, 20, 5)]:
+for n_tables, start, width in [(0, 0, 10), (1, 10, 10), (2, 20, 5), (4, 40, 10)]:  # 4: one table not cached
     tables = [torch.rand(rows, 1024, generator=gen, dtype=torch.float64) * 2 for _ in range(n_tables)]
     stacked = (torch.stack(tables) if tables else torch.ones(1, rows, 1024, dtype=torch.float64)).numpy()
     partial = np.zeros((rows, 3, 1 << width), dtype=np.int64)
     kernels._histogram_kernel[(3, rows), 32](probs.numpy(), seeds.numpy(), stacked, n_tables, 10, start, width,
                                              FIXED_POINT, partial)
     assert np.array_equal(partial.sum(1), scatter_histogram(probs, hashes, tables, start, width).numpy()), start
-for widths in [(10, 10, 10), (10, 7), (3,)]:
+for widths in [(10, 10, 10), (10, 7), (3,), (10, 10, 10, 10, 3)]:
     tables = [torch.rand(rows, 1 << w, generator=gen, dtype=torch.float64) * 2 for w in widths]
     padded = torch.stack([torch.nn.functional.pad(t, (0, 1024 - t.shape[-1]), value=1.0) for t in tables])
     out = np.zeros((rows, vocab))
@@ -163,7 +163,8 @@ print("ok")
 
 def test_cuda_kernels_equal_the_torch_passes_in_the_simulator():
     """The CUDA histogram and last pass (``mmw.kernels.tournament``), run by numba's CUDA simulator on a small
-    vocabulary with several blocks a row: bit-identical to the torch passes the CPU runs."""
+    vocabulary with several blocks a row, with factor tables cached in shared memory and beyond the cache:
+    bit-identical to the torch passes the CPU runs."""
     pytest.importorskip("numba")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": "ignore::RuntimeWarning"}
     result = subprocess.run([sys.executable, "-c", SIMULATED_KERNELS], env=env, capture_output=True, text=True,
