@@ -51,6 +51,11 @@ def _factor(cache, tables, c, row, code):
     return tables[c, row, code]
 
 
+def available() -> bool:
+    """True when numba sees a CUDA device."""
+    return cuda.is_available()
+
+
 @cuda.jit
 def _histogram_kernel(probs, seeds, tables, n_tables, table_bits, start, width, fixed_point, partial):
     """partial[row, part, b] = sum over this block's tokens x of row with bits(x) = b of

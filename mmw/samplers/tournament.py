@@ -134,6 +134,15 @@ def _(probs, seeds, tables, table_bits, last_bits):
     return torch.empty_like(probs)
 
 
+def _numba_cuda() -> bool:
+    """True when numba's CUDA target sees a device (asked once per ``prepare``, outside any compiled graph)."""
+    try:
+        from mmw.kernels.tournament import available  # the module imports numba's CUDA target as the image needs
+    except ImportError:
+        return False
+    return available()
+
+
 def chunk_tables(probs: torch.Tensor, layers: int, leaves: int, histogram, chunk_bits: int = CHUNK_BITS
                  ) -> list[torch.Tensor]:
     """Every chunk's factor table, one histogram pass each: ``histogram(tables, start, width)`` gives the current
@@ -178,9 +187,12 @@ class Tournament(Sampler, TournamentPart):
     def __init__(self, spec, key, vocab_size):
         super().__init__(spec, key, vocab_size)
         self.weights = self.weights_of(spec)
+        self._numba_passes = False
 
     def prepare(self, device):
         self.token_ids(device)
+        # The numba passes where numba sees the GPU; elsewhere torch's scatter_add_ (the same law, slower there).
+        self._numba_passes = torch.device(device).type == "cuda" and _numba_cuda()
 
     def choose(self, logits, seeds, temperature, plain_u):
         if temperature == 0:  # a one-hot distribution stays one-hot through every round
@@ -197,14 +209,16 @@ class Tournament(Sampler, TournamentPart):
 
     def law(self, logits, seeds, temperature, plain_rows=None):
         """The tournament winner's law float64 [B, V] (the model's own in ``plain_rows``). On a CUDA device with a
-        large vocabulary the histogram passes run in ``mmw.kernels.tournament`` (the PRF in the kernel)."""
+        large vocabulary the passes run in ``mmw.kernels.tournament`` (the PRF in the kernel) once ``prepare`` has
+        found numba's CUDA support."""
         probs = probabilities(logits, temperature)
         hashes = prf.prf_t(seeds.unsqueeze(-1), self.token_ids(logits.device).unsqueeze(0))
         layers, leaves = self.spec.layers, self.spec.leaves
         if probs.shape[-1] < CHUNKED_FROM_VOCAB:
             law = tournament_probs(probs, hashes, layers, leaves)
             return law if plain_rows is None else torch.where(plain_rows.unsqueeze(-1), probs, law)
-        if probs.is_cuda:
+        numba_passes = probs.is_cuda and self._numba_passes
+        if numba_passes:
             def histogram(tables, start, width):
                 stacked = torch.stack(tables) if tables else probs.new_ones(1, probs.shape[0], 1 << CHUNK_BITS)
                 return cuda_histogram(probs, seeds, stacked, len(tables), CHUNK_BITS, start, width)
@@ -214,7 +228,7 @@ class Tournament(Sampler, TournamentPart):
         tables = chunk_tables(probs, layers, leaves, histogram)
         if plain_rows is not None:  # unit factors: probs * 1.0 * ... is the model's law exactly
             tables = [torch.where(plain_rows.unsqueeze(-1), 1.0, table) for table in tables]
-        if probs.is_cuda:
+        if numba_passes:
             last = tables[-1].shape[-1]
             padded = tables[:-1] + [torch.nn.functional.pad(tables[-1], (0, (1 << CHUNK_BITS) - last), value=1.0)]
             return cuda_apply(probs, seeds, torch.stack(padded), CHUNK_BITS, last.bit_length() - 1)
