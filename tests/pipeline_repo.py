@@ -10,6 +10,7 @@ command that relies on the caller's PATH to find ``mmw`` fails here as it fails 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 #: The environment's bin directory: its `dvc` and `mmw` are run by path, never found through PATH.
@@ -142,25 +144,45 @@ class TracedRun:
     seconds: float  # wall time of the dvc repro
 
 
-_TRACED: dict[str, TracedRun] = {}
-
-
 def traced_tiny_pipeline(base: Path) -> TracedRun:
-    """Build the tiny pipeline under ``base`` once per test session (test_dvc and test_deps share it), run
-    ``.venv/bin/dvc repro`` traced, and commit the result (the run experiments compare with)."""
-    if "run" not in _TRACED:
-        base.mkdir(parents=True, exist_ok=True)
-        repo = make_pipeline_repo(base / "pipeline", tiny_board())
-        traces = base / "traces"
-        traces.mkdir()
-        started = time.perf_counter()
-        completed = run(repo, ".venv/bin/dvc", "repro",
-                        env={"PYTHONPATH": str(DEPTRACE), "MMW_DEPTRACE": str(traces)})
-        seconds = time.perf_counter() - started
-        run(repo, "git", "add", "-A")
-        run(repo, "git", "commit", "-qm", "baseline run")
-        _TRACED["run"] = TracedRun(repo, traces, completed.stdout + completed.stderr, seconds)
-    return _TRACED["run"]
+    """The tiny pipeline after one traced ``.venv/bin/dvc repro`` from scratch, committed (the run experiments
+    compare with), built once per test session and shared read-only by test_dvc, test_deps and test_selection.
+
+    ``base`` is a folder in the process's temporary root (``getbasetemp() / name``). Under pytest-xdist every worker
+    gets the one run, built by the first to ask, in the session's shared root (the parent of the workers' roots),
+    under a file lock: the others wait for it instead of running the same pipeline beside it on the same cores.
+    Readers never change it: a test that runs experiments works in a :func:`clone_pipeline` of it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent.parent / base.name
+    base.mkdir(parents=True, exist_ok=True)
+    record = base / "run.json"
+    with FileLock(base / "build.lock"):
+        if not record.is_file():
+            for partial in (base / "pipeline", base / "traces"):  # an earlier build in this session that failed
+                shutil.rmtree(partial, ignore_errors=True)
+            repo = make_pipeline_repo(base / "pipeline", tiny_board())
+            traces = base / "traces"
+            traces.mkdir()
+            started = time.perf_counter()
+            completed = run(repo, ".venv/bin/dvc", "repro",
+                            env={"PYTHONPATH": str(DEPTRACE), "MMW_DEPTRACE": str(traces)})
+            seconds = time.perf_counter() - started
+            run(repo, "git", "add", "-A")
+            run(repo, "git", "commit", "-qm", "baseline run")
+            made = record.with_suffix(".tmp")
+            made.write_text(json.dumps({"output": completed.stdout + completed.stderr, "seconds": seconds}))
+            os.replace(made, record)
+    saved = json.loads(record.read_text())
+    return TracedRun(base / "pipeline", base / "traces", saved["output"], saved["seconds"])
+
+
+def clone_pipeline(source: Path, dest: Path) -> Path:
+    """A copy of the pipeline repository ``source`` (work tree, git history, DVC cache and run-cache, the stage
+    timings) in the new directory ``dest``, with its own ``.venv`` (:func:`make_venv`): the same committed run in a
+    repository of its own, to change without touching ``source`` (~10 s instead of a ``dvc repro``)."""
+    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(".venv"))
+    make_venv(dest)
+    return dest
 
 
 #: Two CPU configs at the tiny board's scale for real sweep tests (tests/test_sweep.py, tests/test_ray.py): distribution

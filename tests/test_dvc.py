@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline_repo import REPO, TracedRun, copy_checkout, plain_shell_env, run, stages_run, stages_skipped, \
-    traced_tiny_pipeline
+from pipeline_repo import REPO, TracedRun, clone_pipeline, copy_checkout, plain_shell_env, run, stages_run, \
+    stages_skipped, traced_tiny_pipeline
 
 pytestmark = pytest.mark.heavy
 
@@ -35,8 +35,9 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
 
 
 @pytest.fixture(scope="module")
-def pipeline(traced: TracedRun) -> Path:
-    return traced.repo
+def pipeline(traced: TracedRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The traced run in a repository of this file's own: its experiments never reach the shared run."""
+    return clone_pipeline(traced.repo, tmp_path_factory.mktemp("dvc") / "pipeline")
 
 
 def _run(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 import pytest
 import yaml
-from pipeline_repo import BIN, make_pipeline_repo, run, tiny_board
+from pipeline_repo import BIN, clone_pipeline, run, traced_tiny_pipeline
 
 from mmw.errors import SpecError
 from mmw.reporting.selection import selection_markdown
@@ -374,15 +374,12 @@ def test_experiments_are_read_from_a_real_dvc_repo_without_the_key(tmp_path: Pat
 
 
 @pytest.mark.heavy
-def test_select_on_the_real_pipeline(tmp_path: Path) -> None:
-    """`dvc repro` + two `dvc exp run -S scheme.delta=...` of the real tiny pipeline, then `mmw select`."""
-    key = "selection-test-key-51c2e9"
-    board = tiny_board()
-    board["key"] = key
-    repo = make_pipeline_repo(tmp_path / "pipeline", board)
-    run(repo, "dvc", "repro")
-    run(repo, "git", "add", "-A")
-    run(repo, "git", "commit", "-qm", "baseline run")
+def test_select_on_the_real_pipeline(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The session's real tiny pipeline run (its `dvc repro`, committed) + two `dvc exp run -S scheme.delta=...`,
+    then `mmw select`."""
+    traced = traced_tiny_pipeline(tmp_path_factory.getbasetemp() / "tiny-pipeline")
+    repo = clone_pipeline(traced.repo, tmp_path / "pipeline")
+    key = yaml.safe_load((repo / "params.yaml").read_text())["key"]
     for delta in ("2.5", "1.0"):
         run(repo, "dvc", "exp", "run", "-S", f"scheme.delta={delta}")
     _check_select(repo, key)
