@@ -29,7 +29,7 @@ PREFLIGHT_TEXT = 48
 
 class SyntheticModel:
     """A :class:`mmw.plugins.DetectionModel` without a model: random logits (normal, sd 3) per position, a function
-    of the prefix, so a model-aware detector can be checked without loading the generator."""
+    of the position and the previous token, so a model-aware detector can be checked without loading weights."""
 
     model = None
     tokenizer = None
