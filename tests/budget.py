@@ -65,11 +65,12 @@ def over_budget(counts: dict[str, int], budget: dict[str, Any]) -> list[str]:
 
 def collect_counts() -> dict[str, int]:
     """Tests per file, as the README's command collects them (one process; no test runs)."""
-    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider"],
-                            cwd=REPO, capture_output=True, text=True, timeout=900)
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider"]
+    listed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     ids = [line for line in listed.stdout.splitlines() if "::" in line and not line.startswith(" ")]
     if listed.returncode != 0 or not ids:
-        sys.exit(f"budget: collection failed (exit {listed.returncode}):\n{listed.stdout[-3000:]}{listed.stderr[-3000:]}")
+        sys.exit(f"budget: collection failed (exit {listed.returncode}):\n"
+                 f"{listed.stdout[-3000:]}{listed.stderr[-3000:]}")
     return dict(Counter(file_of(nodeid) for nodeid in ids))
 
 
