@@ -13,6 +13,7 @@ tests/test_sandbox_escapes.py copied into it) to measure that one. Parts:
 * cheat: the suite's generic cheat (an answer that attempts no task and copies expected results from whatever it
   can reach) as the answer to each HumanEval problem, through ``run_tests`` with the quality stage's limits.
 * canonical: each problem's canonical solution through the same harness (all must pass).
+* early kills (``--early N``): the caller SIGKILLed 0-38 ms into ``run_python``, N times; what is left 3 s later.
 * fill: MiB of 1 MiB files a program with the hook off lands in each directory it tries.
 * cost: wall time per call of ``run_python("print(1)")`` and of ``run_tests`` on HumanEval/0's canonical solution,
   ``--runs`` each, interleaved, also with another version of mmw/sandbox.py (``--against FILE``); median and
@@ -21,10 +22,14 @@ tests/test_sandbox_escapes.py copied into it) to measure that one. Parts:
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib.util
 import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -109,6 +114,42 @@ def escape_table() -> list[tuple[str, list[bool | None]]]:
             killed.append(bool(left or directories))
         rows.append(("caller SIGKILLed midway (program or directory left)", [None, *killed]))
     return rows
+
+
+#: Starts run_python on a sleeping program and says "go" just before the call (argv[1]: where mmw is).
+EARLY_CALLER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from mmw.sandbox import SandboxLimits, isolation, run_python
+isolation("bwrap")
+print("go", flush=True)
+run_python("import time\\ntime.sleep(60)", SandboxLimits(timeout_s=120))
+"""
+
+
+def early_kills(trials: int) -> dict[str, int]:
+    """Kill the caller 0, 2, 4, ... ms after it says "go" (``trials`` times, cycling over 0-38 ms); 3 s later count
+    what is left of each run: a live interpreter (the program or its runner), a live bubblewrap (a setup process
+    that never reached the program), or nothing (zombies, which run nothing, do not count)."""
+    counts = {"program left running": 0, "bubblewrap setup process left": 0, "nothing left": 0}
+    for trial in range(trials):
+        caller = subprocess.Popen([sys.executable, "-c", EARLY_CALLER, str(REPO)], stdout=subprocess.PIPE,
+                                  text=True)
+        caller.stdout.readline()
+        time.sleep((trial % 20) * 0.002)
+        caller.kill()
+        caller.wait()
+        time.sleep(3)
+        listing = subprocess.run(["ps", "-ww", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
+        left = [line.split(None, 2) for line in listing.splitlines() if "sys.addaudithook(_hook)" in line]
+        left = [(int(pid), args) for pid, stat, args in left if not stat.startswith("Z")]
+        kind = "nothing left" if not left else "program left running" if any(
+            not args.startswith(("bwrap", "/usr/bin/bwrap")) for _, args in left) else "bubblewrap setup process left"
+        counts[kind] += 1
+        for pid, _ in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return counts
 
 
 def unsafe_count() -> tuple[int, int]:
@@ -204,7 +245,8 @@ def _mark(cell: bool | None) -> str:
 def main(runs: int = typer.Option(40, help="calls per kind for the cost"),
          problems: int = typer.Option(164, help="HumanEval problems for the cheat and the canonical solutions"),
          skip_escapes: bool = typer.Option(False, help="only the cheat, the canonical solutions and the cost"),
-         against: Path = typer.Option(None, help="another version of mmw/sandbox.py to time interleaved")) -> None:
+         against: Path = typer.Option(None, help="another version of mmw/sandbox.py to time interleaved"),
+         early: int = typer.Option(0, help="also kill the caller this many times in its first 40 ms")) -> None:
     print(f"isolation: {isolation().describe()}")
     if not skip_escapes:
         rows = escape_table()
@@ -216,6 +258,8 @@ def main(runs: int = typer.Option(40, help="calls per kind for the cost"),
             print(f"{column}: {sum(tried)} of {len(tried)} got through")
         print("unsafe mode (root, hook on and off): {1} of {0} got through".format(*unsafe_count()))
         print(f"filesystem fill (MiB written per directory, 1 MiB files): {fill()}")
+    if early:
+        print(f"caller killed 0-38 ms into run_python, {early} times: {early_kills(early)}")
     passed, total, seconds = humaneval(lambda problem: CHEAT, problems)
     print(f"\ngeneric cheat: passed {passed} of {total} HumanEval problems ({seconds:.0f} s)")
     solutions = canonical_solutions()

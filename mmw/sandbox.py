@@ -69,10 +69,18 @@ MODES = ("bwrap", "unsafe")
 SETTING = "quality.sandbox"
 INSTALL = "apt-get install bubblewrap (as root), or your distribution's bubblewrap package"
 
-#: The runner: executed by the sandboxed interpreter with argv = [memory_bytes, cpu_s, file_bytes]. It limits
-#: itself, installs the audit hook, then runs ``program.py`` from its working directory as ``__main__``.
+#: The runner: executed by the sandboxed interpreter with argv = [memory_bytes, cpu_s, file_bytes, ..., lifeline_fd].
+#: It ends at once if its caller is gone, limits itself, installs the audit hook, then runs ``program.py`` from its
+#: working directory as ``__main__``.
 PRELUDE = r"""
-import os, resource, sys
+import os, resource, select, sys
+# The caller holds the only write end of the lifeline (argv[-1]): it reads as ready (end of file) once the caller
+# is gone. The parent-death signal that ties this process to the caller was set before this line runs; if the
+# caller died before that, it never comes, and this check ends the run instead.
+_lifeline = int(sys.argv[-1])
+if select.select([_lifeline], [], [], 0)[0]:
+    os._exit(1)
+os.close(_lifeline)
 def _limit(which, value):
     resource.setrlimit(which, (value, value))
 memory, cpu, fsize = (int(v) for v in sys.argv[1:4])
@@ -116,14 +124,14 @@ def _program():
     return names
 """
 
-#: The runner of :func:`run_python` (argv = [memory_bytes, cpu_s, file_bytes]): it limits itself, installs the
-#: audit hook, then runs ``program.py`` from its working directory as ``__main__``.
+#: The runner of :func:`run_python` (argv = [memory_bytes, cpu_s, file_bytes, lifeline_fd]): it limits itself,
+#: installs the audit hook, then runs ``program.py`` from its working directory as ``__main__``.
 RUNNER = PRELUDE + r"""
 _limit_all()
 _program()
 """
 
-#: The runner of :func:`run_tests` (argv = [memory_bytes, cpu_s, file_bytes, tests_fd]). The sandbox's PID 1 is
+#: The runner of :func:`run_tests` (argv = [memory_bytes, cpu_s, file_bytes, tests_fd, lifeline_fd]). PID 1 is
 #: the trusted harness. It makes itself non-dumpable (so its own user cannot open /proc/1/mem or /proc/1/fd) and
 #: forks the program's process *before* it reads anything of the problem: the program's process closes the tests'
 #: descriptor first thing, so no memory, descriptor, file or environment it starts from holds the tests, the
@@ -418,10 +426,11 @@ def mount_point(python: str) -> str:
                              f"to mount its private directory; create /mnt, or set {SETTING}: unsafe", MODES)
 
 
-def command(where: Isolation, limits: SandboxLimits, argv: list[str], fds: Descriptors | None = None) -> list[str]:
-    """The full command that runs ``python argv`` for ``where``; under bubblewrap (``fds`` required) the program's
-    directory is a fresh tmpfs holding ``program.py`` from ``fds.program``, in the ``unsafe`` mode the caller's
-    working directory."""
+def command(where: Isolation, limits: SandboxLimits, argv: list[str], fds: Descriptors | None = None,
+            caller: int = 0) -> list[str]:
+    """The full command that runs ``python argv`` for ``where``; under bubblewrap (``fds`` and ``caller``, the pid
+    of the process that starts it, required) the program's directory is a fresh tmpfs holding ``program.py`` from
+    ``fds.program``, in the ``unsafe`` mode the caller's working directory."""
     if where.mode != "bwrap":
         return [*where.prefix, where.python, *argv]
     if fds is None:
@@ -442,7 +451,11 @@ def command(where: Isolation, limits: SandboxLimits, argv: list[str], fds: Descr
     ]
     # A private mount namespace (a user namespace first when not root) in which a tmpfs with a size and an inode
     # limit becomes the program's directory; bubblewrap itself cannot set an inode limit.
-    drop = ["setpriv", "--no-new-privs"]
+    # The chain is one process (each step execs the next) whose parent is the caller. It dies with the caller from
+    # its first step on: setpriv sets the parent-death signal before anything else runs, the shell checks that
+    # the caller was still its parent after that (so a caller killed before it had no chance to leave a program
+    # running), and the second setpriv sets the signal again after its change of user, which clears it.
+    drop = ["setpriv", "--no-new-privs", "--pdeathsig", "KILL"]
     if os.geteuid() == 0:
         nobody = pwd.getpwnam(NOBODY)
         drop += [f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
@@ -450,8 +463,9 @@ def command(where: Isolation, limits: SandboxLimits, argv: list[str], fds: Descr
     else:
         namespace = ["unshare", "--map-root-user", "--mount", "--propagation", "private"]
     options = f"size={limits.disk_mb}m,nr_inodes={limits.max_files + 2},mode=0777"
-    script = 'mount -t tmpfs -o "$1" mmw-sandbox "$0" && shift && exec "$@"'
-    return [*namespace, "--", "/bin/sh", "-c", script, box, options, *drop, *bwrap]
+    script = '[ "$PPID" = "$2" ] && mount -t tmpfs -o "$1" mmw-sandbox "$0" && shift 2 && exec "$@"'
+    return ["setpriv", "--pdeathsig", "KILL", "--", *namespace, "--", "/bin/sh", "-c", script, box, options,
+            str(caller), *drop, *bwrap]
 
 
 def _prepare(where: Isolation, source: str) -> Path:
@@ -554,6 +568,17 @@ def _execute(where: Isolation, source: str, limits: SandboxLimits, argv: list[st
     """Run ``python argv`` on ``source`` under ``where``; under bubblewrap, afterwards, kill whatever of the run is
     still alive in its PID namespace and record such a run as ``failed``."""
     started = time.perf_counter()
+    # The lifeline: the read end goes to the runner, the write end stays here (not inherited), open until the end.
+    lifeline, lifeline_write = os.pipe()
+    try:
+        return _execute_with(where, source, limits, [*argv, str(lifeline)], (*extra_fds, lifeline), started)
+    finally:
+        os.close(lifeline)
+        os.close(lifeline_write)
+
+
+def _execute_with(where: Isolation, source: str, limits: SandboxLimits, argv: list[str], extra_fds: tuple[int, ...],
+                  started: float) -> SandboxResult:
     if where.mode != "bwrap":
         workdir = _prepare(where, source)
         try:
@@ -573,7 +598,7 @@ def _execute(where: Isolation, source: str, limits: SandboxLimits, argv: list[st
         os.set_blocking(info_read, False)
         with _unnamed(source) as program:
             fds = Descriptors(seccomp_read, info_write, program, extra_fds)
-            chain = command(where, limits, argv, fds)
+            chain = command(where, limits, argv, fds, os.getpid())
             handed_over = (seccomp_read, info_write)
             for fd in handed_over:  # _launch closes them once bubblewrap holds them
                 pipes.remove(fd)

@@ -486,6 +486,16 @@ def test_a_refused_attempt_is_a_failed_answer_with_its_reason_and_changes_nothin
                      LIMITS).passed
 
 
+def test_a_chain_whose_caller_is_gone_before_it_starts_runs_nothing(monkeypatch):
+    """The chain ties itself to its parent first, then checks that the parent is its caller: started on behalf of
+    a caller that is not its parent (as after a caller killed in its first milliseconds, when the chain has been
+    handed to init), it stops before the program runs."""
+    isolation(LIMITS.mode)  # probed with the real caller
+    monkeypatch.setattr(sandbox.os, "getpid", lambda: 1)
+    result = run_python("print('ran')", LIMITS)
+    assert result.status == "failed" and "ran" not in result.stdout, result
+
+
 # --- The filter compares the bits the kernel reads -----------------------------------------------------------------
 
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
