@@ -16,7 +16,8 @@ The boundary is the operating system, not the program's cooperation (``MODES``, 
   run leaves no name on the host, even when its caller is killed. The program runs as ``nobody`` (as root, the
   whole chain drops to the host's ``nobody`` first), with ``no_new_privs``, no capabilities, its own session. It
   is the namespace's PID 1 and bubblewrap dies with the caller: the parent-death signal, which the filter keeps
-  the program from clearing, kills PID 1 from outside and the kernel the rest of the namespace with it. The root
+  the program from clearing, kills PID 1 from outside and the kernel the rest of the namespace with it (and a
+  runner whose caller died before that signal was set ends at once, seeing its lifeline pipe closed). The root
   is read-only, nested user namespaces are off, a seccomp filter (``DENIED_SYSCALLS``, ``ARGUMENT_RULES``: no
   sockets of any family) is loaded before it starts, and after the run nothing may be left in its PID namespace.
 * ``unsafe``: an explicit opt-in for machines without bubblewrap (recorded in reports/quality.json): the older
