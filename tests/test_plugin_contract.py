@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
     ("nan", "scheme.plugin (nan): the processor returned NaN or +inf scores"),
     ("badp", "scheme.plugin (badp): the detector returned a p-value outside [0, 1] (1.5 at prefix 1)"),
     ("nonull", "scheme.plugin (nonull): the detector returned per-token pivots without a declared null"),
+    ("mismatch", "scheme.plugin (mismatch): the detector returned PrefixPValues while the plugin's no_pivot_reason "
+                 "says it returns Pivots"),
 ])
 def test_the_contract_check_refuses_each_broken_rule_in_one_line(fake_dist, name, problem):
     with pytest.raises(SpecError) as err:

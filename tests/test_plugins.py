@@ -117,6 +117,11 @@ class BadPValues(Toy):
         return BadDetector(lambda n: PrefixPValues(np.full(n, 1.5)))
 
 
+class PValuesAnnouncedAsPivots(Toy):
+    def detector(self, params, key, vocab_size):
+        return BadDetector(lambda n: PrefixPValues(np.full(n, 0.5)))
+
+
 class NoNull(Toy):
     def detector(self, params, key, vocab_size):
         return BadDetector(lambda n: Pivots(np.zeros(n), np.ones(n, dtype=np.int64), None))
@@ -132,6 +137,7 @@ shape = mmw_fake_watermarks:ShapeChanger
 nan = mmw_fake_watermarks:NaNs
 badp = mmw_fake_watermarks:BadPValues
 nonull = mmw_fake_watermarks:NoNull
+mismatch = mmw_fake_watermarks:PValuesAnnouncedAsPivots
 broken = mmw_fake_watermarks_broken:Anything
 notplugin = mmw_fake_watermarks:not_a_plugin
 """
