@@ -38,7 +38,7 @@ class _Commands(TyperGroup):
     #: command -> the module whose ``app`` (a Typer app) defines it, in the order ``mmw --help`` lists them.
     LAZY = {"timings": "mmw.commands", "install-argos": "mmw.commands", "select": "mmw.commands",
             "sweep": "mmw.sweep.cli", "report": "mmw.commands", "plots-template": "mmw.commands",
-            "verify": "mmw.commands", "plugin": "mmw.commands"}
+            "verify": "mmw.commands", "exps": "mmw.commands", "plugin": "mmw.commands"}
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         return [*super().list_commands(ctx), *self.LAZY]

@@ -156,6 +156,16 @@ def verify(ctx: typer.Context) -> None:
     verify_app(ctx.args, prog_name="mmw verify")
 
 
+@app.command("exps", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def exps(ctx: typer.Context) -> None:
+    """The experiments side by side in the terminal's width: the params that differ and the headline metrics
+    (`--width N`; other options pass to `dvc exp show`)."""
+    from mmw.reporting.exps import main as exps_main
+
+    raise typer.Exit(exps_main(ctx.args))
+
+
 plugin_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
                          help="Outside watermarks as plugins (docs/PLUGINS.md).")
 app.add_typer(plugin_app, name="plugin")

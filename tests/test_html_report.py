@@ -671,7 +671,7 @@ def test_experiments_table_fits_80_columns_and_shows_what_differs(tmp_path: Path
                     ["git", "commit", "-qm", "base"],
                     ["dvc", "exp", "run", "-q", "-S", "scheme.plugin_params.depth=10", "-n", "depth-ten"]):
         subprocess.run(command, cwd=repo, env=env, check=True, capture_output=True, timeout=300)
-    done = subprocess.run([str(bin_dir / "python"), "-m", "mmw.reporting.exps", "--width", "80"], cwd=repo, env=env,
+    done = subprocess.run([str(bin_dir / "mmw"), "exps", "--width", "80"], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
