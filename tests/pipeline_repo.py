@@ -140,25 +140,28 @@ class TracedRun:
 
     repo: Path
     traces: Path  # <stage>-<pid>.json per stage process (tests/deptrace)
+    pristine: Path  # a copy of ``repo`` (no venv) taken right after the commit, which nothing changes
     output: str  # dvc repro's stdout + stderr
     seconds: float  # wall time of the dvc repro
 
 
 def traced_tiny_pipeline(base: Path) -> TracedRun:
     """The tiny pipeline after one traced ``.venv/bin/dvc repro`` from scratch, committed (the run experiments
-    compare with), built once per test session and shared read-only by test_dvc, test_deps and test_selection.
+    compare with), built once per test session and shared by test_dvc, test_deps, test_selection and test_plugins.
 
     ``base`` is a folder in the process's temporary root (``getbasetemp() / name``). Under pytest-xdist every worker
     gets the one run, built by the first to ask, in the session's shared root (the parent of the workers' roots),
     under a file lock: the others wait for it instead of running the same pipeline beside it on the same cores.
-    Readers never change it: a test that runs experiments works in a :func:`clone_pipeline` of it."""
+    A test that runs experiments works in a :func:`clone_pipeline` of ``pristine``, a copy taken right after the
+    commit that nothing changes (``repo`` itself may be in the middle of another worker's experiment: the stage
+    traces name its paths, so the trace readers keep it)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent.parent / base.name
     base.mkdir(parents=True, exist_ok=True)
     record = base / "run.json"
     with FileLock(base / "build.lock"):
         if not record.is_file():
-            for partial in (base / "pipeline", base / "traces"):  # an earlier build in this session that failed
+            for partial in (base / "pipeline", base / "traces", base / "pristine"):  # left by a build that failed
                 shutil.rmtree(partial, ignore_errors=True)
             repo = make_pipeline_repo(base / "pipeline", tiny_board())
             traces = base / "traces"
@@ -169,11 +172,12 @@ def traced_tiny_pipeline(base: Path) -> TracedRun:
             seconds = time.perf_counter() - started
             run(repo, "git", "add", "-A")
             run(repo, "git", "commit", "-qm", "baseline run")
+            shutil.copytree(repo, base / "pristine", symlinks=True, ignore=shutil.ignore_patterns(".venv"))
             made = record.with_suffix(".tmp")
             made.write_text(json.dumps({"output": completed.stdout + completed.stderr, "seconds": seconds}))
             os.replace(made, record)
     saved = json.loads(record.read_text())
-    return TracedRun(base / "pipeline", base / "traces", saved["output"], saved["seconds"])
+    return TracedRun(base / "pipeline", base / "traces", base / "pristine", saved["output"], saved["seconds"])
 
 
 def clone_pipeline(source: Path, dest: Path) -> Path:

@@ -37,7 +37,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
 @pytest.fixture(scope="module")
 def pipeline(traced: TracedRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The traced run in a repository of this file's own: its experiments never reach the shared run."""
-    return clone_pipeline(traced.repo, tmp_path_factory.mktemp("dvc") / "pipeline")
+    return clone_pipeline(traced.pristine, tmp_path_factory.mktemp("dvc") / "pipeline")
 
 
 def _run(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:

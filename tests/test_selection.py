@@ -378,7 +378,7 @@ def test_select_on_the_real_pipeline(tmp_path: Path, tmp_path_factory: pytest.Te
     """The session's real tiny pipeline run (its `dvc repro`, committed) + two `dvc exp run -S scheme.delta=...`,
     then `mmw select`."""
     traced = traced_tiny_pipeline(tmp_path_factory.getbasetemp() / "tiny-pipeline")
-    repo = clone_pipeline(traced.repo, tmp_path / "pipeline")
+    repo = clone_pipeline(traced.pristine, tmp_path / "pipeline")
     key = yaml.safe_load((repo / "params.yaml").read_text())["key"]
     for delta in ("2.5", "1.0"):
         run(repo, "dvc", "exp", "run", "-S", f"scheme.delta={delta}")
