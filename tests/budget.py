@@ -113,7 +113,7 @@ def machine() -> str:
 def table(budget: dict[str, Any]) -> str:
     files = budget["files"]
     total = sum(entry["seconds"] or 0.0 for entry in files.values())
-    lines = ["| file | tests | seconds alone, one process |", "|---|---:|---:|"]
+    lines = ["| file | tests | seconds |", "|---|---:|---:|"]
     for name, entry in sorted(files.items(), key=lambda item: -(item[1]["seconds"] or 0.0)):
         seconds = "not timed" if entry["seconds"] is None else f"{entry['seconds']:,.1f}"
         lines.append(f"| {name} | {entry['tests']} | {seconds} |")
