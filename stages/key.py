@@ -32,7 +32,7 @@ def run(params_path: Path) -> None:
         params = load_board(params_path)
         key = resolve_key(params.key)
         if params.scheme.is_plugin:
-            from mmw.plugins.contract import check_contract
+            from mmw.plugin_contract import check_contract
             from mmw.stages.common import load_generator_vocabulary
 
             _, vocab_size = load_generator_vocabulary(params.model)

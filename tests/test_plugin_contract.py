@@ -1,4 +1,4 @@
-"""The plugin contract as types and checks (``mmw.plugins``, ``mmw.plugins.contract``), the scaffold
+"""The plugin contract as types and checks (``mmw.plugins``, ``mmw.plugin_contract``), the scaffold
 (``mmw plugin new``), plugin parameters given as a string, and a model-aware detector (``sweet_kgw``).
 
 The in-test plugins are test_plugins.py's (a fake installed distribution); the scaffold's package is installed for
@@ -21,7 +21,7 @@ from mmw import plugins
 from mmw.errors import SpecError
 from mmw.plugin_detection import PluginSchemeDetector, SyntheticModel, build_detector
 from mmw.plugins import DetectionModel, PluginLogitsProcessor, spread_candidates
-from mmw.plugins.contract import check_contract, check_plugin
+from mmw.plugin_contract import check_contract, check_plugin
 from mmw.plugins.sweet import entropies
 from mmw.scheme import SchemeSpec
 from test_plugins import ALPHA, KEY, V, fake_dist, plugin_spec, synthetic_generate, upper_limit  # noqa: F401

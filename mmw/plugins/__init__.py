@@ -31,7 +31,7 @@ The whole contract (docs/PLUGINS.md has it with examples):
   temperature`` and spread its candidates back with :func:`spread_candidates`;
 - pivots count evidence downwards: a green token is -1, a Gumbel/exponential draw is -r (``Pivots``);
 - a detector with ``needs_model = True`` receives the generator and its tokenizer (:class:`DetectionModel`);
-- ``mmw.plugins.contract.check_contract`` runs all of this on a tiny synthetic batch; the ``key`` stage runs it
+- ``mmw.plugin_contract.check_contract`` runs all of this on a tiny synthetic batch; the ``key`` stage runs it
   before any work, and ``mmw plugin new`` writes a package whose test runs it.
 
 This module is light (pydantic, numpy, scipy): validation loads the plugin's class, never its heavy

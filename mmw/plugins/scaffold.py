@@ -149,7 +149,7 @@ import numpy as np
 from scipy import stats
 
 from mmw.plugin_detection import PluginSchemeDetector, SyntheticModel
-from mmw.plugins.contract import check_plugin
+from mmw.plugin_contract import check_plugin
 
 ALPHA = 0.02
 
