@@ -1,4 +1,4 @@
-"""The anytime size (mixture e-process, ``mmw.size``): validity, power by betting grid, speed. Prints Markdown
+"""The anytime size (mixture e-process, ``mmw.watermark.size``): validity, power by betting grid, speed. Prints Markdown
 tables for bench/RESULTS.md.
 
 ``--validity``: any-prefix false-positive rate of the e-process on ``--sequences`` simulated sequences of ``--units``
@@ -27,10 +27,10 @@ import numpy as np
 import typer
 
 from mmw.calibration import binomial_band, generate_synthetic, null_sequences, uniform_subset_model
-from mmw.detector import Detector
-from mmw.prf import key_from_string
-from mmw.scheme import SchemeSpec
-from mmw.size import ANYTIME_GRID, anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold
+from mmw.watermark.detector import Detector
+from mmw.watermark.prf import key_from_string
+from mmw.watermark.scheme import SchemeSpec
+from mmw.watermark.size import ANYTIME_GRID, anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold
 
 from fpr import SCHEMES as FPR_SCHEMES, _median, _results  # noqa: E402  (bench/ is the script's directory)
 

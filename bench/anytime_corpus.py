@@ -45,10 +45,10 @@ import numpy as np
 import typer
 from scipy import stats
 
-from mmw.detector import Detector
+from mmw.watermark.detector import Detector
 from mmw.io import read_json, write_json, write_with
-from mmw.prf import key_from_string, prf_int
-from mmw.scheme import SchemeSpec
+from mmw.watermark.prf import key_from_string, prf_int
+from mmw.watermark.scheme import SchemeSpec
 from mmw.stages.common import generator_vocab_size
 
 from fpr import SCHEMES  # noqa: E402  (bench/ is the script's directory)

@@ -22,13 +22,13 @@ import numpy as np
 import torch
 import typer
 
-from mmw.detector import Detector
+from mmw.watermark.detector import Detector
 from mmw.engines.generate import generate
 from mmw.engines.models import load_model
 from mmw.io import write_json
-from mmw.prf import key_from_string
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.prf import key_from_string
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 from mmw.stages.common import generator_vocab_size
 from mmw.sweep.race_bounds import median_bounds
 from mmw.tasks import build_prompts, render_chat

@@ -20,8 +20,8 @@ from mmw.engines.generate import generate
 from mmw.engines.models import load_model
 from mmw.keys import resolve_key
 from mmw.params import load_params
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 from mmw.stages.common import generator_vocab_size
 from mmw.tasks import build_prompts, render_chat
 

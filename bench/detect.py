@@ -56,14 +56,14 @@ _kernels_importable()
 from mmw.kernels import cuda as cuda_twin  # noqa: E402  (first: it shims numpy 2.5 for numba-cuda)
 from numba import cuda, float64, uint64  # noqa: E402
 
-from mmw.detector import Detector  # noqa: E402
+from mmw.watermark.detector import Detector  # noqa: E402
 from mmw.kernels.prf import prf  # noqa: E402
 from mmw.kernels.stats import EXPONENTIAL, token_statistic  # noqa: E402
 from mmw.kernels.backend import NumbaBackend  # noqa: E402
-from mmw.prf import key_from_string  # noqa: E402
-from mmw.randomness import RandomnessSource  # noqa: E402
-from mmw.samplers import build_sampler  # noqa: E402
-from mmw.scheme import SchemeSpec  # noqa: E402
+from mmw.watermark.prf import key_from_string  # noqa: E402
+from mmw.watermark.randomness import RandomnessSource  # noqa: E402
+from mmw.watermark.samplers import build_sampler  # noqa: E402
+from mmw.watermark.scheme import SchemeSpec  # noqa: E402
 
 app = typer.Typer(add_completion=False, help=__doc__.split("\n\n")[0])
 

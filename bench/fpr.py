@@ -7,7 +7,7 @@ deployment sees on text that shares n-grams: correlated verdicts). Prints a Mark
     python bench/fpr.py --sequences 2000
 
 ``--size`` prints instead the size tables of docs/SIZE.md: on null texts, the full-text FPR next to the any-prefix
-rate of the paper's E (first crossing) and of the valid size (checkpoint grid, ``mmw.size``); on synthetic
+rate of the paper's E (first crossing) and of the valid size (checkpoint grid, ``mmw.watermark.size``); on synthetic
 watermarked text (a model that is uniform over ``support`` random tokens per step: entropy log(support)), the
 share detected and median size of each (the power lost to a controlled FPR).
 
@@ -29,10 +29,10 @@ import typer
 from mmw.audit import audit_keys, key_spread
 from mmw.calibration import (binomial_band, false_positive_rate, generate_synthetic, null_sequences,
                              uniform_subset_model)
-from mmw.detector import Detector
-from mmw.prf import key_from_string, prf_int
-from mmw.scheme import SchemeSpec
-from mmw.size import checkpoint_grid
+from mmw.watermark.detector import Detector
+from mmw.watermark.prf import key_from_string, prf_int
+from mmw.watermark.scheme import SchemeSpec
+from mmw.watermark.size import checkpoint_grid
 
 SCHEMES = {
     "C4 shift, window 1, sum": dict(sampler="distribution_shift", delta=2.0, randomness="window", window=1, score="sum"),

@@ -23,9 +23,9 @@ import typer
 from mmw.engines.generate import generate
 from mmw.engines.models import DEFAULT_MODEL, load_model
 from mmw.io import write_json
-from mmw.judge import Judge
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.judge.judge import Judge
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 from mmw.tasks import build_prompts, render_chat
 
 SCHEMES = {

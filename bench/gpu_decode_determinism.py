@@ -35,7 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mmw.engines import graph_decode
 from mmw.engines.attention import grouped_query_sdpa
-from mmw.processor import WatermarkProcessor
+from mmw.watermark.processor import WatermarkProcessor
 
 BACKENDS = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 SETTINGS = [  # (name, max_new_tokens, backend, gqa, float mask, decode path)

@@ -28,10 +28,10 @@ import torch
 import typer
 from gpu_repeat import KEY, stand_in_batch  # bench/ is run as scripts, not a package
 
-from mmw import processor as processors
+from mmw.watermark import processor as processors
 from mmw.engines import generate as engine
 from mmw.engines import graph_decode
-from mmw.processor import WatermarkProcessor
+from mmw.watermark.processor import WatermarkProcessor
 
 
 

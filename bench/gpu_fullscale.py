@@ -48,7 +48,7 @@ ARCHS = {
 
 
 #: What the stages import, once before timing, so the byte-code cache is warm as on any second run.
-WARM_IMPORTS = ("import torch, transformers, polars, scipy.stats, numba, mmw.cli, mmw.engines.generate, mmw.judge, "
+WARM_IMPORTS = ("import torch, transformers, polars, scipy.stats, numba, mmw.cli, mmw.engines.generate, mmw.judge.judge, "
                 "transformers.models.llama.modeling_llama, transformers.generation.utils")
 
 

@@ -38,8 +38,8 @@ from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForC
 
 from mmw.engines.attention import grouped_query_sdpa
 from mmw.engines.generate import generate_batch
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192)

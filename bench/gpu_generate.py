@@ -35,8 +35,8 @@ import typer
 from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, LogitsProcessorList,
                           SynthIDTextWatermarkingConfig, WatermarkingConfig)
 
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 
 MMW_SCHEMES = {
     "mmw none (plain, via processor)": None,

@@ -37,8 +37,8 @@ from gpu_generate import build_model  # noqa: E402
 
 from mmw.engines import generate as engine  # noqa: E402
 from mmw.engines import graph_decode  # noqa: E402
-from mmw.processor import WatermarkProcessor  # noqa: E402
-from mmw.scheme import SchemeSpec  # noqa: E402
+from mmw.watermark.processor import WatermarkProcessor  # noqa: E402
+from mmw.watermark.scheme import SchemeSpec  # noqa: E402
 
 KEY = 1234
 SPECS = {

@@ -1,7 +1,7 @@
 """The judge and the model load on one GPU: judgements per second against the card's matmul rate, and load time.
 
 Random-init Llama-3-8B shape (bf16) as the judge, ``--texts`` responses of about ``--words`` words each, rated in
-``expected`` mode (one forward pass per batch, ``mmw.judge.Judge``) at each of ``--batches``. The work of a
+``expected`` mode (one forward pass per batch, ``mmw.judge.judge.Judge``) at each of ``--batches``. The work of a
 judgement is ~2 x 7.5e9 FLOP per token (the non-embedding parameters) over its tokens; against the card's bf16
 matmul rate (measured here on an 8,192^3 product) that gives the floor.
 
@@ -22,7 +22,7 @@ import torch
 import typer
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from mmw.judge import Judge
+from mmw.judge.judge import Judge
 
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192)

@@ -1,4 +1,4 @@
-"""The judge's expected-mode forward compiled (``mmw.judge.CompiledLayers``) vs eager, at full scale on one GPU.
+"""The judge's expected-mode forward compiled (``mmw.judge.judge.CompiledLayers``) vs eager, at full scale on one GPU.
 
 Rows and judge as bench/gpu_judge_plan.py (random-token texts of ``--tokens`` tokens and their attacked copies, a
 random-init Llama-3-8B judge in bf16), batches as the rate stage cuts them on CUDA (by tokens, widths rounded to
@@ -24,8 +24,8 @@ import torch
 import typer
 from gpu_judge_plan import stand_in_judge_model, stand_in_rows  # bench/ is run as scripts, not a package
 
-from mmw.judge import MAX_GRADE, Judge
-from mmw.judge_backends import TransformersBackend
+from mmw.judge.judge import MAX_GRADE, Judge
+from mmw.judge.backends import TransformersBackend
 
 
 def sync() -> None:

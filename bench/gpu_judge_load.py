@@ -1,4 +1,4 @@
-"""Where the judge's construction goes (``mmw.judge.Judge(...)`` on a loaded random-init Llama-3-8B), under cProfile:
+"""Where the judge's construction goes (``mmw.judge.judge.Judge(...)`` on a loaded random-init Llama-3-8B), under cProfile:
 the grade trie, the digit mask over the vocabulary, and the compilation of its decoder layers on two rows. Run it
 twice with one ``TORCHINDUCTOR_CACHE_DIR`` to see a cold and a warm compilation cache (each run a fresh process).
 
@@ -19,7 +19,7 @@ import typer
 from gpu_judge_plan import stand_in_judge_model  # bench/ is run as scripts, not a package
 from transformers import AutoTokenizer
 
-from mmw.judge import Judge, digit_start_mask, grade_trie
+from mmw.judge.judge import Judge, digit_start_mask, grade_trie
 
 
 def sync() -> None:

@@ -2,7 +2,7 @@
 
 A rate stage's rows are the texts and their attacked copies; attacks that keep a text's characters change its
 tokens (a word swap, a typo), so batches cut by characters mix short and long rows and pad the short ones. This
-times :class:`mmw.judge_backends.TransformersBackend` rating the same rows in both plans, alternating, and counts
+times :class:`mmw.judge.backends.TransformersBackend` rating the same rows in both plans, alternating, and counts
 the padded positions each plan forwards.
 
 Rows: ``--texts`` random-token texts of ``--tokens`` tokens (decoded through ``--tokenizer``, widened to the
@@ -26,8 +26,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from gpu_judge import LLAMA3_8B  # bench/ is run as scripts, not a package
 
 from mmw.attacks import build_attack
-from mmw.judge import Judge
-from mmw.judge_backends import TransformersBackend
+from mmw.judge.judge import Judge
+from mmw.judge.backends import TransformersBackend
 
 #: params-full.yaml's attacks that change a text (contraction and expansion leave random-token text as it is).
 ATTACKS = [{"name": "swap", "p": 0.05}, {"name": "swap", "p": 0.1}, {"name": "swap", "p": 0.2},

@@ -28,11 +28,11 @@ import typer
 from gpu_generate import build_model  # bench/ is run as scripts, not a package
 from gpu_graph import word_tokenizer
 
-from mmw import processor as processors
+from mmw.watermark import processor as processors
 from mmw.engines import generate as engine
 from mmw.engines import graph_decode
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 
 KEY = 1234
 C4 = dict(sampler="distribution_shift", randomness="window", window=1, delta=5.0, score="sum")

@@ -18,8 +18,8 @@ import torch
 import typer
 
 from bench.gpu_generate import KEY, MMW_SCHEMES
-from mmw.processor import WatermarkStep, row_state
-from mmw.scheme import SchemeSpec
+from mmw.watermark.processor import WatermarkStep, row_state
+from mmw.watermark.scheme import SchemeSpec
 
 
 def main(batches: str = "64,296", vocab: int = 32000, iters: int = 50, inputs: int = 4, out: str = "",

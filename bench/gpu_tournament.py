@@ -64,15 +64,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_generate import build_model  # noqa: E402
 from gpu_graph import free, sync, word_tokenizer  # noqa: E402
 
-from mmw import prf  # noqa: E402
+from mmw.watermark import prf  # noqa: E402
 from mmw.engines import generate as engine  # noqa: E402
 from mmw.engines import graph_decode  # noqa: E402
 from mmw.engines.attention import grouped_query_sdpa  # noqa: E402
-from mmw.processor import WatermarkProcessor, WatermarkStep, row_state, watermark_step  # noqa: E402
-from mmw.samplers.base import Sampler, inverse_cdf, probabilities  # noqa: E402
-from mmw.samplers.parts import TournamentPart  # noqa: E402
-from mmw.samplers.tournament import Tournament, tournament_probs  # noqa: E402
-from mmw.scheme import SchemeSpec  # noqa: E402
+from mmw.watermark.processor import WatermarkProcessor, WatermarkStep, row_state, watermark_step  # noqa: E402
+from mmw.watermark.samplers.base import Sampler, inverse_cdf, probabilities  # noqa: E402
+from mmw.watermark.samplers.parts import TournamentPart  # noqa: E402
+from mmw.watermark.samplers.tournament import Tournament, tournament_probs  # noqa: E402
+from mmw.watermark.scheme import SchemeSpec  # noqa: E402
 
 KEY = 1234
 #: The "before" configurations run under another key: ``watermark_step`` shares one compiled step per (scheme,
@@ -144,7 +144,7 @@ def kernel_part(batch: int, result: dict) -> None:
     """The numba passes alone, each captured in a CUDA graph (no host time): GPU ms a replay, median of 20, per
     launch shape; beside a copy of the float64 probabilities."""
     from mmw.kernels import tournament as kt
-    from mmw.samplers.tournament import CHUNK_BITS, FIXED_POINT
+    from mmw.watermark.samplers.tournament import CHUNK_BITS, FIXED_POINT
 
     gen = torch.Generator(device="cuda").manual_seed(5)
     probs = torch.softmax(torch.randn(batch, VOCAB, device="cuda", generator=gen, dtype=torch.float64) * 3, -1)

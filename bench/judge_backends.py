@@ -24,8 +24,8 @@ import typer
 
 from mmw.attacks.llm_server import LocalLLMServer
 from mmw.engines.models import load_model
-from mmw.judge import Judge
-from mmw.judge_backends import CachedRater, JudgementCache, ServerBackend
+from mmw.judge.judge import Judge
+from mmw.judge.backends import CachedRater, JudgementCache, ServerBackend
 
 FALLBACK = [
     ("Write a story about a cat.", "The cat sat on the mat. It was a sunny day and the cat was happy. Then it slept."),

@@ -1,11 +1,11 @@
 """The judge's forward (``expected`` mode) at a given shape: the current path against alternatives, and the floor.
 
-Variants (each gives the (batch, 1 + n_inner, vocab) logits that :meth:`mmw.judge.Judge.grades_from_logits` turns
+Variants (each gives the (batch, 1 + n_inner, vocab) logits that :meth:`mmw.judge.judge.Judge.grades_from_logits` turns
 into grade probabilities):
 
 * ``single``   every row's whole rating prompt and the grade trie's inner nodes in one forward under a dense
                (batch, 1, L+T, L+T) additive tree mask (the judge before the shared head; ``tests/judge_reference.py``);
-* ``shared``   the judge now (:meth:`mmw.judge.Judge.node_logits`): the rating prompt's fixed head from a key/value
+* ``shared``   the judge now (:meth:`mmw.judge.judge.Judge.node_logits`): the rating prompt's fixed head from a key/value
                cache computed once, the rest of each row and the trie nodes in one forward;
 * ``two-pass`` pass 1 over the left-padded rows with the 2-D padding mask (``use_cache``, ``logits_to_keep=1``),
                pass 2 over the T trie tokens only, on pass 1's cache, with a (batch, 1, T, L+T) mask;
@@ -50,7 +50,7 @@ from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from judge_reference import single_pass_node_logits  # noqa: E402
 
-from mmw.judge import MAX_GRADE, Judge, shuffle_words  # noqa: E402
+from mmw.judge.judge import MAX_GRADE, Judge, shuffle_words  # noqa: E402
 
 CONFIGS = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,

@@ -45,8 +45,9 @@ files_of() {  # a target, or several joined by commas (one mutmut run: one cover
   local t
   for t in ${1//,/ }; do
     case $t in
-      samplers) echo "mmw/samplers/*.py" ;;
-      prf|randomness|scores|nulls|detector|metrics) echo "mmw/$t.py" ;;
+      samplers) echo "mmw/watermark/samplers/*.py" ;;
+      prf|randomness|scores|nulls|detector) echo "mmw/watermark/$t.py" ;;
+      metrics) echo "mmw/$t.py" ;;
       *) echo "unknown target $t (allowed: prf randomness samplers scores nulls detector metrics)" >&2; exit 2 ;;
     esac
   done

@@ -12,7 +12,7 @@ import sys
 
 
 def module_of(mutant: str) -> str:
-    """``mmw.samplers.binary.xǁBinaryǁunits__mutmut_3`` -> ``mmw.samplers.binary``."""
+    """``mmw.watermark.samplers.binary.xǁBinaryǁunits__mutmut_3`` -> ``mmw.watermark.samplers.binary``."""
     head = mutant.split("__mutmut_")[0]
     parts = head.split(".")
     return ".".join(p for p in parts if not p.startswith("x_") and not p.startswith("xǁ"))

@@ -1,7 +1,7 @@
 """The reference implementations as oracles: mmw's own blocks against the outside implementations they
 are meant to be, at matched settings, on the embedded generator (SmolLM2-135M) and real prompts of the repo's tasks.
 
-Pairs (mmw side | reference side, through its adapter in ``mmw.plugins``):
+Pairs (mmw side | reference side, through its adapter in ``mmw.watermark.plugins``):
 - tournament m = 30, 2 leaves, window 4          | transformers' SynthID-Text, depth 30, ngram_len 5 (4 + 1)
 - C4 + SelfHash window 4, gamma 0.25, delta 2 T  | transformers' KGW selfhash, context_width 4, ratio 0.25, bias 2
 - C4 window 1, gamma 0.25, delta 2 T             | transformers' KGW lefthash, context_width 1, ratio 0.25, bias 2
@@ -15,7 +15,7 @@ distribution softmax(l / T + bias * green) (bench/results/oracles.md states what
 
 Per pair and temperature, on watermarked text of the same prompts, row seeds and mmw key (each adapter derives its
 own key from it), generated in-process and batched through mmw's engine (``mmw.engines.generate.generate``) with
-``mmw.plugin_generation.build_processor`` and detected with ``mmw.plugin_detection.build_detector``:
+``mmw.watermark.plugin_generation.build_processor`` and detected with ``mmw.watermark.plugin_detection.build_detector``:
 (a) detection score: the per-unit score normalised the same way on both sides -- green share (KGW/C4), share of
     g = 1 among the m bits (tournament/SynthID), mean Exp(1) score (C1/vLLM) -- and the per-text z of it; both are
     the same statistic of the same null (Binomial/Erlang per deduplicated unit), so under "the two implement the same
@@ -59,12 +59,11 @@ from scipy import stats
 from mmw.engines.generate import generate
 from mmw.engines.models import load_model
 from mmw.io import write_json
-from mmw.judge import Judge
-from mmw.plugin_detection import build_detector
-from mmw.plugin_generation import build_processor
-from mmw.prf import key_from_string, prf_int
+from mmw.judge.judge import Judge
+from mmw.watermark.build import build_detector, build_processor
+from mmw.watermark.prf import key_from_string, prf_int
 from mmw.quality.scoring import score_texts
-from mmw.scheme import SchemeSpec
+from mmw.watermark.scheme import SchemeSpec
 from mmw.stages.common import generator_vocab_size
 from mmw.tasks import build_prompts, render_chat
 

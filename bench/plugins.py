@@ -1,4 +1,4 @@
-"""False-positive rates and power of the shipped plugin adapters (mmw.plugins), on simulated text.
+"""False-positive rates and power of the shipped plugin adapters (mmw.watermark.plugins), on simulated text.
 
 Null: i.i.d. uniform token sequences the key did not write (vocabulary V, N texts of L tokens): per adapter the
 full-text FPR, the any-prefix FPR of E (first crossing), the any-checkpoint FPR of size_valid and the any-prefix
@@ -33,9 +33,8 @@ import numpy as np
 import torch
 from scipy import stats
 
-from mmw.plugin_detection import build_detector
-from mmw.plugin_generation import build_processor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.build import build_detector, build_processor
+from mmw.watermark.scheme import SchemeSpec
 
 KEY, ALPHA, V = 0x0DDB_A11_5EED, 0.02, 1000
 ADAPTERS = {
@@ -115,8 +114,9 @@ def sweet(n: int, length: int, threshold: float = 0.9) -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     from oracles import null_corpus
 
-    from mmw.plugin_detection import PluginSchemeDetector, generator_model
-    from mmw.prf import prf_int
+    from mmw.stages.common import generator_model
+    from mmw.watermark.plugin_detection import PluginSchemeDetector
+    from mmw.watermark.prf import prf_int
 
     torch.set_num_threads(1)
     model = generator_model("embedded:smollm2-135m", "cpu", "float32")

@@ -35,10 +35,10 @@ import numpy as np
 import typer
 
 from mmw.calibration import null_sequences
-from mmw.detector import Detector
+from mmw.watermark.detector import Detector
 from mmw.io import write_json
-from mmw.prf import key_from_string
-from mmw.scheme import SchemeSpec
+from mmw.watermark.prf import key_from_string
+from mmw.watermark.scheme import SchemeSpec
 
 from anytime_corpus import MODEL, build_kind, fail, null_row, upper95  # noqa: E402  (bench/ is the script's directory)
 from reweight_generate import KEY as POWER_KEY, SCHEMES  # noqa: E402

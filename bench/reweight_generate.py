@@ -19,9 +19,9 @@ import torch
 import typer
 from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessorList
 
-from mmw.prf import key_from_string
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.prf import key_from_string
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 
 SCHEMES = {
     "C4 shift + SelfHash 4": dict(sampler="distribution_shift", delta=2.0, randomness="selfhash", window=4,

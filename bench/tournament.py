@@ -4,7 +4,7 @@ and on null texts through the detector. Prints Markdown tables for bench/results
 ``--null``: ``--sequences`` sequences of ``--units`` i.i.d. units drawn from the exact null (each unit minus its
 count of ones among m fair g-values, m = ``--layers``); per sequence, the per-prefix p-values of the sum score
 (``Tournament.pvalue_sum``: Binomial(N m, 1/2)) give the paper's size E (first crossing), the checkpoint size
-(``mmw.size.valid_size``) and the anytime size (the e-process of the CPU kernel twin); the table gives the share of
+(``mmw.watermark.size.valid_size``) and the anytime size (the e-process of the CPU kernel twin); the table gives the share of
 sequences with a full-length detection and with each size (any prefix), with one-sided 95% Clopper-Pearson upper
 bounds. Then the same through the detector on ``--texts`` null token texts of ``--length`` tokens per corpus
 (random ids, real English windows relabelled per text, repetitive motifs).
@@ -34,12 +34,12 @@ import typer
 from scipy import stats
 
 from mmw.calibration import null_sequences
-from mmw.detector import Detector
+from mmw.watermark.detector import Detector
 from mmw.kernels.cpu import run_anytime
-from mmw.prf import key_from_string
-from mmw.samplers import build_sampler
-from mmw.scheme import SchemeSpec
-from mmw.size import anytime_bets, anytime_threshold, first_crossing, valid_size
+from mmw.watermark.prf import key_from_string
+from mmw.watermark.samplers import build_sampler
+from mmw.watermark.scheme import SchemeSpec
+from mmw.watermark.size import anytime_bets, anytime_threshold, first_crossing, valid_size
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fpr import SCHEMES as FPR_SCHEMES  # noqa: E402  (bench/ is the script's directory)
@@ -119,7 +119,7 @@ def real(per_task: int, tokens: int, temperatures: str, batch_size: int, parts: 
     from mmw.engines.generate import generate
     from mmw.engines.models import load_model
     from mmw.io import write_json
-    from mmw.processor import WatermarkProcessor
+    from mmw.watermark.processor import WatermarkProcessor
     from mmw.stages.common import generator_vocab_size
     from mmw.tasks import build_prompts, render_chat
 

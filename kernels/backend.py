@@ -1,4 +1,4 @@
-"""NumbaBackend: the detector's batch interface (same meaning as ``mmw.scores.ReferenceBackend``) over the CPU
+"""NumbaBackend: the detector's batch interface (same meaning as ``mmw.watermark.scores.ReferenceBackend``) over the CPU
 and CUDA twins.
 
 Texts are packed once per call (int64 tokens back to back + int64 offsets) and each kernel handles the whole
@@ -17,10 +17,10 @@ import numpy as np
 from mmw.errors import SpecError
 from mmw.kernels.stats import (BINARY, DISTRIBUTION_SHIFT, FIXED, PAIRWISE_BLOCK, REWEIGHT, SAMPLER_CODES,
                                SOURCE_CODES, TOURNAMENT)
-from mmw.randomness import RandomnessSource
-from mmw.samplers.base import Sampler
-from mmw.scheme import SchemeSpec
-from mmw.size import check_statistics
+from mmw.watermark.randomness import RandomnessSource
+from mmw.watermark.samplers.base import Sampler
+from mmw.watermark.scheme import SchemeSpec
+from mmw.watermark.size import check_statistics
 
 DEVICES = ("auto", "cpu", "cuda")
 # Score-matrix entries (K keys x tokens) per chunk: 512 MiB of float64 on the CPU, 2 GiB on a GPU.
@@ -134,7 +134,7 @@ class NumbaBackend:
     """Batch detection quantities on the CPU (numba ``@njit``) or a CUDA GPU (numba ``@cuda.jit``).
 
     ``sum_prefix_batch`` / ``empirical_prefix_batch`` return per text exactly what the reference's per-text
-    methods return (see ``mmw.scores``)."""
+    methods return (see ``mmw.watermark.scores``)."""
 
     def __init__(self, spec: SchemeSpec, sampler: Sampler, source: RandomnessSource, key: int,
                  device: str = "auto"):
@@ -187,7 +187,7 @@ class NumbaBackend:
     def anytime_batch(self, outs: Sequence[tuple[np.ndarray, np.ndarray]], bets,
                       log_threshold: float) -> list[tuple[np.ndarray, int | None]]:
         """Per text (running sum, unit count) of ``sum_prefix_batch`` -> (log e-value float64 [N], first prefix
-        whose log e-value reaches ``log_threshold`` or None), as ``mmw.size.anytime_log_evalues``/``anytime_size``."""
+        whose log e-value reaches ``log_threshold`` or None), as ``mmw.watermark.size.anytime_log_evalues``/``anytime_size``."""
         offsets = np.zeros(len(outs) + 1, dtype=np.int64)
         np.cumsum([len(total) for total, _ in outs], out=offsets[1:])
         total = np.ascontiguousarray(np.concatenate([t for t, _ in outs]) if outs else np.zeros(0), dtype=np.float64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba.extending import register_jitable
 
-from mmw import prf as _spec
+from mmw.watermark import prf as _spec
 
 MUL1 = np.uint64(_spec.MUL1)
 MUL2 = np.uint64(_spec.MUL2)

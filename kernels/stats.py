@@ -22,9 +22,9 @@ import math
 import numpy as np
 from numba.extending import register_jitable
 
-from mmw import prf as spec
+from mmw.watermark import prf as spec
 from mmw.kernels.prf import prf, unit
-from mmw.samplers.inverse_transform import TINY
+from mmw.watermark.samplers.inverse_transform import TINY
 
 # Sampler codes (the kernels branch on them; the branch is uniform across a GPU warp).
 EXPONENTIAL = 1
@@ -314,7 +314,7 @@ def sum_prefix_text(tokens, start, n, source, window, base, kind, gamma, rank, d
 # ---------------------------------------------------------------------------------------------------- S3 edit
 @register_jitable
 def edit_cell(m_left, d_diag, d_up, cost, psi, step):
-    """One cell of the edit DP in the reference's running-minimum form (``mmw.scores.edit_diagonal``).
+    """One cell of the edit DP in the reference's running-minimum form (``mmw.watermark.scores.edit_diagonal``).
 
     c = min(D(i-1, j-1) + cost, D(i-1, j) + psi); m(i, j) = min(m(i, j-1), c - j psi); D(i, j) = m(i, j) + j psi,
     with ``step`` = j psi. Returns (m(i, j), D(i, j)). Evaluating the same formula cell by cell (in any order
@@ -330,7 +330,7 @@ def edit_cell(m_left, d_diag, d_up, cost, psi, step):
 # ---------------------------------------------------------------------------------------------------- e-process
 @register_jitable
 def log_mixture(a, b, log_weights, units, total):
-    """log of the mixture e-value sum_j exp(log_weights[j] + a[j] units + b[j] total) (``mmw.size.Bets``), by
+    """log of the mixture e-value sum_j exp(log_weights[j] + a[j] units + b[j] total) (``mmw.watermark.size.Bets``), by
     log-sum-exp around the largest term. The products are rounded before the sums (no fused multiply-add on the
     CPU; CUDA may contract them, a 1-ulp difference that the tests allow)."""
     k = a.shape[0]

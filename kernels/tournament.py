@@ -1,7 +1,7 @@
 """The tournament sampler's vocabulary passes on a CUDA device (numba), called from torch through the custom ops
-``mmw::tournament_histogram`` and ``mmw::tournament_apply`` (``mmw.samplers.tournament``).
+``mmw::tournament_histogram`` and ``mmw::tournament_apply`` (``mmw.watermark.samplers.tournament``).
 
-One pass sums each row's current law by the next ``width`` g-bits (``mmw.samplers.tournament``): per token, the PRF
+One pass sums each row's current law by the next ``width`` g-bits (``mmw.watermark.samplers.tournament``): per token, the PRF
 of (row seed, token id) gives its bits, its mass is p(x) times the earlier chunks' factor tables looked up by its
 bits, and the mass, in fixed point, is added to its bin. The bins live in shared memory: a row's 1,024 bins sit in
 64 cache lines, and the global atomic adds of ``scatter_add_`` serialise on them (0.53 ms a pass at 296 x 128,256

@@ -17,7 +17,7 @@ from mmw.errors import SpecError
 from mmw.params import DEFAULT_PARAMS, Params, check_task_names, parse_params, read_params
 from mmw.quality.params import LowEntropyParams, QualityParams
 from mmw.quality.registry import check_metric_names
-from mmw.scheme import SchemeSpec
+from mmw.watermark.scheme import SchemeSpec
 from mmw.tasks import ALL_TASKS
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from scipy import stats
 
-from mmw.detector import Detector
-from mmw.prf import prf_int
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.detector import Detector
+from mmw.watermark.prf import prf_int
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 
 CORPORA = ("random", "text", "repetitive")
 

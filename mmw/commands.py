@@ -178,7 +178,7 @@ def plugin_new(
 ) -> None:
     """Write a plugin package to fill in: entry point, processor and detector with the contract in their
     docstrings, and a test that runs mmw's contract check (docs/PLUGINS.md)."""
-    from mmw.plugins.scaffold import new_plugin
+    from mmw.watermark.plugins.scaffold import new_plugin
 
     try:
         files = new_plugin(name, directory)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 
 from mmw.errors import SpecError
-from mmw.prf import key_from_string
+from mmw.watermark.prf import key_from_string
 
 KEY_ENV = "MMW_KEY"
 #: Shortest key accepted (characters). ``openssl rand -hex 16`` gives 32; the public benchmark key has 24.

@@ -18,7 +18,7 @@ MODEL_SPECS = ("embedded:<name>, a local HF model folder, a local .gguf file, or
 # Each enumeration once: the Literal is the type, ``get_args`` its values.
 Dtype = Literal["auto", "fast", "float32", "float16", "bfloat16"]
 Engine = Literal["transformers", "vllm"]
-#: detect.device (mmw.detector.DEVICES reads it).
+#: detect.device (mmw.watermark.detector.DEVICES reads it).
 DetectDevice = Literal["auto", "cpu", "cuda", "reference"]
 RateMode = Literal["auto", "greedy", "expected"]
 JudgeBackend = Literal["transformers", "vllm", "openai"]

@@ -1,7 +1,7 @@
 """Loading and validating params.yaml for the pipeline stages.
 
 Each section is a pydantic model (:mod:`mmw.validation`) living here when it is plain data, or with its consumer
-when it needs the consumer's knowledge (``scheme:`` -> ``mmw.scheme.SchemeSpec``, ``quality:`` ->
+when it needs the consumer's knowledge (``scheme:`` -> ``mmw.watermark.scheme.SchemeSpec``, ``quality:`` ->
 ``mmw.quality.params``): the stage passes those, ``load_params(path, ("seed", "scheme"), models={"scheme":
 SchemeSpec})``, so this module imports no consumer (every stage imports it: anything it imports, even lazily,
 enters every stage's DVC deps). A stage loads only the sections it declares and lists exactly those under
@@ -32,7 +32,7 @@ from mmw.validation import Integer, Section, allowed, validate
 
 if TYPE_CHECKING:
     from mmw.quality.params import LowEntropyParams, QualityParams
-    from mmw.scheme import SchemeSpec
+    from mmw.watermark.scheme import SchemeSpec
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -86,7 +86,7 @@ class RateParams(Section):
     batch_size: Integer = allowed("an integer >= 1", ge=1)
     mode: RateMode = allowed(choices(RateMode))
     max_new_tokens: Integer = allowed("an integer >= 1", ge=1)
-    # Where judgements come from (mmw.judge_backends, docs/JUDGE.md); the rest is for backend openai only.
+    # Where judgements come from (mmw.judge.backends, docs/JUDGE.md); the rest is for backend openai only.
     backend: JudgeBackend = allowed(choices(JudgeBackend), default="transformers")
     base_url: str = allowed("an http(s) URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1",
                             default="http://127.0.0.1:8000/v1", pattern=r"^https?://\S+$")
@@ -107,7 +107,7 @@ class _Key(Section):
 
 
 class SectionModel(Protocol):
-    """What validates a consumer section: a ``mmw.validation.Section`` model, or ``mmw.scheme.SchemeSpec``."""
+    """What validates a consumer section: a ``mmw.validation.Section`` model, or ``mmw.watermark.scheme.SchemeSpec``."""
 
     @classmethod
     def from_params(cls, data: Any, prefix: str) -> Any: ...

@@ -7,7 +7,7 @@ are mistakes, not 1 and 0.1), and every field says what it accepts with :func:`a
 ``SpecError`` passes through unchanged; a plain ``ValueError`` becomes the problem of the field it checks).
 A composite config (the watermark scheme) is checked by its parts: each :class:`Part` (a sampler, a randomness
 source, a score) declares on its class the keys it uses (:class:`Key`), the keys it does not (:class:`Unused`) and
-the combinations it refuses (:class:`Refuse`); ``mmw.scheme`` applies them in one validator.
+the combinations it refuses (:class:`Refuse`); ``mmw.watermark.scheme`` applies them in one validator.
 This module is light on purpose (pydantic only): every stage imports it before any heavy work.
 """
 
@@ -48,7 +48,7 @@ class Section(BaseModel):
 
     @classmethod
     def from_params(cls, data: Any, prefix: str) -> Self:
-        """This section validated from the mapping ``data`` (as ``mmw.scheme.SchemeSpec.from_params``)."""
+        """This section validated from the mapping ``data`` (as ``mmw.watermark.scheme.SchemeSpec.from_params``)."""
         return validate(cls, data, prefix)
 
 

@@ -23,10 +23,10 @@ from mmw.io import (
     write_with,
 )
 from mmw.params import load_params
-from mmw.plugins import no_pivot_reason
+from mmw.watermark.plugins import no_pivot_reason
 from mmw.reporting.run import build_metrics, plot_tables
 from mmw.reporting.summary import quality_markdown, summary_markdown, tamper_figure
-from mmw.scheme import SchemeSpec
+from mmw.watermark.scheme import SchemeSpec
 from mmw.stages.timing import timed
 
 FIGURE = Path("reports/tamper_resistance.png")

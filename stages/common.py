@@ -1,9 +1,12 @@
-"""The generator's tokenizer and vocabulary, shared by the stages that tokenize (the wall-time record is
-``mmw.stages.timing``: stages that load no model import only that)."""
+"""The generator's tokenizer and vocabulary, shared by the stages that tokenize, and the generator as a model-aware
+plugin detector sees it (the wall-time record is ``mmw.stages.timing``: stages that load no model import only that)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from mmw.params import ModelParams
 
@@ -27,3 +30,35 @@ def load_generator_vocabulary(model: ModelParams) -> tuple[PreTrainedTokenizerBa
 
     tokenizer, config = load_tokenizer(model.name)
     return tokenizer, generator_vocab_size(tokenizer, config)
+
+
+class GeneratorModel:
+    """The :class:`mmw.watermark.plugins.DetectionModel` of a transformers causal LM (the generator a model-aware
+    plugin detector gets): next-token logits per position."""
+
+    def __init__(self, model: Any, tokenizer: Any, vocab_size: int):
+        self.model, self.tokenizer, self.vocab_size = model, tokenizer, vocab_size
+
+    def logits(self, tokens: np.ndarray) -> np.ndarray:
+        import torch
+
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if not len(tokens):
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        bos = self.tokenizer.bos_token_id
+        ids = tokens if bos is None else np.concatenate([[bos], tokens])
+        with torch.inference_mode():
+            out = self.model(torch.as_tensor(ids[None], device=self.model.device)).logits[0, :, : self.vocab_size]
+        out = out.float().cpu().numpy()
+        if bos is not None:  # row n: given BOS + tokens[:n]
+            return out[: len(tokens)]
+        return np.vstack([np.zeros((1, self.vocab_size), dtype=np.float32), out[: len(tokens) - 1]])
+
+
+@lru_cache(maxsize=2)
+def generator_model(name: str, device: str, dtype: str) -> GeneratorModel:
+    """The generator for model-aware detectors, loaded once a process (the baseline's audit keys reuse it)."""
+    from mmw.engines.models import load_model
+
+    tokenizer, model = load_model(name, device, dtype)
+    return GeneratorModel(model.eval(), tokenizer, generator_vocab_size(tokenizer, model))

@@ -8,16 +8,24 @@ from typing import Literal
 
 import numpy as np
 import polars as pl
+from mmw.stages.common import generator_model, load_generator_vocabulary
+from mmw.stages.timing import timed
 
 from mmw.audit import audit_keys
-from mmw.detector import DetectionResult
-from mmw.io import DETECTION_SCHEMA, DETECTIONS, GENERATIONS, PERTURBED, read_table, write_table
+from mmw.io import (
+    DETECTION_SCHEMA,
+    DETECTIONS,
+    GENERATIONS,
+    PERTURBED,
+    read_table,
+    write_table,
+)
 from mmw.keys import resolve_key
 from mmw.params import Params, load_params
-from mmw.plugin_detection import build_detector, preflight_detector
-from mmw.scheme import SchemeSpec
-from mmw.stages.common import load_generator_vocabulary
-from mmw.stages.timing import timed
+from mmw.watermark.build import build_detector
+from mmw.watermark.detector import DetectionResult
+from mmw.watermark.plugin_detection import needs_model, preflight_detector
+from mmw.watermark.scheme import SchemeSpec
 
 
 def detection_rows(texts: pl.DataFrame, source: str, results: list[DetectionResult],
@@ -38,10 +46,18 @@ def detection_rows(texts: pl.DataFrame, source: str, results: list[DetectionResu
 def audit_pvalues(params: Params, vocab_size: int, key: int, tokens: list[np.ndarray]) -> list[list[float]]:
     """Full-text p-values of each text under ``detect.audit_keys`` keys derived one-way from ``key``
     -> [texts][K] (the FPR spread over keys, ``mmw.audit``)."""
+    model = detection_model(params)
     per_key = [[r.pvalue for r in build_detector(params.scheme, audit_key, vocab_size, params.detect.device,
-                                                 params.model).detect(tokens)]
+                                                 model).detect(tokens)]
                for audit_key in audit_keys(key, params.detect.audit_keys)]
     return [list(row) for row in zip(*per_key, strict=True)] if per_key else [[] for _ in tokens]
+
+
+def detection_model(params: Params):
+    """The generator, for a plugin detector that ``needs_model`` (loaded once a process); else None."""
+    if not needs_model(params.scheme):
+        return None
+    return generator_model(params.model.name, params.model.device, params.model.dtype)
 
 
 def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
@@ -61,7 +77,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         tokenizer, vocab_size = load_generator_vocabulary(params.model)
         if params.scheme.is_plugin:
             preflight_detector(params.scheme, key, vocab_size)  # a misbehaving detector fails before any text
-        detector = build_detector(params.scheme, key, vocab_size, params.detect.device, params.model)
+        detector = build_detector(params.scheme, key, vocab_size, params.detect.device, detection_model(params))
         stored = [np.asarray(tokens, dtype=np.int64) for tokens in generations["tokens"].to_list()]
         audit = audit_pvalues(params, vocab_size, key, stored) if which == "baseline" else None
         frames = [detection_rows(generations, which, detector.detect(stored), audit)]

@@ -11,8 +11,9 @@ from mmw.engines.models import load_model
 from mmw.io import GENERATIONS, PROMPTS, read_table
 from mmw.keys import key_fingerprint, resolve_key
 from mmw.params import load_params
-from mmw.plugin_generation import build_processor, preflight
-from mmw.scheme import SchemeSpec
+from mmw.watermark.build import build_processor
+from mmw.watermark.plugin_generation import preflight
+from mmw.watermark.scheme import SchemeSpec
 from mmw.stages.common import generator_vocab_size
 from mmw.stages.timing import timed
 

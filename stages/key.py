@@ -32,8 +32,9 @@ def run(params_path: Path) -> None:
         params = load_board(params_path)
         key = resolve_key(params.key)
         if params.scheme.is_plugin:
-            from mmw.plugin_contract import check_contract
             from mmw.stages.common import load_generator_vocabulary
+
+            from mmw.watermark.plugin_contract import check_contract
 
             _, vocab_size = load_generator_vocabulary(params.model)
             check_contract(params.scheme, key, vocab_size, params.model.temperature)

@@ -36,7 +36,7 @@ def run(params_path: Path) -> None:
             return
         from mmw.engines.generate import generate_table
         from mmw.engines.models import load_model
-        from mmw.processor import WatermarkProcessor
+        from mmw.watermark.processor import WatermarkProcessor
         from mmw.stages.common import generator_vocab_size
 
         prompts = build_prompts([LOW_ENTROPY_SOURCE_TASK], params.prompts.per_task,

@@ -21,8 +21,8 @@ from mmw.io import (
     write_json,
     write_table,
 )
-from mmw.judge import MODES, judge_discrimination
-from mmw.judge_backends import CachedRater, JudgementCache, RatingBackend, default_cache_root
+from mmw.judge.judge import MODES, judge_discrimination
+from mmw.judge.backends import CachedRater, JudgementCache, RatingBackend, default_cache_root
 from mmw.params import RateParams, load_params
 from mmw.seeds import derive_seed
 from mmw.stages.timing import timed
@@ -39,19 +39,19 @@ def load_backend(rate: RateParams, want_expected: bool) -> tuple[RatingBackend, 
     ``want_expected``): a server that is down or serves another model fails here with a one-line error.
     """
     if rate.backend == "openai":
-        from mmw.judge_backends import ServerBackend
+        from mmw.judge.backends import ServerBackend
 
         server = ServerBackend(rate.base_url, rate.judge, rate.api_key_env, rate.timeout_s, rate.max_retries,
                                rate.concurrency, rate.max_new_tokens)
         server.probe(want_expected)
         return server, server.note
     if rate.backend == "vllm":
-        from mmw.judge_backends import VLLMBackend
+        from mmw.judge.backends import VLLMBackend
 
         return VLLMBackend(rate.judge, rate.dtype, rate.max_new_tokens), ""
     from mmw.engines.models import load_model
-    from mmw.judge import Judge
-    from mmw.judge_backends import TransformersBackend
+    from mmw.judge.judge import Judge
+    from mmw.judge.backends import TransformersBackend
 
     try:
         tokenizer, model = load_model(rate.judge, rate.device, rate.dtype)
@@ -95,7 +95,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     halves its cost.
 
     Judgements come from ``rate.backend`` (in process, vLLM, or an OpenAI-compatible server probed first) through
-    the judgement cache (``mmw.judge_backends``): an interrupted run keeps every finished judgement and the next
+    the judgement cache (``mmw.judge.backends``): an interrupted run keeps every finished judgement and the next
     run makes only the missing ones; a judgement that failed is a null rating, counted in ``judge.json``
     (``missing``) and the timings. See docs/JUDGE.md.
     """

@@ -1,7 +1,7 @@
 """The judge's forward without the shared head: every row's whole rating prompt and the grade trie's inner nodes in
 one forward under the dense tree mask, as the judge computed every batch before the rating prompt's head was
 shared (and still computes a batch with a row that does not begin with the head). The reference that
-:meth:`mmw.judge.Judge.node_logits` must reproduce (``tests/test_judge.py``; itself checked against brute force
+:meth:`mmw.judge.judge.Judge.node_logits` must reproduce (``tests/test_judge.py``; itself checked against brute force
 there), and the "before" of ``bench/judge_forward.py``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mmw.judge import Judge
+from mmw.judge.judge import Judge
 
 
 def single_pass_node_logits(judge: Judge, sequences: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from mmw import prf
-from mmw.randomness import FixedKey, MinHash, SlidingWindow, trial_keys
-from mmw.samplers import build_sampler
-from mmw.scheme import SchemeSpec
+from mmw.watermark import prf
+from mmw.watermark.randomness import FixedKey, MinHash, SlidingWindow, trial_keys
+from mmw.watermark.samplers import build_sampler
+from mmw.watermark.scheme import SchemeSpec
 
 PATH = Path(__file__).with_name("data") / "kat.json"
 KEY_STRING = "mmw known-answer key"

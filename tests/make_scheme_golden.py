@@ -94,7 +94,7 @@ def random_schemes(seed: int = 0, n: int = N_SCHEMES) -> list[dict[str, Any]]:
 
 def scheme_result(scheme: Any) -> dict[str, Any]:
     from mmw.errors import SpecError
-    from mmw.scheme import SchemeSpec
+    from mmw.watermark.scheme import SchemeSpec
 
     try:
         spec = SchemeSpec.from_params(scheme)
@@ -153,7 +153,7 @@ def board_result(raw: Any) -> dict[str, Any]:
     from mmw.errors import SpecError
     from mmw.params import parse_params
     from mmw.quality.params import LowEntropyParams, QualityParams
-    from mmw.scheme import SchemeSpec
+    from mmw.watermark.scheme import SchemeSpec
 
     try:
         params = parse_params(raw, models={"scheme": SchemeSpec, "low_entropy": LowEntropyParams,

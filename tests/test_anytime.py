@@ -18,11 +18,11 @@ import pytest
 from scipy import integrate
 
 from mmw.calibration import binomial_band, generate_synthetic, null_sequences, uniform_subset_model
-from mmw.detector import Detector
+from mmw.watermark.detector import Detector
 from mmw.errors import SpecError
-from mmw.prf import key_from_string
-from mmw.scheme import SchemeSpec
-from mmw.size import ANYTIME_GRID, anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold
+from mmw.watermark.prf import key_from_string
+from mmw.watermark.scheme import SchemeSpec
+from mmw.watermark.size import ANYTIME_GRID, anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 TWIN = "cuda" if SIMULATOR else "cpu"

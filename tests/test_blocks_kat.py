@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from mmw.detector import Detector
-from mmw.randomness import SelfHash
-from mmw.samplers import build_sampler
-from mmw.scheme import SchemeSpec
+from mmw.watermark.detector import Detector
+from mmw.watermark.randomness import SelfHash
+from mmw.watermark.samplers import build_sampler
+from mmw.watermark.scheme import SchemeSpec
 
 MASK = (1 << 64) - 1
 KEY = 0x0123456789ABCDEF
@@ -152,7 +152,7 @@ def test_reweight_green_list_is_the_last_gamma_of_the_order(gamma: float, greens
 def test_reweight_detection_counts_the_independent_greens(device: str, gamma: float) -> None:
     """Through the detector (numpy reference and numba kernel), window-1 seeds (pinned in tests/data/kat.json):
     the score is minus the number of distinct (seed, token) units whose keyed uniform is >= 1 - gamma."""
-    from mmw.randomness import SlidingWindow
+    from mmw.watermark.randomness import SlidingWindow
 
     spec = SchemeSpec.from_params(dict(sampler="reweight", reweight_alpha=0.5, gamma=gamma, randomness="window",
                                        window=1, score="sum"))

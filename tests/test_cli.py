@@ -264,7 +264,7 @@ def test_select_with_nothing_feasible_exits_1(tmp_path: Path, monkeypatch: pytes
 # ---------------------------------------------------------------------------------------------- keys (unit level)
 def test_resolve_key_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     from mmw.keys import resolve_key
-    from mmw.prf import key_from_string
+    from mmw.watermark.prf import key_from_string
 
     monkeypatch.delenv("MMW_KEY", raising=False)
     assert resolve_key(GOOD_KEY) == key_from_string(GOOD_KEY)
@@ -295,7 +295,7 @@ def test_key_fingerprint_is_scrypt_with_the_documented_cost() -> None:
 def test_generation_resume_fingerprint_depends_on_the_key_without_containing_it() -> None:
     """Rows resumed from disk must come from the same key: two keys give two fingerprints (so parts of one run are
     never reused by the other), and the fingerprint carries the key only through the scrypt tag."""
-    from mmw.scheme import SchemeSpec
+    from mmw.watermark.scheme import SchemeSpec
     from mmw.stages.generate import resume_fingerprint
 
     spec = SchemeSpec.from_params(dict(sampler="exponential", randomness="window", window=1, score="sum"))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import make_scheme_golden as golden
-from mmw.scheme import KNOWN_KEYS, PARTS, SchemeSpec
+from mmw.watermark.scheme import KNOWN_KEYS, PARTS, SchemeSpec
 from mmw.validation import Key, Unused
 
 RECORDED = golden.load()

@@ -213,12 +213,12 @@ def test_static_closure_follows_imports_inside_functions_and_registries() -> Non
     """The derivation itself: lazy imports, name registries and TYPE_CHECKING blocks (hand-checked facts)."""
     detect = static_closure("detect")
     assert "kernels/backend.py" in detect  # imported inside Detector.__init__ only
-    assert "mmw/samplers/exponential.py" in detect  # through mmw/samplers/__init__.py
+    assert "mmw/watermark/samplers/exponential.py" in detect  # through mmw/watermark/samplers/__init__.py
     perturb = static_closure("perturb")
     assert "mmw/attacks/synonym.py" in perturb  # named only as a string in ATTACK_MODULES
     assert "mmw/selection/__init__.py" not in perturb  # imported inside another CLI command
     prompts = static_closure("prompts")
-    assert "mmw/processor.py" not in prompts and "mmw/detector.py" not in prompts
+    assert "mmw/watermark/processor.py" not in prompts and "mmw/watermark/detector.py" not in prompts
 
 
 DETECTION_STAGES = ("detect_baseline", "detect_watermarked")
@@ -228,7 +228,7 @@ DETECTION_STAGES = ("detect_baseline", "detect_watermarked")
 def test_detection_stages_depend_on_the_detection_keys_only(name: str) -> None:
     """``-S scheme.delta=2.5`` must not rerun the baseline's detection: its stage lists the detection keys, not the
     whole scheme section."""
-    from mmw.scheme import DETECTION_KEYS
+    from mmw.watermark.scheme import DETECTION_KEYS
 
     params = [p for p in pipeline_stages()[name].get("params", []) if isinstance(p, str)]
     assert "scheme" not in params
@@ -239,7 +239,7 @@ def test_detection_stages_depend_on_the_detection_keys_only(name: str) -> None:
 def test_boards_hold_every_scheme_key(board: str) -> None:
     """DVC refuses to run a stage whose listed param is absent from params.yaml (null is fine): every scheme key is
     written out, null where unset."""
-    from mmw.scheme import KNOWN_KEYS
+    from mmw.watermark.scheme import KNOWN_KEYS
 
     scheme = yaml.safe_load((REPO / board).read_text())["scheme"]
     assert not set(KNOWN_KEYS) - set(scheme), f"{board} lacks scheme keys {sorted(set(KNOWN_KEYS) - set(scheme))}"
@@ -255,9 +255,9 @@ def test_a_generation_only_key_changes_no_detection() -> None:
     import torch
 
     from mmw.calibration import generate_synthetic
-    from mmw.detector import Detector
-    from mmw.prf import key_from_string
-    from mmw.scheme import GENERATION_ONLY, SchemeSpec
+    from mmw.watermark.detector import Detector
+    from mmw.watermark.prf import key_from_string
+    from mmw.watermark.scheme import GENERATION_ONLY, SchemeSpec
 
     key, vocab = key_from_string("deps-test-key"), 500
     window = {"randomness": "window", "window": 1, "score": "sum"}

@@ -307,8 +307,8 @@ def test_the_checker_catches_a_drifted_signature():
     """The check can fail: a call with a parameter the code does not have, a renamed positional argument, a
     missing method and a missing attribute are each reported."""
     block = (
-        "from mmw.processor import WatermarkProcessor\n"
-        "from mmw.detector import DetectionResult, Detector\n"
+        "from mmw.watermark.processor import WatermarkProcessor\n"
+        "from mmw.watermark.detector import DetectionResult, Detector\n"
         "proc = WatermarkProcessor(spec, key, vocab_size, row_seeds)\n"
         "det = Detector(spec, key, vocab_size, device='auto', batch=8)\n"
         "det.detect(tokens)\n"

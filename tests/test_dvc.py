@@ -173,7 +173,7 @@ def _key_forms(key: int) -> list[bytes]:
 
 
 def test_new_key_from_environment_reruns_key_side_and_is_never_written(pipeline: Path) -> None:
-    from mmw.prf import key_from_string
+    from mmw.watermark.prf import key_from_string
 
     _restore_committed_run(pipeline)
     secret = "an-env-key-that-must-not-leak-7f3a"

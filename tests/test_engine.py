@@ -570,10 +570,10 @@ def test_real_processor_in_hf_generate_with_left_padding_and_padded_vocab(padded
     """The watermark processor inside transformers' generate: left-padded batches give each row the tokens of its
     single-row run, no id past the tokenizer is ever produced although the model favours them, and the
     generations carry the watermark (detected under the key, not under another key)."""
-    from mmw.detector import Detector
-    from mmw.prf import key_from_string
-    from mmw.processor import WatermarkProcessor
-    from mmw.scheme import SchemeSpec
+    from mmw.watermark.detector import Detector
+    from mmw.watermark.prf import key_from_string
+    from mmw.watermark.processor import WatermarkProcessor
+    from mmw.watermark.scheme import SchemeSpec
     from mmw.stages.common import generator_vocab_size
 
     tokenizer, model = padded_vocab_model

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from mmw import prf
+from mmw.watermark import prf
 from mmw.engines import generate as engine
 from mmw.engines.generate import generate_batch
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 from test_engine import tiny, tiny_chats, tiny_model  # noqa: F401 - fixtures
 
 KEY = prf.key_from_string("graph decode tests")

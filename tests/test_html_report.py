@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from mmw.cli import app
 from mmw.reporting import dvc_template
 from mmw.reporting.data import load_sweep
-from mmw.samplers import LABELS
+from mmw.watermark.samplers import LABELS
 from mmw.reporting.page import build_report
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from judge_reference import single_pass_node_logits
 from mmw.errors import SpecError
-from mmw.judge import (
+from mmw.judge.judge import (
     MAX_GRADE,
     MODES,
     Judge,
@@ -214,7 +214,7 @@ def test_compiled_layers_match_the_eager_forward_and_compile_once_for_every_widt
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from mmw.judge_backends import TransformersBackend
+    from mmw.judge.backends import TransformersBackend
 
     eager, compiled = tiny_judge(digits_split=False), tiny_judge(digits_split=False)
     torch._dynamo.reset()
@@ -472,7 +472,7 @@ def test_embedded_small_model_writes_grades_in_range(embedded_judge):
 @pytest.mark.heavy
 def test_judge_discrimination_report_on_real_generations(embedded_judge):
     from mmw.engines.generate import generate
-    from mmw.processor import WatermarkProcessor
+    from mmw.watermark.processor import WatermarkProcessor
     from mmw.tasks import build_prompts, render_chat
 
     tokenizer, model = embedded_judge.tokenizer, embedded_judge.model

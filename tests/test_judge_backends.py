@@ -1,4 +1,4 @@
-"""Judge backends (mmw.judge_backends): the expected value from top log-probabilities (hand-derived cases), the
+"""Judge backends (mmw.judge.backends): the expected value from top log-probabilities (hand-derived cases), the
 judgement cache and resume, params, and -- heavy -- the ``rate`` stage against a real OpenAI-compatible server
 (llama.cpp through xllamacpp, serving the embedded SmolLM2): agreement with the in-process judge, a server killed
 mid-run, a wrong model name, a server without logprobs. The vLLM backend runs only where vLLM imports (marker
@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from mmw.errors import SpecError
-from mmw.judge_backends import (
+from mmw.judge.backends import (
     CachedRater,
     Failure,
     JudgementCache,
@@ -201,7 +201,7 @@ class _Failing:
 
 
 def test_new_weights_under_the_same_path_are_another_judge(tmp_path):
-    from mmw.judge_backends import model_fingerprint
+    from mmw.judge.backends import model_fingerprint
 
     folder = tmp_path / "judge"
     folder.mkdir()
@@ -277,7 +277,7 @@ def test_a_server_gone_mid_run_fails_the_rest_at_once(tmp_path):
     """Every judgement fails (nobody listens) and is recorded missing; after BREAKER connection failures the
     rest are not tried, so 12 texts cost ~3 x (1 try + 2 retries), not 12 x."""
     pytest.importorskip("openai")
-    from mmw.judge_backends import BREAKER
+    from mmw.judge.backends import BREAKER
 
     backend = ServerBackend(f"http://127.0.0.1:{_free_port()}/v1", SMOLLM2, "X", 5, 2, 1, 8)
     rater = CachedRater(backend, JudgementCache(tmp_path))
@@ -363,7 +363,7 @@ def test_server_ratings_match_the_in_process_judge(llm_server, tmp_path, record_
     """Same GGUF in process (dequantized, float32) and in llama.cpp (quantized kernels): the expected ratings
     agree within a few points, and greedy replies parse to the same grade."""
     from mmw.engines.models import load_model
-    from mmw.judge import Judge
+    from mmw.judge.judge import Judge
 
     tokenizer, model = load_model(SMOLLM2, "cpu", "float32")
     local = Judge(tokenizer, model, batch_size=3, max_new_tokens=8).rate(PROMPTS, TEXTS)
@@ -512,8 +512,8 @@ def test_vllm_ratings_match_the_in_process_judge(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: no spawn of pytest's main
 
     from mmw.engines.models import load_model
-    from mmw.judge import Judge
-    from mmw.judge_backends import VLLMBackend
+    from mmw.judge.judge import Judge
+    from mmw.judge.backends import VLLMBackend
 
     tokenizer, model = load_model(SMOLLM2, "cpu", "float32")
     local = Judge(tokenizer, model, batch_size=3, max_new_tokens=8).rate(PROMPTS, TEXTS)
@@ -549,16 +549,16 @@ def test_vllm_paraphrase_rewrites_and_is_deterministic(monkeypatch, record_prope
 
 
 def test_expected_judgements_of_another_arithmetic_are_not_reused(tmp_path, monkeypatch, one_thread):
-    """A change of the in-process judge's arithmetic (``mmw.judge.ARITHMETIC``) moves its expected ratings in the
+    """A change of the in-process judge's arithmetic (``mmw.judge.judge.ARITHMETIC``) moves its expected ratings in the
     last bits: judgements cached before it are made again, and greedy ones (another computation) are kept."""
-    import mmw.judge
+    import mmw.judge.judge
     from test_judge import PAIRS, tiny_judge
 
     prompts, texts = [p for p, _ in PAIRS], [t for _, t in PAIRS]
     judge = tiny_judge(digits_split=True)
     cache = JudgementCache(tmp_path)
     CachedRater(TransformersBackend(judge, "tiny"), cache).rate(prompts, texts, ["expected", "greedy"])
-    monkeypatch.setattr(mmw.judge, "ARITHMETIC", mmw.judge.ARITHMETIC + 1)
+    monkeypatch.setattr(mmw.judge.judge, "ARITHMETIC", mmw.judge.judge.ARITHMETIC + 1)
     later = CachedRater(TransformersBackend(judge, "tiny"), cache)
     later.rate(prompts, texts, ["expected", "greedy"])
     assert later.stats.computed == len(texts) and later.stats.cached == len(texts)

@@ -21,7 +21,7 @@ import yaml
 
 pytest.importorskip("openai")
 
-from mmw.judge_backends import CachedRater, JudgementCache, ServerBackend  # noqa: E402
+from mmw.judge.backends import CachedRater, JudgementCache, ServerBackend  # noqa: E402
 
 MODEL = "fault-judge"
 TIMEOUT_S = 1.0

@@ -25,17 +25,17 @@ import torch
 from numba import cuda, njit
 from numba.extending import register_jitable
 
-from mmw import prf
-from mmw.detector import Detector
+from mmw.watermark import prf
+from mmw.watermark.detector import Detector
 from mmw.errors import SpecError
 from mmw.kernels import prf as kernel_prf
 from mmw.kernels import stats
 from mmw.kernels.backend import NumbaBackend, SamplerArrays, pack
 from mmw.kernels.cuda import BAND, COLUMN_PAD, band_edit_dp
-from mmw.randomness import FixedKey, MinHash, RandomnessSource, SlidingWindow
-from mmw.samplers import build_sampler
-from mmw.scheme import SchemeSpec
-from mmw.scores import ReferenceBackend
+from mmw.watermark.randomness import FixedKey, MinHash, RandomnessSource, SlidingWindow
+from mmw.watermark.samplers import build_sampler
+from mmw.watermark.scheme import SchemeSpec
+from mmw.watermark.scores import ReferenceBackend
 
 sys.path.insert(0, str(Path(__file__).parent))
 import make_kat  # noqa: E402
@@ -206,7 +206,7 @@ def _band_dp_on_cpu(table, n_rows, columns, shift, psi, steps):
 @pytest.mark.parametrize("n_rows,columns", [(1, 1), (3, 2), (15, 4), (16, 16), (17, 5), (40, 13), (33, 100)])
 def test_banded_edit_sweep_equals_row_by_row(n_rows, columns):
     """Bands of columns swept down the rows (GPU order) give the reference's row-by-row diagonal, bit for bit."""
-    from mmw.scores import edit_diagonal
+    from mmw.watermark.scores import edit_diagonal
 
     rng = np.random.default_rng(n_rows * 1000 + columns)
     table = -rng.standard_exponential((n_rows, columns))
@@ -471,8 +471,8 @@ def check_kat_numba(twin: str) -> None:
 @pytest.mark.parametrize("sampler", list(SAMPLERS))
 def test_anytime_twin_matches_the_reference(sampler):
     """The twin's mixture e-process of a ragged batch (empty texts, texts with no unit yet) equals the numpy
-    reference ``mmw.size``: log e-values to 1e-12 relative, anytime sizes exactly."""
-    from mmw.size import anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold
+    reference ``mmw.watermark.size``: log e-values to 1e-12 relative, anytime sizes exactly."""
+    from mmw.watermark.size import anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold
 
     spec = make_spec(sampler, "sum_window1")
     rng = np.random.default_rng(zlib.crc32(sampler.encode()))

@@ -17,7 +17,7 @@ from mmw.attacks import build_attacks
 from mmw.board import check_board
 from mmw.errors import SpecError
 from mmw.params import DETECT_DEVICES, ModelParams, parse_params
-from mmw.scheme import SchemeSpec
+from mmw.watermark.scheme import SchemeSpec
 from mmw.validation import Section, allowed, validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def test_the_key_is_top_level_and_not_part_of_the_scheme(board: dict[str, Any]) 
 def test_no_stage_copies_the_key_into_dvc_lock_and_scheme_users_take_the_whole_section() -> None:
     """No stage lists the key; a stage that reads the scheme takes the whole section, except the detection stages,
     which list exactly the detection keys (tests/test_deps.py checks which)."""
-    from mmw.scheme import DETECTION_KEYS
+    from mmw.watermark.scheme import DETECTION_KEYS
 
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
@@ -116,9 +116,9 @@ def test_no_stage_copies_the_key_into_dvc_lock_and_scheme_users_take_the_whole_s
 
 
 def test_detect_devices_agree_with_the_detector() -> None:
-    from mmw.detector import DEVICES, Detector
+    from mmw.watermark.detector import DEVICES, Detector
     from mmw.errors import SpecError
-    from mmw.scheme import SchemeSpec
+    from mmw.watermark.scheme import SchemeSpec
 
     assert DEVICES == DETECT_DEVICES
     spec = SchemeSpec.from_params(dict(sampler="exponential", randomness="window", window=1, score="sum"))

@@ -1,4 +1,4 @@
-"""The plugin contract as types and checks (``mmw.plugins``, ``mmw.plugin_contract``), the scaffold
+"""The plugin contract as types and checks (``mmw.watermark.plugins``, ``mmw.watermark.plugin_contract``), the scaffold
 (``mmw plugin new``), plugin parameters given as a string, and a model-aware detector (``sweet_kgw``).
 
 The in-test plugins are test_plugins.py's (a fake installed distribution); the scaffold's package is installed for
@@ -17,13 +17,14 @@ import torch
 from scipy import stats
 from typer.testing import CliRunner
 
-from mmw import plugins
+from mmw.watermark import plugins
 from mmw.errors import SpecError
-from mmw.plugin_detection import PluginSchemeDetector, SyntheticModel, build_detector
-from mmw.plugins import DetectionModel, PluginLogitsProcessor, spread_candidates
-from mmw.plugin_contract import check_contract, check_plugin
-from mmw.plugins.sweet import entropies
-from mmw.scheme import SchemeSpec
+from mmw.watermark.build import build_detector
+from mmw.watermark.plugin_detection import PluginSchemeDetector, SyntheticModel
+from mmw.watermark.plugins import DetectionModel, PluginLogitsProcessor, spread_candidates
+from mmw.watermark.plugin_contract import check_contract, check_plugin
+from mmw.watermark.plugins.sweet import entropies
+from mmw.watermark.scheme import SchemeSpec
 from test_plugins import ALPHA, KEY, V, fake_dist, plugin_spec, synthetic_generate, upper_limit  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,7 +188,7 @@ def test_the_generator_model_gives_the_next_token_logits_before_each_token(bos):
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from mmw.plugin_detection import GeneratorModel
+    from mmw.stages.common import GeneratorModel
 
     torch.manual_seed(0)
     lm = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()

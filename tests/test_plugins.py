@@ -1,4 +1,4 @@
-"""Outside watermarks through the plugin interface (``mmw.plugins``, entry-point group ``mmw.watermarks``).
+"""Outside watermarks through the plugin interface (``mmw.watermark.plugins``, entry-point group ``mmw.watermarks``).
 
 The contract and every bad-input error use tiny in-test plugins, registered by a fake installed distribution
 (a ``*.dist-info`` with ``entry_points.txt`` on ``sys.path``), as a pip-installed package registers them. The
@@ -21,12 +21,13 @@ import torch
 import yaml
 from scipy import stats
 
-from mmw import plugins
+from mmw.watermark import plugins
 from mmw.errors import SpecError
-from mmw.plugin_detection import PluginSchemeDetector, build_detector, preflight_detector
-from mmw.plugin_generation import PluginProcessor, build_processor, preflight
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.build import build_detector, build_processor
+from mmw.watermark.plugin_detection import PluginSchemeDetector, preflight_detector
+from mmw.watermark.plugin_generation import PluginProcessor, preflight
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = 0x0DDB_A11_5EED
@@ -38,8 +39,8 @@ import numpy as np
 import torch
 from typing import Literal
 from scipy import stats
-from mmw import prf
-from mmw.plugins import Pivots, PluginDetector, PrefixPValues, WatermarkPlugin
+from mmw.watermark import prf
+from mmw.watermark.plugins import Pivots, PluginDetector, PrefixPValues, WatermarkPlugin
 from mmw.validation import Section, allowed
 
 
@@ -209,7 +210,7 @@ def test_a_plugin_is_chosen_and_validated_like_a_built_in_sampler(fake_dist):
     ({"sampler": "plugin", "plugin": "broken"},
      "scheme.plugin: plugin 'broken' (mmw_fake_watermarks_broken:Anything) failed to load: ImportError: libfoo.so"),
     ({"sampler": "plugin", "plugin": "notplugin"},
-     "scheme.plugin: plugin 'notplugin' (mmw_fake_watermarks:not_a_plugin) is not a mmw.plugins.WatermarkPlugin"),
+     "scheme.plugin: plugin 'notplugin' (mmw_fake_watermarks:not_a_plugin) is not a mmw.watermark.plugins.WatermarkPlugin"),
 ])
 def test_bad_plugin_settings_fail_with_one_line_naming_the_setting(fake_dist, params, message):
     with pytest.raises(SpecError) as err:
@@ -340,7 +341,7 @@ def test_vllm_adapter_holds_its_fpr_and_detects_its_own_text(algorithm, one_thre
     the pivots reproduce vLLM's own full-text p-value."""
     from vllm.v1.watermarking.gumbel import DualKeyGumbelWatermarkDetector, GumbelWatermarkDetector
 
-    from mmw.plugins.vllm_gumbel import vllm_key
+    from mmw.watermark.plugins.vllm_gumbel import vllm_key
 
     spec = plugin_spec("vllm_gumbel", algorithm=algorithm)
     detector = build_detector(spec, KEY, V)

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from mmw.calibration import binomial_band, generate_synthetic, uniform_subset_model
-from mmw.detector import Detector
+from mmw.watermark.detector import Detector
 from mmw.errors import SpecError
-from mmw.prf import key_from_string
-from mmw.scheme import RANDOMNESS, SAMPLERS, SCORES, SchemeSpec
+from mmw.watermark.prf import key_from_string
+from mmw.watermark.scheme import RANDOMNESS, SAMPLERS, SCORES, SchemeSpec
 
 KEY = key_from_string("power-test key")
 VOCAB = 1000

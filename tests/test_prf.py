@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmw import prf
+from mmw.watermark import prf
 
 
 @pytest.fixture(params=[0, 1, 2])

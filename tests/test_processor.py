@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from mmw.prf import NODE, prf_int, unit_int
-from mmw.processor import WatermarkStep, row_state
-from mmw.samplers import build_sampler
-from mmw.scheme import SchemeSpec
+from mmw.watermark.prf import NODE, prf_int, unit_int
+from mmw.watermark.processor import WatermarkStep, row_state
+from mmw.watermark.samplers import build_sampler
+from mmw.watermark.scheme import SchemeSpec
 
 KEY = 77
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmw.prf import MASK64
-from mmw.randomness import MinHash, SlidingWindow
+from mmw.watermark.prf import MASK64
+from mmw.watermark.randomness import MinHash, SlidingWindow
 
 KEY = 0x5EED_1234_ABCD
 
@@ -34,8 +34,8 @@ def test_the_spec_builds_the_source_it_names() -> None:
     import json
     from pathlib import Path
 
-    from mmw.randomness import FixedKey, RandomnessSource
-    from mmw.scheme import SchemeSpec
+    from mmw.watermark.randomness import FixedKey, RandomnessSource
+    from mmw.watermark.scheme import SchemeSpec
 
     kat = json.loads((Path(__file__).with_name("data") / "kat.json").read_text())
     tokens = np.array(kat["tokens"], dtype=np.int64)
@@ -61,8 +61,8 @@ def test_selfhash_seed_is_the_min_hash_over_the_window_that_ends_with_the_candid
     """The detector's seed of the token at position n (numpy) is the generator's seed of that candidate (torch, one
     seed per candidate), and both are the unsigned min of prf(prf(k, SELFHASH), t) over T[n-H+1..n], hand-computed
     with python ints. Positions before H - 1 have no seed."""
-    from mmw import prf
-    from mmw.randomness import SelfHash
+    from mmw.watermark import prf
+    from mmw.watermark.randomness import SelfHash
 
     source = SelfHash("selfhash", window=window)
     vocab = torch.arange(300, dtype=torch.int64)

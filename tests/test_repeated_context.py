@@ -9,11 +9,11 @@ import pytest
 import torch
 from scipy import stats
 
-from mmw import prf
+from mmw.watermark import prf
 from mmw.errors import SpecError
-from mmw.processor import WatermarkStep, row_state
-from mmw.samplers.base import Plain
-from mmw.scheme import DETECTION_KEYS, SchemeSpec
+from mmw.watermark.processor import WatermarkStep, row_state
+from mmw.watermark.samplers.base import Plain
+from mmw.watermark.scheme import DETECTION_KEYS, SchemeSpec
 
 KEY = 20240607
 LOGITS = torch.log(torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04]))

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from mmw.errors import SpecError
-from mmw.samplers import DECLARED, LABELS, WATERMARKING, implementation
-from mmw.samplers.base import Sampler
-from mmw.scheme import SAMPLERS, SchemeSpec
+from mmw.watermark.samplers import DECLARED, LABELS, WATERMARKING, implementation
+from mmw.watermark.samplers.base import Sampler
+from mmw.watermark.scheme import SAMPLERS, SchemeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,8 +123,8 @@ def test_validation_imports_no_torch():
     """The config path (scheme, params, the whole board, the key and aggregate stages, the CLI) reads the
     samplers' declarations only: validating a scheme and the default board must not load torch, nor the attacks'
     text tools (seconds each)."""
-    code = ("import sys, mmw.scheme, mmw.params, mmw.board, mmw.samplers, mmw.cli, stages.key, stages.aggregate\n"
-            "from mmw.scheme import SAMPLERS, SchemeSpec\n"
+    code = ("import sys, mmw.watermark.scheme, mmw.params, mmw.board, mmw.watermark.samplers, mmw.cli, stages.key, stages.aggregate\n"
+            "from mmw.watermark.scheme import SAMPLERS, SchemeSpec\n"
             "for name in SAMPLERS:\n"
             "    SchemeSpec.from_params(dict(sampler=name, randomness='window', window=1, score='sum', "
             "delta=2.0 if name == 'distribution_shift' else None) if name != 'plugin' else "
@@ -150,11 +150,11 @@ def test_each_declaration_names_its_implementation():
 
 
 def test_what_parts_read_of_a_scheme_are_its_fields():
-    """The parts take a scheme as ``mmw.scheme_values.SchemeValues`` (they must not import the validator built from
+    """The parts take a scheme as ``mmw.watermark.scheme_values.SchemeValues`` (they must not import the validator built from
     their declarations): every value it names is a SchemeSpec field of the same type."""
     from typing import get_type_hints
 
-    from mmw.scheme_values import SchemeValues
+    from mmw.watermark.scheme_values import SchemeValues
 
     read = {name: get_type_hints(getattr(SchemeValues, name).fget)["return"]
             for name, member in vars(SchemeValues).items() if isinstance(member, property)}

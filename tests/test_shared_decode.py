@@ -22,8 +22,8 @@ from test_engine import tiny, tiny_chats, tiny_model  # noqa: F401 - fixtures
 from mmw.sweep import decode as shared_decode
 from mmw.engines.generate import generate
 from mmw.sweep.decode import StackedProcessor, generate_together
-from mmw.processor import WatermarkProcessor
-from mmw.scheme import SchemeSpec
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.scheme import SchemeSpec
 
 SCHEMES = [(SchemeSpec(sampler="distribution_shift", randomness="window", window=1, score="sum", delta=2.5, gamma=0.5),
             11),

@@ -9,10 +9,10 @@ import pytest
 from scipy import stats
 
 from mmw.calibration import binomial_band, generate_synthetic, null_sequences, uniform_subset_model
-from mmw.detector import Detector
-from mmw.prf import key_from_string, prf_int
-from mmw.scheme import SchemeSpec
-from mmw.size import checkpoint_grid, first_crossing, valid_size
+from mmw.watermark.detector import Detector
+from mmw.watermark.prf import key_from_string, prf_int
+from mmw.watermark.scheme import SchemeSpec
+from mmw.watermark.size import checkpoint_grid, first_crossing, valid_size
 
 KEY = key_from_string("size-test-key")
 ALPHA = 0.02

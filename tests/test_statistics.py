@@ -11,12 +11,12 @@ from scipy import stats
 
 from mmw.calibration import (binomial_band, false_positive_rate, generate_synthetic, null_sequences,
                              uniform_subset_model)
-from mmw.detector import Detector
+from mmw.watermark.detector import Detector
 from mmw.errors import SpecError
-from mmw.prf import key_from_string
-from mmw.processor import WatermarkProcessor
-from mmw.samplers import build_sampler
-from mmw.scheme import SchemeSpec
+from mmw.watermark.prf import key_from_string
+from mmw.watermark.processor import WatermarkProcessor
+from mmw.watermark.samplers import build_sampler
+from mmw.watermark.scheme import SchemeSpec
 
 KEY = key_from_string("test-key")
 ALPHA = 0.02
@@ -151,7 +151,7 @@ def test_exponential_with_selfhash_samples_the_model_distribution(temperature):
     """Gumbel-max with per-candidate seeds (each candidate's seed is the min-hash over the window ending with it)
     stays distortion-free over keys: every candidate's uniform is a keyed hash of a distinct (seed, candidate) pair.
     One random keyed base and one random context per draw."""
-    from mmw.randomness import SelfHash
+    from mmw.watermark.randomness import SelfHash
 
     spec = spec_of("exponential", dict(randomness="selfhash", window=3))
     n, v = 60_000, SMALL_LOGITS.shape[0]
@@ -330,7 +330,7 @@ def test_rows_do_not_depend_on_batch_composition():
 # ---------------------------------------------------------------------------------------------- hand-computed values
 def test_null_pvalues_hand_computed():
     """Each exact null on small cases worked out by hand (no scipy on the expected side)."""
-    from mmw import nulls
+    from mmw.watermark import nulls
 
     # Binomial(n, gamma) upper tail P(X >= greens); sum scores pass -greens as the total.
     assert nulls.binomial_upper(np.array([2]), np.array([3]), 0.5)[0] == pytest.approx(4 / 8)  # C(3,2)+C(3,3)
@@ -354,7 +354,7 @@ def test_null_pvalues_hand_computed():
 
 def green_tokens(seed: int, gamma: float, want: bool, count: int) -> list[int]:
     """Token ids whose green-list membership under ``seed`` is ``want``, from the PRF spec directly."""
-    from mmw import prf
+    from mmw.watermark import prf
 
     out = []
     for token in range(VOCAB):
@@ -375,7 +375,7 @@ def test_pvalues_and_size_hand_computed(device):
     all red: never detected, E = None."""
     from math import comb
 
-    from mmw import prf
+    from mmw.watermark import prf
 
     spec = spec_of("distribution_shift", dict(randomness="window", window=0), delta=2.0, gamma=0.5)
     seed = prf.prf_int(KEY, prf.WINDOW)
@@ -395,7 +395,7 @@ def test_pvalues_and_size_hand_computed(device):
 def test_size_counts_the_unscored_context_tokens():
     """With window H the first H tokens have no seed: the size is still a prefix length of the whole text. A text
     of one free token followed by greens (each green under the seed of its predecessor) reaches p = 2^-6 at 7."""
-    from mmw import prf
+    from mmw.watermark import prf
 
     spec = spec_of("distribution_shift", dict(randomness="window", window=1), delta=2.0, gamma=0.5)
     text, used = [0], set()
@@ -450,7 +450,7 @@ def test_valid_size_thins_the_checkpoints_only_for_permutation_nulls():
     multiple of 1 / (T + 1) = 0.01 (T = 99), so over 100 tokens the detector keeps the last floor(0.02 * 100) = 2
     checkpoints {64, 100} (level 0.01, reachable); with all four (level 0.005) nothing could ever pass. The exact
     binomial null keeps all five checkpoints of a 200-token text: all green reaches 2^-16 < 0.02 / 5 at 16."""
-    from mmw import prf
+    from mmw.watermark import prf
 
     logits = uniform_subset_model(VOCAB, support=16, rows=8, seed=6)
     spec = spec_of("exponential", dict(randomness="fixed", key_length=8, score="align"))
@@ -467,7 +467,7 @@ def test_valid_size_thins_the_checkpoints_only_for_permutation_nulls():
 def test_probabilities_are_a_float64_softmax():
     """Sampling reads a CDF over the whole vocabulary: float32 logits are promoted before the softmax, so the
     row sums to 1 within float64 rounding (a float32 softmax over 50,000 tokens is off by ~1e-7 per entry)."""
-    from mmw.samplers.base import probabilities
+    from mmw.watermark.samplers.base import probabilities
 
     logits = torch.randn(2, 50_000, generator=torch.Generator().manual_seed(0), dtype=torch.float32) * 3
     probs = probabilities(logits, 0.7)
@@ -480,8 +480,8 @@ def test_inverse_cdf_never_lands_on_a_zero_probability_tail():
     """Ten tokens of 0.1 then two of probability 0: the float64 CDF ends at 0.9999999999999999, below the largest
     PRF unit 1 - 2^-53 (docs/PRF.md). Scaling u by the row total keeps the target inside the mass (token 9);
     an unscaled (or divided) target passes the total and would pick a zero-probability token."""
-    from mmw import prf
-    from mmw.samplers.base import inverse_cdf
+    from mmw.watermark import prf
+    from mmw.watermark.samplers.base import inverse_cdf
 
     largest_unit = float(prf.unit_np(np.array([2**64 - 1], dtype=np.uint64))[0])
     assert largest_unit == 1 - 2.0**-53
@@ -492,7 +492,7 @@ def test_inverse_cdf_never_lands_on_a_zero_probability_tail():
 
 def test_temperature_zero_distribution_shift_is_argmax_of_shifted_logits():
     """Greedy on logits + delta * green, the green list read off the PRF spec (not argmin, not the plain max)."""
-    from mmw import prf
+    from mmw.watermark import prf
 
     delta, gamma, v = 2.0, 0.5, 50
     spec = spec_of("distribution_shift", dict(randomness="window", window=1), delta=delta, gamma=gamma)

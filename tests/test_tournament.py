@@ -20,19 +20,19 @@ import yaml
 from scipy import stats
 from typer.testing import CliRunner
 
-from mmw import nulls, prf
+from mmw.watermark import nulls, prf
 from mmw.calibration import binomial_band, false_positive_rate, generate_synthetic, null_sequences, \
     uniform_subset_model
 from mmw.cli import app
-from mmw.detector import Detector
+from mmw.watermark.detector import Detector
 from mmw.errors import SpecError
-from mmw.processor import WatermarkStep, row_state
-from mmw.samplers import build_sampler
-from mmw.samplers.base import Plain, inverse_cdf
-from mmw.samplers.parts import decreasing_weights
-from mmw.samplers.tournament import CHUNKED_FROM_VOCAB, g_values_np, tournament_probs, tournament_probs_chunked
-from mmw.scheme import SchemeSpec
-from mmw.size import anytime_bets
+from mmw.watermark.processor import WatermarkStep, row_state
+from mmw.watermark.samplers import build_sampler
+from mmw.watermark.samplers.base import Plain, inverse_cdf
+from mmw.watermark.samplers.parts import decreasing_weights
+from mmw.watermark.samplers.tournament import CHUNKED_FROM_VOCAB, g_values_np, tournament_probs, tournament_probs_chunked
+from mmw.watermark.scheme import SchemeSpec
+from mmw.watermark.size import anytime_bets
 
 KEY = prf.key_from_string("tournament tests")
 VOCAB = 1000
@@ -135,9 +135,9 @@ def test_a_large_vocabulary_draws_the_same_tokens_as_the_layer_by_layer_law():
 
 SIMULATED_KERNELS = """
 import numpy as np, torch
-from mmw import prf
+from mmw.watermark import prf
 from mmw.kernels import tournament as kernels
-from mmw.samplers.tournament import FIXED_POINT, apply_tables, scatter_histogram
+from mmw.watermark.samplers.tournament import FIXED_POINT, apply_tables, scatter_histogram
 gen = torch.Generator().manual_seed(3)
 rows, vocab = 2, 700
 probs = torch.softmax(torch.randn(rows, vocab, generator=gen, dtype=torch.float64) * 3, -1)
@@ -341,7 +341,7 @@ def test_weighted_bits_pivot_is_a_test_martingale():
     equal weights give the unweighted bet bit for bit."""
     weights = np.array([4, 3, 1, 1, 1])
     law = weighted_law_by_enumeration(weights, 1)
-    from mmw.size import pivot_bets
+    from mmw.watermark.size import pivot_bets
 
     bets = pivot_bets("bits", None, (0.1, 0.3, 0.6, 0.9), len(weights), weights)
     for a, b in zip(bets.a, bets.b):

@@ -19,7 +19,7 @@ import torch
 from scipy import stats
 
 from mmw.errors import SpecError
-from mmw.scheme import SchemeSpec
+from mmw.watermark.scheme import SchemeSpec
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 KEY = 0x5EED_1234_ABCD
@@ -76,7 +76,7 @@ def chats(engine, n: int) -> list[list[int]]:
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed here")
 def test_vllm_outputs_are_detected_and_its_baseline_is_not(engine):
-    from mmw.detector import Detector
+    from mmw.watermark.detector import Detector
 
     spec = spec_of(sampler="distribution_shift", delta=3.0, gamma=0.5, randomness="window", window=1)
     marked, plain, p_marked, p_plain = six_replies_detected(engine, spec, Detector(spec, KEY, engine.vocab_size))
@@ -136,7 +136,7 @@ def test_a_plugin_generates_through_the_vllm_engine(engine, plugin, params):
     """A plugin's processor (transformers' KGW and SynthID-Text, vLLM's own Gumbel-max Watermarker) inside the
     vLLM engine's logits processor: its texts are detected by the plugin's detector and the plain texts from the
     same seeds are not, and a request's tokens do not depend on its batch."""
-    from mmw.plugin_detection import build_detector
+    from mmw.watermark.build import build_detector
 
     spec = plugin_spec(plugin, **params)
     marked, _, p_marked, p_plain = six_replies_detected(engine, spec, build_detector(spec, KEY, engine.vocab_size))

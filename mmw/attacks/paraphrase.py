@@ -46,7 +46,7 @@ from mmw.attacks.chunks import ChunkedText, split_text
 from mmw.engines.attention import grouped_query_sdpa
 from mmw.engines.models import default_cache_dir, load_model, resolve_source
 from mmw.errors import SpecError
-from mmw.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text
+from mmw.judge.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text
 
 if TYPE_CHECKING:  # torch/transformers and openai are imported by the backend that needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -199,7 +199,7 @@ class _Endpoint:
 
     def paraphrase(self, chunk: str, seed: int, chunk_tokens: int) -> str:
         """One chat completion; raise AttackError after the client's retries are spent or for a malformed
-        reply (not JSON, another schema, empty content: :mod:`mmw.openai_replies`)."""
+        reply (not JSON, another schema, empty content: :mod:`mmw.judge.openai_replies`)."""
         import openai
 
         try:

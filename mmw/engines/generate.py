@@ -1,6 +1,6 @@
 """The transformers engine: batched generation with left padding, a token-choosing logits processor, resumable.
 
-The processor (``mmw.processor.WatermarkProcessor``, or any object with the same three methods) chooses every
+The processor (``mmw.watermark.processor.WatermarkProcessor``, or any object with the same three methods) chooses every
 token itself and returns -inf elsewhere; decoding is greedy so ``generate`` takes exactly its choice. The model's
 own generation_config is neutralised for the call, so no repetition penalty, suppressed tokens, temperature etc.
 reach the logits before the processor sees them.

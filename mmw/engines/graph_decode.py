@@ -151,7 +151,7 @@ def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
     """Generated ids int64 [B, steps] (steps <= max_new_tokens; pad after a row's EOS, like ``generate``).
 
     ``processor`` has ``window_context``, ``begin_static(batch, steps, device)`` and ``static_step(context, scores,
-    t)`` (``mmw.processor.WatermarkProcessor``). ``graph`` None: capture on CUDA (``graph_default``). ``flex``
+    t)`` (``mmw.watermark.processor.WatermarkProcessor``). ``graph`` None: capture on CUDA (``graph_default``). ``flex``
     None: ``flex_default``; then each step's decoding attention is ``flex_attention`` over the cache blocks written
     so far (``mmw.engines.attention.DECODE_BLOCKS``) and one graph is captured. Otherwise it reads the cache only up
     to ``key_limit`` (``mmw.engines.attention.KEY_LIMIT``) and the graph is captured once per limit, the captures

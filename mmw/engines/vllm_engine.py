@@ -24,7 +24,7 @@ from mmw.engines.generate import GENERATION_SCHEMA, parts_dir_of, row_seed
 from mmw.engines.models import default_cache_dir, resolve_dtype, resolve_source
 from mmw.errors import SpecError
 from mmw.io import PartsStore, plan_units, row_key, write_table
-from mmw.scheme import SchemeSpec
+from mmw.watermark.scheme import SchemeSpec
 
 ENGINES = ("transformers", "vllm")
 INSTALL_HINT = ("install vllm into this environment (CUDA machine: pip install vllm; CPU: bash scripts/setup-vllm.sh "

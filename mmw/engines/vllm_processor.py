@@ -13,7 +13,7 @@ variable ``MMW_VLLM_KEY`` before the engine starts, and the processor reads it h
 A plugin's processor (``scheme.sampler: plugin``: a transformers ``LogitsProcessor``) runs here too: each row gets
 the plugin's processor for a batch of one (its own seed), called every step with the row's prompt and output so far
 and its logits, and the token is drawn from what it returns with the row's PRF uniform at the row's step
-(:class:`mmw.plugin_generation.PluginProcessor`), as on the transformers engine. A processor that keeps state
+(:class:`mmw.watermark.plugin_generation.PluginProcessor`), as on the transformers engine. A processor that keeps state
 across steps (SynthID's context history) starts afresh when vLLM re-adds a preempted row.
 """
 
@@ -27,10 +27,10 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from mmw.plugin_generation import PluginProcessor
-from mmw.processor import WatermarkStep, compile_default, row_state, watermark_step
-from mmw.samplers.parts import DECLARED
-from mmw.scheme import SchemeSpec
+from mmw.watermark.plugin_generation import PluginProcessor
+from mmw.watermark.processor import WatermarkStep, compile_default, row_state, watermark_step
+from mmw.watermark.samplers.parts import DECLARED
+from mmw.watermark.scheme import SchemeSpec
 
 KEY_ENV = "MMW_VLLM_KEY"
 #: The processors of this process (the engine reads entropies from them when vLLM runs in-process).

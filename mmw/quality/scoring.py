@@ -16,7 +16,7 @@ import torch
 from mmw.tasks import render_chat
 
 #: On CUDA a batch is widened to a multiple of this many positions and the rows are batched longest first: torch's
-#: cuDNN attention builds an execution plan for every new sequence length (as in ``mmw.judge.CUDA_PAD_MULTIPLE``),
+#: cuDNN attention builds an execution plan for every new sequence length (as in ``mmw.judge.judge.CUDA_PAD_MULTIPLE``),
 #: and unsorted batches of texts of varied lengths each had a width of their own. Pads sit right of every row's
 #: tokens, which the causal mask already hides from them, so each row's numbers are those of its own forward pass.
 #: On a CPU extra positions are only extra work: there nothing is padded or reordered.

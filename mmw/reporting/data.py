@@ -27,11 +27,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from mmw import plugins, provenance
+from mmw import provenance
+
+from mmw.watermark import plugins
 from mmw.errors import SpecError
 from mmw.metrics import tamper_frontier, tamper_resistance
 from mmw.reporting.formats import finite, fmt_number, fmt_percent, fmt_tokens
-from mmw.samplers import LABELS
+from mmw.watermark.samplers import LABELS
 
 #: results.parquet columns the report reads (dtype when absent: filled with nulls).
 RESULT_COLUMNS: dict[str, pl.DataType] = {

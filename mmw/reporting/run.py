@@ -52,7 +52,7 @@ def group_metrics(detections: pl.DataFrame, ratings: pl.DataFrame, points: pl.Da
     ``detections``/``ratings``: rows of every source for the group; ``points``: its :func:`attack_points` rows;
     ``alpha``: the detection threshold (for the FPR audit over keys). Sizes are in tokens; ``size`` is the paper's
     E (first crossing: the any-prefix rate ``fpr_any_prefix`` is its false-positive rate), ``size_valid`` the
-    FPR-controlled size (``mmw.size``; its any-prefix rate ``fpr_any_prefix_valid`` is <= alpha by design) and
+    FPR-controlled size (``mmw.watermark.size``; its any-prefix rate ``fpr_any_prefix_valid`` is <= alpha by design) and
     ``size_anytime`` the e-process size (token resolution; ``fpr_any_prefix_anytime`` <= alpha by Ville's
     inequality). ``anytime``: False when the score has no e-process (align, edit): its three keys are null.
     """

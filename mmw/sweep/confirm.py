@@ -51,7 +51,7 @@ CONFIRMED, NOT_CONFIRMED, UNRESOLVED, NO_FEASIBLE, PENDING = (
 STATUSES = (CONFIRMED, NOT_CONFIRMED, UNRESOLVED, NO_FEASIBLE, PENDING)
 #: Size columns a cell can be ranked by, in order of preference (``all.size`` is the paper's E, kept beside).
 SIZE_ANYTIME, SIZE_VALID, SIZE_E = "all.size_anytime", "all.size_valid", "all.size"
-#: The ratings' range: the judge grades 0..100 (:data:`mmw.judge.MAX_GRADE`; not imported, it loads torch). The
+#: The ratings' range: the judge grades 0..100 (:data:`mmw.judge.judge.MAX_GRADE`; not imported, it loads torch). The
 #: quality bound holds for any ratings inside it.
 RATING_MAX = 100.0
 #: Fewest prompts for a bootstrap bound (as :data:`mmw.metrics.MIN_BOOTSTRAP_PAIRS`: fewer have too few distinct

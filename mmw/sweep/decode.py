@@ -93,7 +93,7 @@ def generate_together(
     batches = plan_units(sorted(range(len(chats)), key=lambda i: (-len(encoded[i]), i)), batch_size)
     parts: list[list[pl.DataFrame]] = [[] for _ in factories]
     # Configurations outer, batches inner: a configuration's compiled watermark step (cached per configuration,
-    # mmw.processor.watermark_step) is used for all its batches before the next group's are built.
+    # mmw.watermark.processor.watermark_step) is used for all its batches before the next group's are built.
     per_decode = max(1, decode_rows // len(batches[0])) if batches else 1
     for start in range(0, len(factories), per_decode):
         group = range(start, min(start + per_decode, len(factories)))

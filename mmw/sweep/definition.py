@@ -23,7 +23,7 @@ configs whatever order the grid is written in.
 Everything is validated before anything is queued, by the params' mechanism (:mod:`mmw.validation`): the file is
 a :class:`SweepFile` section model (its fields' types and ranges; its validator checks the keys against the
 repository's ``params.yaml`` and the confirmation prompts), and every expanded config is validated by the params
-sections and :class:`mmw.scheme.SchemeSpec`. Errors are :class:`SpecError` naming the file, the entry and the
+sections and :class:`mmw.watermark.scheme.SchemeSpec`. Errors are :class:`SpecError` naming the file, the entry and the
 allowed values (``sweeps/small.yaml: grids[2] (ds-sum): scheme.delta: ...``).
 """
 
@@ -44,7 +44,7 @@ import yaml
 from pydantic import BeforeValidator, ValidationInfo, model_validator
 
 from mmw.errors import SpecError
-from mmw.scheme import KNOWN_KEYS, SchemeSpec
+from mmw.watermark.scheme import KNOWN_KEYS, SchemeSpec
 from mmw.params import parse_params
 from mmw.sweep.confirm import QUALITY_LOSSES, Confirmation
 from mmw.sweep.cost import cost_for_pack

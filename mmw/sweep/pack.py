@@ -53,7 +53,7 @@ from mmw.errors import SpecError
 from mmw.io import PROMPTS, read_table, write_table
 from mmw.keys import resolve_key
 from mmw.params import load_params
-from mmw.scheme import SchemeSpec
+from mmw.watermark.scheme import SchemeSpec
 from mmw.selection.reading import METRICS_FILE, run_values
 from mmw.stages.common import generator_vocab_size
 from mmw.sweep.definition import apply_overrides, pack_key
@@ -232,7 +232,7 @@ class PackedExecutor:
         (vLLM batches requests itself), is left out: its own stage runs and fails or runs as it would alone. A
         decode holds at most ``decode_rows`` rows (default ``model.batch_size``: the memory of one configuration's
         own generation); when a configuration's batch already fills it, nothing is decoded here."""
-        from mmw.plugin_generation import build_processor  # imports torch and transformers
+        from mmw.watermark.build import build_processor  # imports torch and transformers
         from mmw.sweep.decode import generate_together  # imports torch and transformers
         ready: list[tuple[int, Any, int]] = []
         for index, job in enumerate(jobs):

@@ -16,7 +16,7 @@ import polars as pl
 from mmw.io import write_text, write_with
 from mmw.reporting.data import family_label, watermark_names
 from mmw.reporting.formats import fmt_tokens
-from mmw.samplers import LABELS
+from mmw.watermark.samplers import LABELS
 from mmw.sweep.claims import PAIRWISE, PAPER
 from mmw.sweep.confirm import Confirmation
 from mmw.sweep.definition import Sweep

@@ -2,7 +2,7 @@
 
 The plugin's processor sees the temperature-scaled logits of a step (transformers runs its watermark processors
 after the warpers the same way) and mmw samples the next token from the softmax of what it returns, with the same
-per-row PRF uniforms as plain sampling (``mmw.processor``): the baseline and a plugin's texts differ only by the
+per-row PRF uniforms as plain sampling (``mmw.watermark.processor``): the baseline and a plugin's texts differ only by the
 plugin, and a run is reproducible from its seed and key. A processor that already picks the token (-inf everywhere
 else, as vLLM's Gumbel-max sampler does) passes through unchanged. A processor that changes the batch's shape or
 returns NaN/+inf is refused with one line naming the plugin (``SpecError``, exit 2).
@@ -14,20 +14,24 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from transformers import LogitsProcessor
 
-from mmw import prf
 from mmw.errors import SpecError
-from mmw.plugins import plugin_params
-from mmw.processor import WatermarkProcessor, choice_logits, entropies, row_state
-from mmw.samplers.base import inverse_cdf
-from mmw.scheme import SchemeSpec
+from mmw.watermark import prf
+from mmw.watermark.plugins import plugin_params
+from mmw.watermark.processor import (
+    RecordingLogitsProcessor,
+    choice_logits,
+    entropies,
+    row_state,
+)
+from mmw.watermark.samplers.base import inverse_cdf
+from mmw.watermark.scheme import SchemeSpec
 
 #: What the preflight feeds a plugin: rows, prompt tokens and decoding steps of a random batch.
 PREFLIGHT_ROWS, PREFLIGHT_PROMPT, PREFLIGHT_STEPS = 2, 8, 3
 
 
-class PluginProcessor(LogitsProcessor):
+class PluginProcessor(RecordingLogitsProcessor):
     """mmw's recording processor around a plugin's: one batch of rows (``row_seeds``), as ``WatermarkProcessor``.
 
     Returns logits that are -inf except at the chosen token (the engine decodes greedily over them)."""
@@ -35,13 +39,12 @@ class PluginProcessor(LogitsProcessor):
     def __init__(self, spec: SchemeSpec, key: int, vocab_size: int, row_seeds: Sequence[int], temperature: float):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        super().__init__()
         plugin, params = plugin_params(spec)
         self.name, self.vocab_size, self.temperature = spec.plugin, vocab_size, float(temperature)
         self.inner = plugin.processor(params, key, vocab_size, self.temperature, [int(s) for s in row_seeds])
         self.sample_base = row_state(None, row_seeds)["sample_base"]
         self.steps: torch.Tensor | None = None
-        self.entropy: list[torch.Tensor] = []
-        self.spike_entropy: list[torch.Tensor] = []
 
     def _check(self, out: object, shape: torch.Size) -> torch.Tensor:
         setting = f"scheme.plugin ({self.name})"
@@ -73,31 +76,11 @@ class PluginProcessor(LogitsProcessor):
         self.steps += 1
         return choice_logits(scores, chosen)
 
-    def _mean_over(self, per_step: list[torch.Tensor], lengths: Sequence[int]) -> np.ndarray:
-        if not per_step:
-            return np.full(len(lengths), np.nan)
-        table = torch.stack(per_step, dim=1).cpu().numpy()
-        return np.array([table[i, :n].mean() if n > 0 else np.nan for i, n in enumerate(lengths)])
-
-    def mean_entropy(self, lengths: Sequence[int]) -> np.ndarray:
-        return self._mean_over(self.entropy, lengths)
-
-    def mean_spike_entropy(self, lengths: Sequence[int]) -> np.ndarray:
-        return self._mean_over(self.spike_entropy, lengths)
-
-
-def build_processor(spec: SchemeSpec | None, key: int | None, vocab_size: int, row_seeds: Sequence[int],
-                    temperature: float) -> WatermarkProcessor | PluginProcessor:
-    """The processor of one batch: mmw's own (spec None: plain sampling) or a plugin's."""
-    if spec is not None and spec.sampler == "plugin":
-        return PluginProcessor(spec, key, vocab_size, row_seeds, temperature)
-    return WatermarkProcessor(spec, key, vocab_size, row_seeds, temperature)
-
 
 def preflight(spec: SchemeSpec, key: int, vocab_size: int, temperature: float) -> None:
     """Run the plugin's processor on a small random batch before any real work, so a processor that changes the
     batch's shape or returns NaN/inf fails with one line at once (the detect stage checks the detector the same
-    way: ``mmw.plugin_detection.preflight_detector``)."""
+    way: ``mmw.watermark.plugin_detection.preflight_detector``)."""
     rng = np.random.default_rng(0)
     proc = PluginProcessor(spec, key, vocab_size, list(range(PREFLIGHT_ROWS)), temperature)
     ids = torch.from_numpy(rng.integers(0, vocab_size, (PREFLIGHT_ROWS, PREFLIGHT_PROMPT)))

@@ -1,7 +1,7 @@
 """Sampler base: next-token selection from logits + a seed (torch), and its per-token statistic (numpy).
 
-A new sampler is its declaration in ``mmw.samplers.parts`` (name, label, the scheme keys it uses and the
-combinations it refuses, which ``mmw.scheme.SchemeSpec`` applies without importing torch) and one small class
+A new sampler is its declaration in ``mmw.watermark.samplers.parts`` (name, label, the scheme keys it uses and the
+combinations it refuses, which ``mmw.watermark.scheme.SchemeSpec`` applies without importing torch) and one small class
 here that subclasses it: ``choose`` (generation), ``statistic`` (detection), and, when its null differs,
 ``units`` (what counts as one independent random draw) and ``pvalue_sum`` (the exact null of the sum); plus its
 kernel statistic (``mmw.kernels.stats``). Convention (docs/PRF.md): lower statistic = more watermark evidence.
@@ -13,9 +13,9 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 import torch
-from mmw import nulls, prf
-from mmw.samplers.parts import PlainPart, SamplerPart
-from mmw.scheme_values import SchemeValues
+from mmw.watermark import nulls, prf
+from mmw.watermark.samplers.parts import PlainPart, SamplerPart
+from mmw.watermark.scheme_values import SchemeValues
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:

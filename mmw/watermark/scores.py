@@ -1,7 +1,7 @@
 """Scores S (docs/PRF.md) — the numpy reference backend.
 
 A backend turns one text's tokens into per-prefix quantities; the p-values are computed from them by the
-sampler (exact nulls) or by ``mmw.nulls`` (empirical null). The numba backends in ``mmw.kernels`` compute the
+sampler (exact nulls) or by ``mmw.watermark.nulls`` (empirical null). The numba backends in ``mmw.kernels`` compute the
 same quantities for packed batches and are tested against this file.
 
 - ``sum_prefix``: for each prefix length n = 1..N, the sum of the deduplicated unit statistics and their count.
@@ -9,7 +9,7 @@ same quantities for packed batches and are tested against this file.
   <= it.
 
 Each score's class declares the scheme keys it uses and the combinations it refuses (``mmw.validation.Part``,
-applied by ``mmw.scheme.SchemeSpec``): the paper's limitations of building blocks.
+applied by ``mmw.watermark.scheme.SchemeSpec``): the paper's limitations of building blocks.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from mmw.randomness import FixedKey, RandomnessSource, trial_keys
-from mmw.scheme_values import SchemeValues
+from mmw.watermark.randomness import FixedKey, RandomnessSource, trial_keys
+from mmw.watermark.scheme_values import SchemeValues
 from mmw.validation import Key, Part, Refuse, Unused, Values
 
 if TYPE_CHECKING:
-    from mmw.samplers.base import Sampler
+    from mmw.watermark.samplers.base import Sampler
 
 #: Permutation-test trials of the align and edit scores when ``trials`` is not set.
 DEFAULT_TRIALS = 100

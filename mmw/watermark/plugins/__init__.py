@@ -31,12 +31,12 @@ The whole contract (docs/PLUGINS.md has it with examples):
   temperature`` and spread its candidates back with :func:`spread_candidates`;
 - pivots count evidence downwards: a green token is -1, a Gumbel/exponential draw is -r (``Pivots``);
 - a detector with ``needs_model = True`` receives the generator and its tokenizer (:class:`DetectionModel`);
-- ``mmw.plugin_contract.check_contract`` runs all of this on a tiny synthetic batch; the ``key`` stage runs it
+- ``mmw.watermark.plugin_contract.check_contract`` runs all of this on a tiny synthetic batch; the ``key`` stage runs it
   before any work, and ``mmw plugin new`` writes a package whose test runs it.
 
 This module is light (pydantic, numpy, scipy): validation loads the plugin's class, never its heavy
 dependencies, which a plugin imports inside ``processor``/``detector``. The runtime wrappers (sampling, checks,
-sizes) live in ``mmw.plugin_generation`` and ``mmw.plugin_detection``.
+sizes) live in ``mmw.watermark.plugin_generation`` and ``mmw.watermark.plugin_detection``.
 """
 
 from __future__ import annotations
@@ -50,13 +50,13 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from mmw import nulls
 from mmw.errors import SpecError
 from mmw.validation import Section
+from mmw.watermark import nulls
 
 GROUP = "mmw.watermarks"
 
-#: The nulls a plugin may declare for its per-token pivots, by the running-sum convention of ``mmw.size``'s
+#: The nulls a plugin may declare for its per-token pivots, by the running-sum convention of ``mmw.watermark.size``'s
 #: anytime e-process (lower sum = more evidence, docs/PRF.md):
 #: - "green": each unit is -1 (green, probability ``gamma`` under H0) or 0; the sum's null is Binomial;
 #: - "exp_up": each unit is -Exp(1) under H0 and the watermark makes the draws large; the sum's null is Erlang.
@@ -200,7 +200,7 @@ def load_plugin(name: str, setting: str = "scheme.plugin") -> WatermarkPlugin:
         raise SpecError(setting, f"plugin {name!r} ({found[name].value}) failed to load: "
                         f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
     if not (isinstance(cls, type) and issubclass(cls, WatermarkPlugin)):
-        raise SpecError(setting, f"plugin {name!r} ({found[name].value}) is not a mmw.plugins.WatermarkPlugin "
+        raise SpecError(setting, f"plugin {name!r} ({found[name].value}) is not a mmw.watermark.plugins.WatermarkPlugin "
                         "subclass", "an entry point naming a WatermarkPlugin subclass")
     params = getattr(cls, "Params", None)
     if not (isinstance(params, type) and issubclass(params, Section)) or not isinstance(getattr(cls, "label", None),
@@ -254,7 +254,7 @@ def validate_params(name: str, raw: Any, prefix: str = "scheme") -> dict[str, An
 
 
 def plugin_params(spec: Any) -> tuple[WatermarkPlugin, Section]:
-    """A plugin scheme's (``mmw.scheme.SchemeSpec``) plugin and its normalized parameters as the plugin's model."""
+    """A plugin scheme's (``mmw.watermark.scheme.SchemeSpec``) plugin and its normalized parameters as the plugin's model."""
     plugin = load_plugin(spec.plugin)
     raw = parse_plugin_params(spec.plugin_params, "scheme.plugin_params")
     return plugin, plugin.Params.model_validate(raw, strict=False)

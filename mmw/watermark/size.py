@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmw.errors import SpecError
-from mmw.samplers import DECLARED, WATERMARKING
+from mmw.watermark.samplers import DECLARED, WATERMARKING
 
 #: The first checkpoint (tokens) and the grid's growth factor. Doubling keeps the number of checkpoints
 #: logarithmic in the length (5 for 200 tokens, 7 for 1,024), so the Bonferroni price grows slowly, and
@@ -89,7 +89,7 @@ def first_crossing(pvalues: np.ndarray, alpha: float) -> int | None:
 ANYTIME_GRID = (0.1, 0.3, 0.6, 0.9)
 
 #: Samplers with a per-unit pivot, and how the running sum S of the unit statistics moves under the watermark
-#: (each sampler declares its own: ``mmw.samplers.parts.SamplerPart.pivot``).
+#: (each sampler declares its own: ``mmw.watermark.samplers.parts.SamplerPart.pivot``).
 PIVOTS = {cls.name: cls.pivot for cls in WATERMARKING if cls.pivot is not None}
 
 
@@ -143,7 +143,7 @@ def pivot_bets(pivot: str, gamma: float | None, grid: tuple[float, ...] = ANYTIM
                layers: int | None = None, weights: np.ndarray | None = None) -> Bets:
     """The e-process mixture of :func:`anytime_bets` for one pivot kind ("exp_up", "exp_down", "green" with its
     ``gamma``, "bits" with its ``layers`` and optional per-layer integer ``weights``, default all ones): also what
-    a plugin's declared null gets (``mmw.plugins``)."""
+    a plugin's declared null gets (``mmw.watermark.plugins``)."""
     rho = np.asarray(grid, dtype=np.float64)
     if rho.ndim != 1 or rho.size == 0 or not np.all((rho > 0) & (rho < 1)):
         raise SpecError("anytime grid", f"{list(grid)!r} is not a list of signal strengths", "numbers in (0, 1)")

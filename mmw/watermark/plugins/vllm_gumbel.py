@@ -20,8 +20,8 @@ from typing import Literal
 
 import numpy as np
 
-from mmw import prf
-from mmw.plugins import Pivots, PluginDetector, PrefixPValues, WatermarkPlugin
+from mmw.watermark import prf
+from mmw.watermark.plugins import Pivots, PluginDetector, PrefixPValues, WatermarkPlugin
 from mmw.validation import Integer, Section, allowed
 
 DUAL_KEY_REASON = ("dual_key_gumbel: vLLM's score weights two keys' Exp(1) scores, a unit law outside mmw's declared "

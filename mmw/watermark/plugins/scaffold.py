@@ -51,22 +51,22 @@ Fill in the two functions marked FILL IN; everything else is the contract's plum
   logits ALREADY divided by the temperature, cut to the vocabulary and copied (modify them freely). It returns
   float [B, V] logits; mmw samples from their softmax with its own per-row uniforms. -inf excludes a token; NaN,
   +inf and a changed shape are refused. A library that applies its own temperature/top-k: give it
-  ``scores * temperature`` and spread its top-k back with ``mmw.plugins.spread_candidates``.
+  ``scores * temperature`` and spread its top-k back with ``mmw.watermark.plugins.spread_candidates``.
 - the detector's ``score(tokens int64 [N])`` returns ``Pivots``: per token, ``values`` (evidence counts DOWN: a
   green unit is -1) and ``units`` (how many independent units the token contributes; 0 masks it), under a declared
   null ("green" with its gamma, or "exp_up"). Then mmw gives every size (E, checkpoint, anytime). A detector with
   only a p-value per prefix returns ``PrefixPValues`` and says why in ``no_pivot_reason``.
 - set ``needs_model = True`` to receive the generator (``model=``: ``model.logits(tokens)`` -> [N, V] next-token
   logits, ``model.model``, ``model.tokenizer``) in ``detector``, e.g. for entropy-weighted detection.
-- never log or write ``key``; derive your library's keys from it one-way (``mmw.prf.prf_int``).
+- never log or write ``key``; derive your library's keys from it one-way (``mmw.watermark.prf.prf_int``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mmw import prf
-from mmw.plugins import Pivots, PluginDetector, WatermarkPlugin
+from mmw.watermark import prf
+from mmw.watermark.plugins import Pivots, PluginDetector, WatermarkPlugin
 from mmw.validation import Section, allowed
 
 
@@ -148,8 +148,8 @@ TEST = '''\
 import numpy as np
 from scipy import stats
 
-from mmw.plugin_detection import PluginSchemeDetector, SyntheticModel
-from mmw.plugin_contract import check_plugin
+from mmw.watermark.plugin_detection import PluginSchemeDetector, SyntheticModel
+from mmw.watermark.plugin_contract import check_plugin
 
 ALPHA = 0.02
 

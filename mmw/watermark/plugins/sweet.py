@@ -4,7 +4,7 @@ Generation is the ``hf_kgw`` adapter's: transformers' ``WatermarkLogitsProcessor
 (SWEET, Lee et al. 2024, "Who Wrote this Code?") scores only the tokens at which the generator's next-token
 distribution has entropy >= ``entropy_threshold`` nats: low-entropy tokens carry little watermark and dilute the
 count. The entropies need the language model at detection, so the plugin declares ``needs_model`` and reads the
-generator's logits per position from :class:`mmw.plugins.DetectionModel`.
+generator's logits per position from :class:`mmw.watermark.plugins.DetectionModel`.
 
 The null stays exact: under H0 the green verdict of each distinct n-gram is Bernoulli(gamma) over the key, and
 the entropy mask is a function of the text alone (not of the key), so the count over the kept units is
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmw.plugins import DetectionModel, Pivots, PluginDetector, WatermarkPlugin
-from mmw.plugins.hf_kgw import KGW, KGWDetector, KGWParams
+from mmw.watermark.plugins import DetectionModel, Pivots, PluginDetector, WatermarkPlugin
+from mmw.watermark.plugins.hf_kgw import KGW, KGWDetector, KGWParams
 from mmw.validation import allowed
 
 

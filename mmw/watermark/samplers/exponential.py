@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mmw import prf
-from mmw.samplers.base import Sampler, per_candidate, probabilities
-from mmw.samplers.parts import ExponentialPart
+from mmw.watermark import prf
+from mmw.watermark.samplers.base import Sampler, per_candidate, probabilities
+from mmw.watermark.samplers.parts import ExponentialPart
 
 
 class Exponential(Sampler, ExponentialPart):

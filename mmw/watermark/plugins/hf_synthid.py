@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmw import prf
-from mmw.plugins import Pivots, PluginDetector, WatermarkPlugin
+from mmw.watermark import prf
+from mmw.watermark.plugins import Pivots, PluginDetector, WatermarkPlugin
 from mmw.validation import Integer, Section, allowed
 
 #: The PRF tag of the layer keys derived from mmw's key.

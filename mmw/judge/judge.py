@@ -134,7 +134,7 @@ def digit_start_mask(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> tor
 
 #: The arithmetic of the in-process judge's ``expected`` mode: bumped whenever a change moves its ratings (if
 #: only in the last bits, as computing the rating prompt's head once for all rows did), so judgements cached by
-#: another arithmetic are not mixed with new ones (``mmw.judge_backends.TransformersBackend.cache_id``).
+#: another arithmetic are not mixed with new ones (``mmw.judge.backends.TransformersBackend.cache_id``).
 ARITHMETIC = 2
 
 #: Stands for the rated prompt where the judge looks for the start of the rating prompt's fixed head.
@@ -553,7 +553,7 @@ def paired_discrimination(original: Sequence[float | None], shuffled: Sequence[f
 
 
 class Rater(Protocol):
-    """Anything that rates like :meth:`Judge.rate` (a Judge, or ``mmw.judge_backends.CachedRater``)."""
+    """Anything that rates like :meth:`Judge.rate` (a Judge, or ``mmw.judge.backends.CachedRater``)."""
 
     def rate(self, prompts: Sequence[str], texts: Sequence[str], modes: Sequence[str] = MODES) -> dict[str, list]:
         """``{mode: ratings}``."""

@@ -1,10 +1,10 @@
 """The samplers' declarations: what the scheme's validation needs of each sampler C1-C4 (and plain sampling) —
 its name, display label, the scheme keys it uses (with defaults) and the combinations it refuses
-(``mmw.validation.Part``, applied by ``mmw.scheme.SchemeSpec``).
+(``mmw.validation.Part``, applied by ``mmw.watermark.scheme.SchemeSpec``).
 
 This module imports no torch: validation, the params board and the reports read it without loading
-the generation code. Each sampler's implementation (``mmw.samplers.<module>``) subclasses its declaration, and
-the declaration names it (``implementation``), so :func:`mmw.samplers.build_sampler` imports it on first use.
+the generation code. Each sampler's implementation (``mmw.watermark.samplers.<module>``) subclasses its declaration, and
+the declaration names it (``implementation``), so :func:`mmw.watermark.samplers.build_sampler` imports it on first use.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from mmw.samplers.binary_code import CODES
-from mmw.scheme_values import SchemeValues
+from mmw.watermark.samplers.binary_code import CODES
+from mmw.watermark.scheme_values import SchemeValues
 from mmw.validation import Key, Part, Refuse, Unused
 
 #: Seeds a generation remembers for a repeated-context mask (SynthID's ``context_history_size`` default): a
@@ -41,7 +41,7 @@ class SamplerPart(Part):
     label: ClassVar[str]
     implementation: ClassVar[str]
     distortion_free: ClassVar[bool] = True
-    #: How the running sum S of its unit statistics moves under the watermark (``mmw.size``'s anytime e-process):
+    #: How the running sum S of its unit statistics moves under the watermark (``mmw.watermark.size``'s anytime e-process):
     #: "exp_up" -- each unit is -Exp(1) and the watermark makes Exp(1) draws large (C1, C2); "exp_down" -- each
     #: unit is +Exp(1) and shrinks when marked (C3, per tree node); "green" -- each unit is -1 (green, probability
     #: gamma) or 0 (C4, reweight); "bits" -- each unit is minus its count of ones among ``layers`` fair bits
@@ -51,7 +51,7 @@ class SamplerPart(Part):
     #: true where each candidate's draw is its own keyed value (C1's uniform, C4's green bit); false where one
     #: permutation, uniform or tree walk per position is shared by all candidates.
     candidate_seeds: ClassVar[bool] = False
-    #: Seeds remembered per generation for masking repeated contexts (0: no mask); ``mmw.processor`` applies it.
+    #: Seeds remembered per generation for masking repeated contexts (0: no mask); ``mmw.watermark.processor`` applies it.
     context_history: ClassVar[int] = 0
     # A distortion-free sampler is deterministic given the key, so it may sample plainly with probability skip_prob.
     scheme_keys = (Key("skip_prob", default=0.0),)
@@ -67,7 +67,7 @@ class PlainPart(SamplerPart):
 
     name = "none"
     label = "Plain"
-    implementation = "mmw.samplers.base"
+    implementation = "mmw.watermark.samplers.base"
 
 
 class DistributionShiftPart(SamplerPart):
@@ -75,7 +75,7 @@ class DistributionShiftPart(SamplerPart):
 
     name = "distribution_shift"
     label = "Distribution shift"
-    implementation = "mmw.samplers.distribution_shift"
+    implementation = "mmw.watermark.samplers.distribution_shift"
     distortion_free = False
     pivot = "green"
     candidate_seeds = True
@@ -89,7 +89,7 @@ class ExponentialPart(SamplerPart):
 
     name = "exponential"
     label = "Exponential"
-    implementation = "mmw.samplers.exponential"
+    implementation = "mmw.watermark.samplers.exponential"
     pivot = "exp_up"
     candidate_seeds = True
     # mask_repeated: a seed already used in the generation is sampled plainly, as vLLM's gumbel sampler does. Without
@@ -116,7 +116,7 @@ class InverseTransformPart(SamplerPart):
 
     name = "inverse_transform"
     label = "Inverse transform"
-    implementation = "mmw.samplers.inverse_transform"
+    implementation = "mmw.watermark.samplers.inverse_transform"
     pivot = "exp_up"
     refuses = (refuse_constant_randomness("one random draw"),)
 
@@ -126,7 +126,7 @@ class BinaryPart(SamplerPart):
 
     name = "binary"
     label = "Binary"
-    implementation = "mmw.samplers.binary"
+    implementation = "mmw.watermark.samplers.binary"
     pivot = "exp_down"
     scheme_keys = (*SamplerPart.scheme_keys, Key("binary_code", default=CODES[0]))
     # The edit DP compares per-token costs with the gap cost psi, which only means something when the statistic
@@ -149,7 +149,7 @@ class ReweightPart(SamplerPart):
 
     name = "reweight"
     label = "Reweight (DiPmark)"
-    implementation = "mmw.samplers.reweight"
+    implementation = "mmw.watermark.samplers.reweight"
     pivot = "green"
     scheme_keys = (Unused("skip_prob", "by the reweighting sampler (it samples with fresh randomness already, so "
                           "skipping only weakens it)"),
@@ -173,7 +173,7 @@ def uniform_weights(layers: int) -> np.ndarray:
 def decreasing_weights(layers: int) -> np.ndarray:
     """SynthID's weighted mean score: weights falling linearly from 10 (first layer) to 1 (last layer), because
     later rounds see a distribution already sharpened by the earlier ones and carry less signal. Rounded to
-    integers, so that the weighted count of ones has an exact discrete null (``mmw.nulls.weighted_bits_upper``);
+    integers, so that the weighted count of ones has an exact discrete null (``mmw.watermark.nulls.weighted_bits_upper``);
     SynthID's own rescaling of the weights to sum m does not change which texts score higher."""
     return np.rint(np.linspace(10.0, 1.0, layers)).astype(np.int64)
 
@@ -193,7 +193,7 @@ class TournamentPart(SamplerPart):
 
     name = "tournament"
     label = "Tournament"
-    implementation = "mmw.samplers.tournament"
+    implementation = "mmw.watermark.samplers.tournament"
     pivot = "bits"
     #: Seeds remembered per row for the repeated-context mask (SynthID's ``context_history_size``).
     context_history = REPEATED_CONTEXT_HISTORY
@@ -216,13 +216,13 @@ class TournamentPart(SamplerPart):
 
 
 class PluginPart(SamplerPart):
-    """An outside watermark through its plugin (``mmw.plugins``, entry-point group ``mmw.watermarks``): the plugin
+    """An outside watermark through its plugin (``mmw.watermark.plugins``, entry-point group ``mmw.watermarks``): the plugin
     brings its own randomness, sampling and detection; ``plugin`` names it, ``plugin_params`` are validated by the
-    plugin's own model (``mmw.scheme`` checks both)."""
+    plugin's own model (``mmw.watermark.scheme`` checks both)."""
 
     name = "plugin"
     label = "Plugin"
-    implementation = "mmw.plugins"  # the interface; each plugin brings its implementation
+    implementation = "mmw.watermark.plugins"  # the interface; each plugin brings its implementation
     distortion_free = False
     scheme_keys = (Key("plugin", required=True, purpose="the plugin's entry-point name"),
                    Key("plugin_params", default=None, purpose="the plugin's parameters"))
@@ -234,5 +234,5 @@ WATERMARKING: tuple[type[SamplerPart], ...] = (DistributionShiftPart, Exponentia
 #: Every sampler's declaration by name, plain sampling (``none``) included.
 DECLARED: dict[str, type[SamplerPart]] = {cls.name: cls for cls in (*WATERMARKING, PlainPart)}
 #: Display names of the built-in watermarking samplers (the report's families), in the paper's order.
-#: A plugin is not one family: each plugin is its own, labelled by the plugin (``mmw.plugins.label``).
+#: A plugin is not one family: each plugin is its own, labelled by the plugin (``mmw.watermark.plugins.label``).
 LABELS: dict[str, str] = {cls.name: cls.label for cls in WATERMARKING if cls is not PluginPart}

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from mmw import prf
-from mmw.randomness import FixedKey, RandomnessSource
-from mmw.samplers import build_sampler
-from mmw.samplers.base import Plain
-from mmw.scheme import SchemeSpec
+from mmw.watermark import prf
+from mmw.watermark.randomness import FixedKey, RandomnessSource
+from mmw.watermark.samplers import build_sampler
+from mmw.watermark.samplers.base import Plain
+from mmw.watermark.scheme import SchemeSpec
 
 
 def entropies(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,7 +205,37 @@ def choice_logits(scores: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
     return torch.full_like(scores, float("-inf")).scatter_(1, chosen.unsqueeze(-1), 0.0)
 
 
-class WatermarkProcessor(LogitsProcessor):
+class RecordingLogitsProcessor(LogitsProcessor):
+    """A logits processor that records, per step and row, the entropy and the spike entropy of the model's own
+    next-token distribution (float64 [B] each, on the device) and gives their per-row means over each row's
+    generated tokens: the recording every engine reads, shared by mmw's processor and a plugin's."""
+
+    def __init__(self) -> None:
+        self.entropy: list[torch.Tensor] = []
+        self.spike_entropy: list[torch.Tensor] = []
+
+    def _steps_table(self, which: int) -> np.ndarray | None:
+        """The recorded values as float64 [B, steps] (``which`` 0: entropy, 1: spike entropy), or None when no
+        step was recorded. One device->host copy."""
+        per_step = (self.entropy, self.spike_entropy)[which]
+        return torch.stack(per_step, dim=1).cpu().numpy() if per_step else None
+
+    def _mean_over(self, which: int, lengths: Sequence[int]) -> np.ndarray:
+        table = self._steps_table(which)
+        if table is None:
+            return np.full(len(lengths), np.nan)
+        return np.array([table[i, :n].mean() if n > 0 else np.nan for i, n in enumerate(lengths)])
+
+    def mean_entropy(self, lengths: Sequence[int]) -> np.ndarray:
+        """Mean Shannon entropy (nats) over each row's first ``lengths[i]`` generated tokens."""
+        return self._mean_over(0, lengths)
+
+    def mean_spike_entropy(self, lengths: Sequence[int]) -> np.ndarray:
+        """Mean spike entropy over each row's first ``lengths[i]`` generated tokens."""
+        return self._mean_over(1, lengths)
+
+
+class WatermarkProcessor(RecordingLogitsProcessor):
     """spec None -> unwatermarked (plain) sampling. row_seeds: one 64-bit seed per batch row.
 
     Also records, per step and row, the entropy and the spike entropy of the model's own next-token
@@ -216,6 +246,7 @@ class WatermarkProcessor(LogitsProcessor):
                  temperature: float, compiled: bool | None = None):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        super().__init__()
         self.spec, self.key, self.vocab_size, self.temperature = spec, key, vocab_size, float(temperature)
         self.row_seeds = [int(s) & prf.MASK64 for s in row_seeds]
         self.compiled = compiled
@@ -227,8 +258,7 @@ class WatermarkProcessor(LogitsProcessor):
         self._history: torch.Tensor | None = None
         self._steps: torch.Tensor | None = None
         self.step = 0
-        self.entropy: list[torch.Tensor] = []
-        self.spike_entropy: list[torch.Tensor] = []
+        self._tables: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         """input_ids: int64 [B, S] (prompt + generated so far); scores: float [B, V'] raw logits."""
@@ -286,19 +316,7 @@ class WatermarkProcessor(LogitsProcessor):
         self._table_steps = steps
         self.step += steps
 
-    def _mean_over(self, per_step: list[torch.Tensor], lengths: Sequence[int]) -> np.ndarray:
-        if getattr(self, "_tables", None) is not None:
-            which = 0 if per_step is self.entropy else 1
-            table = self._tables[which, :, : self._table_steps].cpu().numpy()
-            return np.array([table[i, :n].mean() if n > 0 else np.nan for i, n in enumerate(lengths)])
-        if not per_step:
-            return np.full(len(lengths), np.nan)
-        table = torch.stack(per_step, dim=1).cpu().numpy()  # [B, steps]: the one device->host copy
-        return np.array([table[i, :n].mean() if n > 0 else np.nan for i, n in enumerate(lengths)])
-
-    def mean_entropy(self, lengths: Sequence[int]) -> np.ndarray:
-        """Mean Shannon entropy (nats) over each row's first ``lengths[i]`` generated tokens."""
-        return self._mean_over(self.entropy, lengths)
-
-    def mean_spike_entropy(self, lengths: Sequence[int]) -> np.ndarray:
-        return self._mean_over(self.spike_entropy, lengths)
+    def _steps_table(self, which: int) -> np.ndarray | None:
+        if self._tables is not None:  # static decoding wrote its records into one pre-allocated table
+            return self._tables[which, :, : self._table_steps].cpu().numpy()
+        return super()._steps_table(which)

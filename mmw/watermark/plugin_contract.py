@@ -4,10 +4,10 @@ that ``mmw plugin new`` writes).
 What is checked, each failure one line naming the plugin (``SpecError``, exit 2 from a stage):
 - the parameters, by the plugin's own model (at validation, before this);
 - the processor, built as for a batch of 2 rows and called for 3 steps on random logits at the run's temperature:
-  same shape, no NaN/+inf, no row that is -inf everywhere (``mmw.plugin_generation.preflight``);
-- the detector, on one random text of 48 tokens (given a ``mmw.plugin_detection.SyntheticModel`` when it ``needs_model``):
+  same shape, no NaN/+inf, no row that is -inf everywhere (``mmw.watermark.plugin_generation.preflight``);
+- the detector, on one random text of 48 tokens (given a ``mmw.watermark.plugin_detection.SyntheticModel`` when it ``needs_model``):
   ``Pivots`` with a declared null, finite, counting evidence downwards and aligned with the text, or p-values in
-  [0, 1] one per prefix; and the kind its ``no_pivot_reason`` announces (``mmw.plugin_detection.preflight_detector``).
+  [0, 1] one per prefix; and the kind its ``no_pivot_reason`` announces (``mmw.watermark.plugin_detection.preflight_detector``).
 
 A synthetic batch cannot show that a detector's null is right; the FPR tests of each adapter (tests/test_plugins.py,
 bench/plugins.py) do that on real null text.
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmw.plugin_detection import SyntheticModel  # noqa: F401  (part of the contract's API)
-from mmw.scheme import SchemeSpec
+from mmw.watermark.plugin_detection import SyntheticModel  # noqa: F401  (part of the contract's API)
+from mmw.watermark.scheme import SchemeSpec
 
 #: The vocabulary of the synthetic batch when the generator's is not given (the scaffold's test).
 SYNTHETIC_VOCAB = 1000
@@ -27,8 +27,8 @@ SYNTHETIC_VOCAB = 1000
 def check_contract(spec: SchemeSpec, key: int, vocab_size: int = SYNTHETIC_VOCAB, temperature: float = 1.0) -> None:
     """Run a plugin scheme's processor and detector on a tiny synthetic batch; SpecError naming the plugin on the
     first broken rule (module docstring)."""
-    from mmw.plugin_detection import preflight_detector
-    from mmw.plugin_generation import preflight
+    from mmw.watermark.plugin_detection import preflight_detector
+    from mmw.watermark.plugin_generation import preflight
 
     preflight(spec, key, vocab_size, temperature)
     preflight_detector(spec, key, vocab_size)

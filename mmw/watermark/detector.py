@@ -2,7 +2,7 @@
 
 The detector composes the three design blocks: a randomness source re-derives the seeds, the sampler supplies
 the per-token statistic and the exact null of its sum, and the score (sum / align / edit) is computed by a backend:
-numba on the CPU or CUDA (``mmw.kernels``) or the numpy reference (``mmw.scores``). ``device='auto'`` picks CUDA when
+numba on the CPU or CUDA (``mmw.kernels``) or the numpy reference (``mmw.watermark.scores``). ``device='auto'`` picks CUDA when
 a GPU is visible, else the numba CPU twin.
 """
 
@@ -13,17 +13,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmw import nulls
 from mmw.errors import SpecError
-from mmw.params import DETECT_DEVICES
-from mmw.randomness import RandomnessSource
-from mmw.samplers import build_sampler
-from mmw.scheme import SchemeSpec
-from mmw.scores import ReferenceBackend
-from mmw.size import (anytime_bets, anytime_log_evalues, anytime_size, anytime_threshold, check_statistics,
-                      first_crossing, valid_size)
+from mmw.model_fields import DETECT_DEVICES
+from mmw.watermark import nulls
+from mmw.watermark.randomness import RandomnessSource
+from mmw.watermark.samplers import build_sampler
+from mmw.watermark.scheme import SchemeSpec
+from mmw.watermark.scores import ReferenceBackend
+from mmw.watermark.size import (
+    anytime_bets,
+    anytime_log_evalues,
+    anytime_size,
+    anytime_threshold,
+    check_statistics,
+    first_crossing,
+    valid_size,
+)
 
-#: The devices a detector runs on: params ``detect.device``'s values (declared once, in mmw.params).
+#: The devices a detector runs on: params ``detect.device``'s values (declared once, in mmw.model_fields).
 DEVICES = DETECT_DEVICES
 
 
@@ -31,8 +38,8 @@ DEVICES = DETECT_DEVICES
 class DetectionResult:
     """One text's verdict. ``pvalues[n-1]`` is the p-value of the first n tokens; ``size`` is the shortest
     prefix with p <= alpha (the paper's E, a first crossing; None when no prefix is detected) and ``size_valid``
-    the FPR-controlled size (``mmw.size.valid_size``: checkpoint grid, alpha split across checkpoints).
-    ``size_anytime`` is the first prefix whose e-value reaches 1 / alpha (``mmw.size.anytime_bets``: valid at every
+    the FPR-controlled size (``mmw.watermark.size.valid_size``: checkpoint grid, alpha split across checkpoints).
+    ``size_anytime`` is the first prefix whose e-value reaches 1 / alpha (``mmw.watermark.size.anytime_bets``: valid at every
     prefix, token resolution) and ``log_evalues`` the log e-value per prefix; both None for align/edit scores,
     which have no per-token pivot.
     ``detected`` uses the whole text only: taking the best prefix would be a sequential test whose
@@ -50,13 +57,35 @@ class DetectionResult:
     log_evalues: np.ndarray | None = None
 
 
+@dataclass
+class Scored:
+    """What a detector's score gives of one text: the p-value of every prefix (float64 [n]), the final score, the
+    tokens the statistic used, and the anytime size with its log e-values (None without a per-token pivot)."""
+
+    pvalues: np.ndarray
+    score: float
+    n_scored: int
+    size_anytime: int | None = None
+    log_evalues: np.ndarray | None = None
+
+
 class Detector:
+    """The detector of a scheme: token ids -> :class:`DetectionResult`. ``detect`` checks the ids, asks
+    :meth:`score` for each text's per-prefix p-values and turns them into the verdict and the sizes. mmw's own
+    blocks score here; a plugin's adapter (``mmw.watermark.plugin_detection``) overrides :meth:`setup` and
+    :meth:`score` only."""
+
     def __init__(self, spec: SchemeSpec, key: int, vocab_size: int, device: str = "auto"):
         if device not in DEVICES:
             raise SpecError("detect.device", f"unknown device {device!r}", DEVICES)
         self.spec = spec
         self.vocab_size = vocab_size
-        self.sampler = build_sampler(spec, key, vocab_size)
+        self.setup(key, device)
+
+    def setup(self, key: int, device: str) -> None:
+        """Build what :meth:`score` needs: the sampler, the randomness source and the scoring backend."""
+        spec = self.spec
+        self.sampler = build_sampler(spec, key, self.vocab_size)
         self.source = RandomnessSource.from_spec(spec)
         self.reference = ReferenceBackend(spec, self.sampler, self.source, key)
         self.backend = self.reference if device == "reference" else _kernel_backend(self, key, device)
@@ -68,19 +97,25 @@ class Detector:
         for t in arrays:
             if t.size and (t.min() < 0 or t.max() >= self.vocab_size):
                 raise ValueError(f"token ids must lie in [0, {self.vocab_size}); got {t.min()}..{t.max()}")
+        return [self._result(t, scored) for t, scored in zip(arrays, self.score(arrays), strict=True)]
+
+    def detect_text(self, tokenizer, texts: Sequence[str]) -> list[DetectionResult]:
+        """Tokenize without special tokens (the detector sees only the text) and detect."""
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        return self.detect([np.array(i, dtype=np.int64) for i in ids])
+
+    def score(self, arrays: list[np.ndarray]) -> list[Scored]:
+        """Each text's p-value per prefix and score: the exact null of the sum (with the anytime e-process), or the
+        permutation test of align/edit."""
         if self.spec.exact_null:
             outs = self.backend.sum_prefix_batch(arrays)
-            results = []
-            for t, (total, count), (log_e, anytime) in zip(arrays, outs, self._anytime(outs)):
-                p = self.sampler.pvalue_sum(total, count)
-                results.append(self._result(t, p, total, count, anytime, log_e))
-            return results
-        outs = self.backend.empirical_prefix_batch(arrays)
-        results = []
-        for t, (observed, n_le) in zip(arrays, outs):
-            p = nulls.empirical(n_le, self.spec.trials)
-            results.append(self._result(t, p, observed, None))
-        return results
+            return [Scored(self.sampler.pvalue_sum(total, count), float(total[-1]) if len(t) else 0.0,
+                           int(count[-1]) if len(t) else 0, anytime, log_e)
+                    for t, (total, count), (log_e, anytime) in zip(arrays, outs, self._anytime(outs))]
+        context = self.source.context if self.spec.randomness != "fixed" else 0
+        return [Scored(nulls.empirical(n_le, self.spec.trials), float(observed[-1]) if len(t) else 0.0,
+                       max(len(t) - context, 0))
+                for t, (observed, n_le) in zip(arrays, self.backend.empirical_prefix_batch(arrays))]
 
     def _anytime(self, outs: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, int | None]]:
         """The e-process of each text from its running sum and unit count -> (log e-values, anytime size)."""
@@ -94,25 +129,14 @@ class Detector:
             out.append((log_e, anytime_size(log_e, self.spec.alpha)))
         return out
 
-    def detect_text(self, tokenizer, texts: Sequence[str]) -> list[DetectionResult]:
-        """Tokenize without special tokens (the detector sees only the text) and detect."""
-        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        return self.detect([np.array(i, dtype=np.int64) for i in ids])
-
-    def _result(self, tokens: np.ndarray, p: np.ndarray, score: np.ndarray, count: np.ndarray | None,
-                size_anytime: int | None = None, log_evalues: np.ndarray | None = None):
-        n = len(tokens)
-        if count is not None:
-            n_scored = int(count[-1]) if n else 0
-        else:
-            n_scored = max(n - (self.source.context if self.spec.randomness != "fixed" else 0), 0)
+    def _result(self, tokens: np.ndarray, scored: Scored) -> DetectionResult:
+        n, p, alpha = len(tokens), scored.pvalues, self.spec.alpha
         pvalue = float(p[-1]) if n else 1.0
-        alpha = self.spec.alpha
         return DetectionResult(
-            n_tokens=n, n_scored=n_scored, score=float(score[-1]) if n else 0.0, pvalue=pvalue,
+            n_tokens=n, n_scored=scored.n_scored, score=scored.score, pvalue=pvalue,
             pvalues=p, size=first_crossing(p, alpha), detected=pvalue <= alpha,
             size_valid=valid_size(p, alpha, None if self.spec.exact_null else self.spec.trials),
-            size_anytime=size_anytime, log_evalues=log_evalues,
+            size_anytime=scored.size_anytime, log_evalues=scored.log_evalues,
         )
 
 

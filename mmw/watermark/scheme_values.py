@@ -1,6 +1,6 @@
 """What a scheme's parts read of a validated scheme: its values, as a read-only protocol.
 
-The parts (randomness sources, samplers, scores) declare the scheme keys they use, and :class:`mmw.scheme.SchemeSpec`
+The parts (randomness sources, samplers, scores) declare the scheme keys they use, and :class:`mmw.watermark.scheme.SchemeSpec`
 is built from those declarations, so the parts must not import it back: they take a scheme as
 :class:`SchemeValues`, which SchemeSpec satisfies (``tests/test_scheme.py`` checks that every name here is one of
 its fields or properties).
@@ -12,7 +12,7 @@ from typing import Protocol
 
 
 class SchemeValues(Protocol):
-    """The validated values of a scheme that its parts read (``mmw.scheme.SchemeSpec``'s fields)."""
+    """The validated values of a scheme that its parts read (``mmw.watermark.scheme.SchemeSpec``'s fields)."""
 
     @property
     def sampler(self) -> str: ...

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mmw import nulls, prf
-from mmw.samplers.base import Sampler, cumsum_last, inverse_cdf, probabilities
-from mmw.samplers.parts import ReweightPart
+from mmw.watermark import nulls, prf
+from mmw.watermark.samplers.base import Sampler, cumsum_last, inverse_cdf, probabilities
+from mmw.watermark.samplers.parts import ReweightPart
 
 
 def reweight_mass(mass: torch.Tensor, alpha: float) -> torch.Tensor:

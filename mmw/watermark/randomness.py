@@ -9,8 +9,8 @@
   combine it with every candidate (``candidate_seeds_t``); the detector needs only the observed token's seed.
 
 Each source has a numpy twin (detector reference) and a torch twin (generation); both give the same uint64 bits.
-torch is imported where the torch twin runs (as in ``mmw.prf``), so validation and detection stay torch-free.
-Its class declares the scheme keys it uses (``mmw.validation.Part``, applied by ``mmw.scheme.SchemeSpec``).
+torch is imported where the torch twin runs (as in ``mmw.watermark.prf``), so validation and detection stay torch-free.
+Its class declares the scheme keys it uses (``mmw.validation.Part``, applied by ``mmw.watermark.scheme.SchemeSpec``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from mmw import prf
-from mmw.samplers.parts import DECLARED, WATERMARKING
-from mmw.scheme_values import SchemeValues
+from mmw.watermark import prf
+from mmw.watermark.samplers.parts import DECLARED, WATERMARKING
+from mmw.watermark.scheme_values import SchemeValues
 from mmw.validation import Key, Part, Refuse, Unused
 
 if TYPE_CHECKING:

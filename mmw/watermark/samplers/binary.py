@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from mmw import nulls, prf
-from mmw.samplers.base import Sampler, cumsum_last, probabilities
-from mmw.samplers.binary_code import build_code
-from mmw.samplers.parts import BinaryPart
+from mmw.watermark import nulls, prf
+from mmw.watermark.samplers.base import Sampler, cumsum_last, probabilities
+from mmw.watermark.samplers.binary_code import build_code
+from mmw.watermark.samplers.parts import BinaryPart
 
 
 class Binary(Sampler, BinaryPart):

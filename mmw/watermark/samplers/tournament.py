@@ -18,16 +18,16 @@ factors become one table indexed by those bits. m = 30 takes three passes where 
 ``tournament_probs`` stays the reference the tests compare it with.
 
 One inverse-CDF draw with the step's plain uniform then picks the token. Repeated contexts (a seed already used in
-this generation) are sampled plainly by the step (``mmw.processor``), as SynthID's context history does.
+this generation) are sampled plainly by the step (``mmw.watermark.processor``), as SynthID's context history does.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from mmw import nulls, prf
-from mmw.samplers.base import Sampler, inverse_cdf, probabilities
-from mmw.samplers.parts import TournamentPart
+from mmw.watermark import nulls, prf
+from mmw.watermark.samplers.base import Sampler, inverse_cdf, probabilities
+from mmw.watermark.samplers.parts import TournamentPart
 
 #: Shifts that bring layer l's bit (bit 63 - l of the PRF output) to bit 0, for l = 0..63.
 _SHIFTS = np.arange(63, -1, -1, dtype=np.uint64)
@@ -182,7 +182,7 @@ class Tournament(Sampler, TournamentPart):
     """Statistic of a token: minus the weighted number of its g-values equal to 1 (``-sum_l w_l g_l``, the
     scheme's ``layer_weights``; all ones by default, SynthID's mean score); each distinct (seed, token) pair is one
     unit, whose m bits are i.i.d. fair under H0, so the sum score's null is exactly Binomial(N m, 1/2) over N units
-    with equal weights, and the weighted count's exact discrete law (``mmw.nulls.WeightedBits``) otherwise."""
+    with equal weights, and the weighted count's exact discrete law (``mmw.watermark.nulls.WeightedBits``) otherwise."""
 
     def __init__(self, spec, key, vocab_size):
         super().__init__(spec, key, vocab_size)
@@ -201,7 +201,7 @@ class Tournament(Sampler, TournamentPart):
 
     def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows):
         """``choose``, except that the rows where ``plain_rows`` (bool [B]) is set are drawn from the model's own law
-        (the repeated-context mask, ``mmw.processor``): the same tokens as the plain sampler's choice with this
+        (the repeated-context mask, ``mmw.watermark.processor``): the same tokens as the plain sampler's choice with this
         uniform, from one scan of one law instead of a second softmax and scan for the plain rows."""
         if temperature == 0:
             return logits.argmax(dim=-1)
