@@ -15,8 +15,7 @@ from functools import cache
 import numpy as np
 
 from mmw.errors import SpecError
-from mmw.kernels.stats import (BINARY, DISTRIBUTION_SHIFT, FIXED, PAIRWISE_BLOCK, REWEIGHT, SAMPLER_CODES,
-                               SOURCE_CODES, TOURNAMENT)
+from mmw.kernels.stats import BINARY, FIXED, PAIRWISE_BLOCK, SAMPLER_CODES, SOURCE_CODES, TOURNAMENT
 from mmw.watermark.randomness import RandomnessSource
 from mmw.watermark.samplers.base import Sampler
 from mmw.watermark.scheme import SchemeSpec
@@ -77,7 +76,7 @@ class SamplerArrays:
             nodes, bits, depth = code.path_nodes, code.path_bits, code.depth
         if kind == TOURNAMENT:  # the per-layer weights of the g-value count (``layer_weights``)
             rank = np.ascontiguousarray(sampler.weights, dtype=np.int64)
-        gamma = sampler.spec.gamma if kind in (DISTRIBUTION_SHIFT, REWEIGHT) else 0.0
+        gamma = sampler.spec.gamma or 0.0  # the green-list fraction of the samplers that use one (else unset)
         return cls(kind, float(gamma), float(sampler.vocab_size - 1), rank, np.ascontiguousarray(nodes),
                    np.ascontiguousarray(bits), np.ascontiguousarray(depth, dtype=np.int64))
 

@@ -16,15 +16,17 @@ import numpy as np
 from numba import njit, parallel_chunksize, prange
 
 from mmw.kernels.prf import prf
-from mmw.kernels.stats import (FIXED, TAG_FIXED, anytime_text, edit_cell, fixed_seed, key_at, source_base,
+from mmw.kernels.stats import (FIXED, SAMPLER_CODES, TAG_FIXED, anytime_text, edit_cell, fixed_seed, key_at, source_base,
                                sum_prefix_text, text_seed, token_statistic)
 
 
 def _drop_stale_cache(here: Path = Path(__file__).resolve().parent) -> None:
     """numba's on-disk cache (``cache=True``) is keyed by this file alone, but the kernels inline the shared spec
     (stats.py, prf.py): a cached kernel compiled before a change there would run the old statistic. Drop this
-    module's cached kernels whenever any of the three sources changed since they were compiled."""
-    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in ("cpu.py", "stats.py", "prf.py")))
+    module's cached kernels whenever any of the three sources, or the sampler codes (declared in
+    ``mmw.watermark.samplers.parts``), changed since they were compiled."""
+    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in ("cpu.py", "stats.py", "prf.py"))
+                            + repr(sorted(SAMPLER_CODES.items())).encode())
     cache, stamp = here / "__pycache__", here / "__pycache__" / "cpu.sources.sha256"
     try:
         if stamp.read_text() == digest.hexdigest():

@@ -25,18 +25,18 @@ from numba.extending import register_jitable
 from mmw.watermark import prf as spec
 from mmw.kernels.prf import prf, unit
 from mmw.watermark.samplers.inverse_transform import TINY
+from mmw.watermark.samplers.parts import KERNEL_CODES
 
-# Sampler codes (the kernels branch on them; the branch is uniform across a GPU warp).
-EXPONENTIAL = 1
-INVERSE_TRANSFORM = 2
-BINARY = 3
-DISTRIBUTION_SHIFT = 4
-SAMPLER_CODES = {"exponential": EXPONENTIAL, "inverse_transform": INVERSE_TRANSFORM, "binary": BINARY,
-                 "distribution_shift": DISTRIBUTION_SHIFT}
-
-# The tournament sampler (SynthID-Text): its code, kept apart from the list above.
-TOURNAMENT = 16
-SAMPLER_CODES["tournament"] = TOURNAMENT
+# Sampler codes, from the samplers' declarations (the kernels branch on them; the branch is uniform across a GPU
+# warp). ``token_statistic`` and ``token_unit`` below hold each one's statistic; tests/test_declarations.py fails
+# when a declared code has none.
+SAMPLER_CODES = dict(KERNEL_CODES)
+DISTRIBUTION_SHIFT = SAMPLER_CODES["distribution_shift"]
+EXPONENTIAL = SAMPLER_CODES["exponential"]
+INVERSE_TRANSFORM = SAMPLER_CODES["inverse_transform"]
+BINARY = SAMPLER_CODES["binary"]
+REWEIGHT = SAMPLER_CODES["reweight"]
+TOURNAMENT = SAMPLER_CODES["tournament"]
 
 # Randomness-source codes.
 WINDOW = 1
@@ -44,9 +44,7 @@ MINHASH = 2
 FIXED = 3
 SOURCE_CODES = {"window": WINDOW, "minhash": MINHASH, "fixed": FIXED}
 
-# Beyond the paper: reweighting (DiPmark) and self-seeding (SelfHash).
-REWEIGHT = 7
-SAMPLER_CODES["reweight"] = REWEIGHT
+# Beyond the paper: self-seeding (SelfHash).
 SELFHASH = 4
 SOURCE_CODES["selfhash"] = SELFHASH
 

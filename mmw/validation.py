@@ -140,13 +140,15 @@ class Key:
 
     ``purpose`` completes the error of another part of the same kind that is given the key ("not used by
     sampler=binary (delta is <purpose>)"; default: "for <part>=<names of the parts that use it>"). ``check`` sees
-    the values once this key is resolved and returns ``(problem, allowed)`` to refuse them, or None."""
+    the values once this key is resolved and returns ``(problem, allowed)`` to refuse them, or None.
+    ``generation_only``: no detector reads the key (the detection stages do not depend on it)."""
 
     name: str
     required: bool = False
     default: Any = None
     purpose: str | None = None
     check: Callable[[Values], tuple[str, str] | None] | None = None
+    generation_only: bool = False
 
 
 @dataclass(frozen=True)

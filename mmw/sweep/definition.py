@@ -253,10 +253,13 @@ def _single_valued(path: Path, board: Mapping[str, Any], configs: list[Config]) 
                             "one value for the whole sweep (set it in base)")
 
 
-#: Scheme keys added after sweeps were first recorded: left out of a config's identity while null, so that adding a
-#: block (and its null key) keeps every recorded configuration's id and evidence.
-LATER_SCHEME_KEYS = ("scheme.layers", "scheme.leaves", "scheme.reweight_alpha", "scheme.plugin",
-                     "scheme.plugin_params", "scheme.layer_weights", "scheme.mask_repeated")
+#: The scheme keys when sweeps were first recorded (fixed: part of every recorded configuration's identity).
+FIRST_SCHEME_KEYS = ("scheme.sampler", "scheme.randomness", "scheme.window", "scheme.key_length", "scheme.delta",
+                     "scheme.gamma", "scheme.skip_prob", "scheme.score", "scheme.psi", "scheme.trials",
+                     "scheme.alpha", "scheme.binary_code")
+#: Scheme keys added since (every other key the parts declare): left out of a config's identity while null, so that
+#: adding a block (and its null key) keeps every recorded configuration's id and evidence.
+LATER_SCHEME_KEYS = tuple(k for k in SCHEME_KEYS if k not in FIRST_SCHEME_KEYS)
 
 
 def config_id(overrides: Mapping[str, Any]) -> str:

@@ -156,8 +156,13 @@ class SchemeSpec(Section):
 _BLOCK_KEYS = ("randomness", "score")
 #: The scheme's keys, in declaration order (what an unknown key's error lists).
 KNOWN_KEYS = tuple(SchemeSpec.model_fields)
-#: The keys that shape only generation: no detector reads them (a detection is the same for any value).
-GENERATION_ONLY = ("delta", "reweight_alpha", "leaves", "mask_repeated")
+#: Each key's declarations: the ``Key`` rules of every part that uses it.
+_DECLARED_KEYS: dict[str, list[Key]] = {
+    k: [rule for parts in PARTS.values() for part in parts.values() for rule in part.scheme_keys
+        if isinstance(rule, Key) and rule.name == k] for k in KNOWN_KEYS}
+#: The keys that shape only generation: no detector reads them (a detection is the same for any value). Declared on
+#: the parts' keys (``Key(..., generation_only=True)`` by every part that uses the key), in the scheme's key order.
+GENERATION_ONLY = tuple(k for k, rules in _DECLARED_KEYS.items() if rules and all(r.generation_only for r in rules))
 #: The keys detection reads: dvc.yaml's detection stages depend on exactly these, so a change of a generation-only
 #: key reruns no detection of the unwatermarked baseline.
 DETECTION_KEYS = tuple(key for key in KNOWN_KEYS if key not in GENERATION_ONLY)

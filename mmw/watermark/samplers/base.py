@@ -1,10 +1,23 @@
 """Sampler base: next-token selection from logits + a seed (torch), and its per-token statistic (numpy).
 
-A new sampler is its declaration in ``mmw.watermark.samplers.parts`` (name, label, the scheme keys it uses and the
-combinations it refuses, which ``mmw.watermark.scheme.SchemeSpec`` applies without importing torch) and one small class
-here that subclasses it: ``choose`` (generation), ``statistic`` (detection), and, when its null differs,
-``units`` (what counts as one independent random draw) and ``pvalue_sum`` (the exact null of the sum); plus its
-kernel statistic (``mmw.kernels.stats``). Convention (docs/PRF.md): lower statistic = more watermark evidence.
+A new sampler is four places, plus its tests:
+
+1. its declaration in ``mmw.watermark.samplers.parts``: a ``SamplerPart`` subclass (name, label, the scheme keys it
+   uses and the combinations it refuses, its pivot, where its implementation lives) added to ``WATERMARKING``.
+   Everything else is derived from it: the scheme's allowed ``sampler`` values and key rules
+   (``mmw.watermark.scheme``), its kernel code (``KERNEL_CODES``), the detection stages' scheme keys in dvc.yaml
+   (``Key(..., generation_only=True)`` keeps a key out of them), the sweep's config identity and the report's label;
+2. its class here, in the module the declaration names, subclassing both ``Sampler`` and its declaration:
+   ``choose`` (generation), ``statistic`` (detection), and, when its null differs, ``units`` (what counts as one
+   independent random draw) and ``pvalue_sum`` (the exact null of the sum);
+3. its kernel statistic in ``mmw.kernels.stats``: a ``register_jitable`` value function and its branch, under its
+   code, in ``token_statistic`` and ``token_unit`` (the CPU and CUDA twins share them);
+4. its params line: the sampler in a params board or a sweep (``sweeps/*.yaml``) that runs it.
+
+A scheme key of its own adds a field to ``mmw.watermark.scheme.SchemeSpec``, a property to
+``mmw.watermark.scheme_values.SchemeValues`` and a line to each params board. tests/test_declarations.py fails when
+the derived registries drift from the declarations (a kernel code without its statistic, dvc.yaml's keys, the
+sweep's identity keys). Convention (docs/PRF.md): lower statistic = more watermark evidence.
 """
 
 from __future__ import annotations

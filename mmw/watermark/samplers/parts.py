@@ -53,6 +53,9 @@ class SamplerPart(Part):
     candidate_seeds: ClassVar[bool] = False
     #: Seeds remembered per generation for masking repeated contexts (0: no mask); ``mmw.watermark.processor`` applies it.
     context_history: ClassVar[int] = 0
+    #: Whether the numba kernels compute its statistic (``mmw.kernels.stats.token_statistic``); its kernel code is its
+    #: place among such samplers in :data:`WATERMARKING` (:data:`KERNEL_CODES`).
+    kernel_statistic: ClassVar[bool] = True
     # A distortion-free sampler is deterministic given the key, so it may sample plainly with probability skip_prob.
     scheme_keys = (Key("skip_prob", default=0.0),)
 
@@ -68,6 +71,7 @@ class PlainPart(SamplerPart):
     name = "none"
     label = "Plain"
     implementation = "mmw.watermark.samplers.base"
+    kernel_statistic = False
 
 
 class DistributionShiftPart(SamplerPart):
@@ -80,7 +84,7 @@ class DistributionShiftPart(SamplerPart):
     pivot = "green"
     candidate_seeds = True
     scheme_keys = (Unused("skip_prob", "by the distribution-shift sampler (it is not deterministic given the key)"),
-                   Key("delta", required=True, purpose="the distribution-shift bias"),
+                   Key("delta", required=True, purpose="the distribution-shift bias", generation_only=True),
                    Key("gamma", default=0.5, purpose="the distribution-shift green-list fraction"))
 
 
@@ -97,7 +101,7 @@ class ExponentialPart(SamplerPart):
     # 24 texts repeated over 20 % of their 4-token contexts, vLLM's none (bench/results/oracles.md). Detection is the
     # same either way (the deduplicated sum counts each seed once).
     scheme_keys = (*SamplerPart.scheme_keys, Key("mask_repeated", purpose="the exponential sampler's repeated-context "
-                                                 "mask"))
+                                                 "mask", generation_only=True))
     refuses = (Refuse("mask_repeated", lambda v: bool(v["mask_repeated"]) and v["randomness"] not in ("window",
                                                                                                      "minhash"),
                       "mask_repeated=true needs one seed per row and step, which randomness={randomness} does not "
@@ -153,7 +157,7 @@ class ReweightPart(SamplerPart):
     pivot = "green"
     scheme_keys = (Unused("skip_prob", "by the reweighting sampler (it samples with fresh randomness already, so "
                           "skipping only weakens it)"),
-                   Key("reweight_alpha", default=0.5, purpose="the reweighting strength"),
+                   Key("reweight_alpha", default=0.5, purpose="the reweighting strength", generation_only=True),
                    Key("gamma", default=0.5))
 
 
@@ -206,7 +210,8 @@ class TournamentPart(SamplerPart):
                       "text stops carrying the watermark", ("window", "minhash")))
     scheme_keys = (Unused("skip_prob", "by the tournament sampler (it is not deterministic given the key)"),
                    Key("layers", default=30, purpose="the tournament's number of layers m"),
-                   Key("leaves", default=2, purpose="the tournament's candidates per match (2: non-distortionary)"),
+                   Key("leaves", default=2, purpose="the tournament's candidates per match (2: non-distortionary)",
+                       generation_only=True),
                    Key("layer_weights", default="uniform", purpose="the tournament score's per-layer weights"))
 
     @staticmethod
@@ -224,6 +229,7 @@ class PluginPart(SamplerPart):
     label = "Plugin"
     implementation = "mmw.watermark.plugins"  # the interface; each plugin brings its implementation
     distortion_free = False
+    kernel_statistic = False
     scheme_keys = (Key("plugin", required=True, purpose="the plugin's entry-point name"),
                    Key("plugin_params", default=None, purpose="the plugin's parameters"))
 
@@ -233,6 +239,10 @@ WATERMARKING: tuple[type[SamplerPart], ...] = (DistributionShiftPart, Exponentia
                                                BinaryPart, ReweightPart, TournamentPart, PluginPart)
 #: Every sampler's declaration by name, plain sampling (``none``) included.
 DECLARED: dict[str, type[SamplerPart]] = {cls.name: cls for cls in (*WATERMARKING, PlainPart)}
+#: The code each sampler with a kernel statistic has in the numba kernels (``mmw.kernels.stats`` branches on it): 1, 2,
+#: ... in :data:`WATERMARKING`'s order. Codes are run-time values; the CPU twin's on-disk cache is keyed on them.
+KERNEL_CODES: dict[str, int] = {cls.name: code for code, cls in
+                                enumerate((c for c in WATERMARKING if c.kernel_statistic), start=1)}
 #: Display names of the built-in watermarking samplers (the report's families), in the paper's order.
 #: A plugin is not one family: each plugin is its own, labelled by the plugin (``mmw.watermark.plugins.label``).
 LABELS: dict[str, str] = {cls.name: cls.label for cls in WATERMARKING if cls is not PluginPart}
