@@ -16,12 +16,14 @@ fused it with the softmax into two reductions that cost ~0.9 ms more than the pl
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still refers to np.row_stack, which numpy 2.5 removed
     np.row_stack = np.vstack
 
-from numba import cuda, float64, int64, uint64  # noqa: E402
+from numba import cuda, float64, int64, uint32, uint64  # noqa: E402
 
 from mmw.kernels.prf import prf  # noqa: E402
 
@@ -142,3 +144,281 @@ def apply_tables(probs, seeds, tables, table_bits: int, last_bits: int):
             _device_array(probs), _device_array(seeds), _device_array(tables), tables.shape[0], table_bits,
             last_bits, _device_array(out))
     return out
+
+
+# ------------------------------------------------------------------------------------------------ the fused draw
+#: Blocks a row of the segment-sums pass (each loops over SEGMENTS / SUM_PARTS segments, so its factor tables are
+#: copied into shared memory once, not once a segment).
+SUM_PARTS = 8
+#: Contiguous segments a row is cut into for the two-level inverse CDF: the draw scans one of them.
+SEGMENTS = 64
+_SUM_THREADS = 256
+_PICK_THREADS = 256
+
+
+@cuda.jit(device=True)
+def _mass(probs, cache, tables, n_tables, table_bits, row, x, h):
+    """probs[row, x] times the first n_tables chunks' factors (each chunk table_bits layers), looked up by x's bits
+    of each chunk (h = prf(seed, x))."""
+    mass = probs[row, x]
+    table_mask = uint64((1 << table_bits) - 1)
+    for c in range(n_tables):
+        mass *= _factor(cache, tables, c, row, int64((h >> uint64(64 - (c + 1) * table_bits)) & table_mask))
+    return mass
+
+
+@cuda.jit(device=True)
+def _law(probs, cache, tables, n_tables, table_bits, last_bits, row, x, h):
+    """The law at x: ``_apply_kernel``'s product (the last chunk last_bits wide)."""
+    mass = probs[row, x]
+    for c in range(n_tables):
+        bits = table_bits if c < n_tables - 1 else last_bits
+        code = (h >> uint64(64 - c * table_bits - bits)) & uint64((1 << bits) - 1)
+        mass *= _factor(cache, tables, c, row, int64(code))
+    return mass
+
+
+@cuda.jit
+def _histogram32_kernel(probs, seeds, tables, n_tables, table_bits, start, width, fixed_point, partial):
+    """``_histogram_kernel``'s result with 32-bit shared atomics: a 64-bit shared atomic add is a compare-and-swap
+    loop on sm_90 (ATOMS.CAST.SPIN.64), a 32-bit one a single ATOMS.ADD. Each fixed-point mass v is added as its low
+    32 bits to ``lo`` and its high bits, plus the carry out of ``lo`` that this add caused (seen from the value the
+    atomic returns), to ``hi``: the bin's sum is hi * 2^32 + lo exactly, in any order of the adds."""
+    lo = cuda.shared.array(MAX_BINS, uint32)
+    hi = cuda.shared.array(MAX_BINS, uint32)
+    cache = cuda.shared.array(_CACHE_SIZE, float64)
+    row = cuda.blockIdx.y
+    part = cuda.blockIdx.x
+    n_bins = 1 << width
+    for b in range(cuda.threadIdx.x, n_bins, cuda.blockDim.x):
+        lo[b] = 0
+        hi[b] = 0
+    _cache_tables(cache, tables, n_tables, row)
+    cuda.syncthreads()
+    seed = uint64(seeds[row])
+    mask = uint64(n_bins - 1)
+    shift = uint64(64 - start - width)
+    low_mask = uint64(0xFFFFFFFF)
+    vocab = probs.shape[1]
+    stride = cuda.gridDim.x * cuda.blockDim.x
+    for x in range(part * cuda.blockDim.x + cuda.threadIdx.x, vocab, stride):
+        h = prf(seed, x)
+        mass = _mass(probs, cache, tables, n_tables, table_bits, row, x, h)
+        v = uint64(int64(mass * fixed_point + float64(0.5)))
+        b = int64((h >> shift) & mask)
+        low = uint32(v & low_mask)
+        old = cuda.atomic.add(lo, b, low)
+        high = (v >> uint64(32)) + ((uint64(old) + uint64(low)) >> uint64(32))
+        if high != uint64(0):
+            cuda.atomic.add(hi, b, uint32(high))
+    cuda.syncthreads()
+    for b in range(cuda.threadIdx.x, n_bins, cuda.blockDim.x):
+        partial[row, part, b] = int64((uint64(hi[b]) << uint64(32)) | uint64(lo[b]))
+
+
+@cuda.jit
+def _table_kernel(partial, width, leaves, fixed_point, tables, c):
+    """tables[c, row] = ``mmw.samplers.tournament.chunk_table`` of the row's histogram (the sum over partial's
+    blocks); one block of 2^width threads a row, thread b owning bin b; each layer's G is a tree sum in shared
+    memory (a fixed order: the same table every run). Bins from 2^width up to the table's size are set to 1."""
+    red = cuda.shared.array(MAX_BINS, float64)
+    row = cuda.blockIdx.x
+    b = cuda.threadIdx.x
+    n_bins = cuda.blockDim.x
+    count = int64(0)
+    for p in range(partial.shape[1]):
+        count += partial[row, p, b]
+    mass = float64(count) / fixed_point
+    table = float64(1.0)
+    for j in range(width):
+        g = (b >> (width - 1 - j)) & 1
+        red[b] = mass if g else 0.0
+        cuda.syncthreads()
+        s = n_bins >> 1
+        while s > 0:
+            if b < s:
+                red[b] += red[b + s]
+            cuda.syncthreads()
+            s >>= 1
+        total = red[0]
+        cuda.syncthreads()
+        if leaves == 2:
+            factor = 1.0 + g - total
+        else:
+            miss = 1.0 - total
+            if g:
+                factor = (1.0 - math.pow(miss, float64(leaves))) / max(total, 2.2250738585072014e-308)
+            else:
+                factor = math.pow(miss, float64(leaves - 1))
+        mass *= factor
+        table *= factor
+    tables[c, row, b] = table
+    for k in range(n_bins + b, tables.shape[2], n_bins):
+        tables[c, row, k] = 1.0
+
+
+@cuda.jit(device=True)
+def _block_sum(red, value):
+    """The sum of ``value`` over the block (blockDim a power of two), by a tree in shared ``red``; every thread
+    gets it."""
+    t = cuda.threadIdx.x
+    red[t] = value
+    cuda.syncthreads()
+    s = cuda.blockDim.x >> 1
+    while s > 0:
+        if t < s:
+            red[t] += red[t + s]
+        cuda.syncthreads()
+        s >>= 1
+    total = red[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit
+def _segment_sums_kernel(probs, seeds, tables, n_tables, table_bits, last_bits, plain, seg_len, sums):
+    """sums[row, s] = the law's sum over tokens s * seg_len .. (s + 1) * seg_len - 1 (the model's own law where
+    plain[row]): each thread sums its strided share, then a tree; a fixed order."""
+    cache = cuda.shared.array(_CACHE_SIZE, float64)
+    red = cuda.shared.array(_SUM_THREADS, float64)
+    row = cuda.blockIdx.y
+    n = 0 if plain[row] else n_tables
+    _cache_tables(cache, tables, n, row)
+    cuda.syncthreads()
+    seed = uint64(seeds[row])
+    vocab = probs.shape[1]
+    for s in range(cuda.blockIdx.x, sums.shape[1], cuda.gridDim.x):
+        acc = float64(0.0)
+        for x in range(s * seg_len + cuda.threadIdx.x, min((s + 1) * seg_len, vocab), cuda.blockDim.x):
+            acc += _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
+        total = _block_sum(red, acc)
+        if cuda.threadIdx.x == 0:
+            sums[row, s] = total
+
+
+@cuda.jit
+def _pick_kernel(probs, seeds, tables, n_tables, table_bits, last_bits, plain, seg_len, sums, u, out):
+    """out[row] = the count of the law's CDF entries below u[row] times its total (``inverse_cdf``), clamped to the
+    last token of positive law in the segment it falls in. The CDF over segments is the running sum of ``sums``;
+    inside the chosen segment a block scan, tile by tile, adds each token's law to the segments before it."""
+    cache = cuda.shared.array(_CACHE_SIZE, float64)
+    scan = cuda.shared.array(_PICK_THREADS, float64)
+    info = cuda.shared.array(2, float64)  # the CDF before the chosen segment, the target
+    counts = cuda.shared.array(2, int64)  # the chosen segment, the count of its entries below the target
+    row = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    n = 0 if plain[row] else n_tables
+    _cache_tables(cache, tables, n, row)
+    if t == 0:
+        n_seg = sums.shape[1]
+        total = float64(0.0)
+        for s in range(n_seg):
+            total += sums[row, s]
+        target = u[row] * total
+        cum = float64(0.0)
+        seg = n_seg - 1
+        base = float64(0.0)
+        for s in range(n_seg):
+            nxt = cum + sums[row, s]
+            if nxt >= target:
+                seg = s
+                base = cum
+                break
+            cum = nxt
+        info[0] = base
+        info[1] = target
+        counts[0] = seg
+        counts[1] = 0
+    cuda.syncthreads()
+    base = info[0]
+    target = info[1]
+    seg = counts[0]
+    seed = uint64(seeds[row])
+    vocab = probs.shape[1]
+    first = seg * seg_len
+    end = min(first + seg_len, vocab)
+    running = float64(0.0)
+    below = int64(0)
+    last_positive = int64(first)
+    for tile in range(first, end, cuda.blockDim.x):
+        x = tile + t
+        law = float64(0.0)
+        if x < end:
+            law = _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
+            if law > 0.0:
+                last_positive = x
+        scan[t] = law
+        cuda.syncthreads()
+        offset = 1
+        while offset < cuda.blockDim.x:  # Hillis-Steele inclusive scan
+            add = scan[t - offset] if t >= offset else 0.0
+            cuda.syncthreads()
+            scan[t] += add
+            cuda.syncthreads()
+            offset <<= 1
+        if x < end and base + (running + scan[t]) < target:
+            below += 1
+        running += scan[cuda.blockDim.x - 1]
+        cuda.syncthreads()
+    cuda.atomic.add(counts, 1, below)
+    scan[t] = float64(last_positive)
+    cuda.syncthreads()
+    s = cuda.blockDim.x >> 1
+    while s > 0:
+        if t < s:
+            scan[t] = max(scan[t], scan[t + s])
+        cuda.syncthreads()
+        s >>= 1
+    if t == 0:
+        out[row] = min(first + counts[1], int64(scan[0]))
+
+
+def _launch_stream(tensor):
+    import torch
+
+    return cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
+
+
+def choose(probs, seeds, u, plain, layers: int, leaves: int, chunk_bits: int, fixed_point: float):
+    """The tournament's inverse-CDF token of every row, its law never written: probs float64 [B, V], seeds int64 [B],
+    u float64 [B], plain uint8 [B] (rows drawn from probs itself) (CUDA tensors, contiguous) -> int64 [B].
+
+    ceil(layers / chunk_bits) histogram passes (``_histogram32_kernel``), each followed by its chunk's factor
+    table (``_table_kernel``); then the law's sums over SEGMENTS contiguous segments a row
+    (``_segment_sums_kernel``) and one block a row that finds the segment holding u times the total and scans it
+    (``_pick_kernel``): one pass over the probabilities instead of the last pass's write and a scan's read and
+    write of the law."""
+    import torch
+
+    if (1 << chunk_bits) > MAX_BINS:
+        raise ValueError(f"chunk_bits must be at most 10, got {chunk_bits}")
+    rows = probs.shape[0]
+    out = torch.empty(rows, dtype=torch.int64, device=probs.device)
+    if not rows:
+        return out
+    n_chunks = -(-layers // chunk_bits)
+    tables = torch.empty(max(n_chunks, 1), rows, 1 << chunk_bits, dtype=torch.float64, device=probs.device)
+    partial = torch.empty(rows, PARTS, 1 << chunk_bits, dtype=torch.int64, device=probs.device)
+    sums = torch.empty(rows, SEGMENTS, dtype=torch.float64, device=probs.device)
+    launch_choose(*(_device_array(x) for x in (probs, seeds, u, plain, tables, partial, sums, out)), layers, leaves,
+                  chunk_bits, fixed_point, _launch_stream(probs))
+    return out
+
+
+def launch_choose(probs, seeds, u, plain, tables, partial, sums, out, layers, leaves, chunk_bits, fixed_point,
+                  stream=0):
+    """``choose``'s launches on device (or, in numba's simulator, host) arrays: tables float64
+    [max(C, 1), B, 2^chunk_bits], partial int64 [B, >= 1, 2^chunk_bits], sums float64 [B, >= 1] are scratch."""
+    rows, vocab = probs.shape
+    n_chunks = -(-layers // chunk_bits)
+    for c in range(n_chunks):
+        width = min(chunk_bits, layers - c * chunk_bits)
+        _histogram32_kernel[(partial.shape[1], rows), THREADS, stream](
+            probs, seeds, tables, c, chunk_bits, c * chunk_bits, width, fixed_point, partial)
+        _table_kernel[rows, 1 << width, stream](partial, width, leaves, fixed_point, tables, c)
+    last_bits = layers - (n_chunks - 1) * chunk_bits if n_chunks else 0
+    seg_len = -(-vocab // sums.shape[1])
+    _segment_sums_kernel[(SUM_PARTS, rows), _SUM_THREADS, stream](
+        probs, seeds, tables, n_chunks, chunk_bits, last_bits, plain, seg_len, sums)
+    _pick_kernel[rows, _PICK_THREADS, stream](
+        probs, seeds, tables, n_chunks, chunk_bits, last_bits, plain, seg_len, sums, u, out)
