@@ -167,12 +167,12 @@ def kernel_part(batch: int, result: dict) -> None:
     u = torch.rand(batch, device="cuda", generator=gen, dtype=torch.float64)
     plain = torch.zeros(batch, dtype=torch.bool, device="cuda")
     partial = torch.empty(batch, kt.PARTS, 1 << CHUNK_BITS, dtype=torch.int64, device="cuda")
-    sums = torch.empty(batch, kt.SEGMENTS, dtype=torch.float64, device="cuda")
+    totals = torch.empty(batch, kt.PARTS, dtype=torch.int64, device="cuda")
+    sums = torch.empty(batch, kt.PARTS, dtype=torch.float64, device="cuda")
     out = torch.empty(batch, dtype=torch.int64, device="cuda")
     dev = kt._device_array
-    p, s_, t_, pa, su, o, uu = (dev(x) for x in (probs, seeds, tables, partial, sums, out, u))
+    p, s_, t_, pa, to, su, o, uu = (dev(x) for x in (probs, seeds, tables, partial, totals, sums, out, u))
     pl = dev(plain.to(torch.uint8))
-    seg_len = -(-VOCAB // kt.SEGMENTS)
 
     def stream():
         return kt._launch_stream(probs)
@@ -206,17 +206,18 @@ def kernel_part(batch: int, result: dict) -> None:
         "histogram cas64, 0 tables": lambda: kt.histogram(probs, seeds, tables, 0, CHUNK_BITS, 0, 10, FIXED_POINT),
         "histogram cas64, 2 tables": lambda: kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT),
         "histogram split32, 0 tables": lambda: kt._histogram32_kernel[(kt.PARTS, batch), kt.THREADS, stream()](
-            p, s_, t_, 0, CHUNK_BITS, 0, 10, FIXED_POINT, pa),
+            p, s_, t_, 0, CHUNK_BITS, 0, 10, FIXED_POINT, pa, to),
         "histogram split32, 2 tables": lambda: kt._histogram32_kernel[(kt.PARTS, batch), kt.THREADS, stream()](
-            p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT, pa),
-        "table kernel": lambda: kt._table_kernel[batch, 1024, stream()](pa, 10, 2, FIXED_POINT, t_, 2),
+            p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT, pa, to),
+        "table kernel": lambda: kt._table_kernel[batch, 1024, stream()](pa, 10, 2, FIXED_POINT, t_, 1, False, to,
+                                                                        pl, su),
+        "table kernel, last (segment masses)": lambda: kt._table_kernel[batch, 1024, stream()](
+            pa, 10, 2, FIXED_POINT, t_, 2, True, to, pl, su),
         "torch chunk_table": lambda: st.chunk_table(partial.sum(1), 10, 2),
         "apply, 3 tables": lambda: kt.apply_tables(probs, seeds, tables, CHUNK_BITS, CHUNK_BITS),
         "inverse_cdf of a law": lambda: st.inverse_cdf(probs, u),
-        "segment sums, 3 tables": lambda: kt._segment_sums_kernel[(kt.SUM_PARTS, batch), kt._SUM_THREADS, stream()](
-            p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, seg_len, su),
         "pick, 3 tables": lambda: kt._pick_kernel[batch, kt._PICK_THREADS, stream()](
-            p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, seg_len, su, uu, o),
+            p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, su, uu, o),
         "draw before (3 cas64 passes, torch tables, apply, inverse_cdf)": before_draw,
         "draw after (mmw::tournament_choose)": lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2),
         "softmax float32 -> float64 (the plain step's)": lambda: torch.softmax(probs.float().double(), -1),
@@ -226,18 +227,15 @@ def kernel_part(batch: int, result: dict) -> None:
     for name, fn in variants.items():
         times[name] = timed(fn)
         print(f"kernels: {name:64s} {times[name]:.3f} ms", flush=True)
-    for parts in (4, 16):
+    for parts in (4, 16, 32):  # the whole draw at other segment counts
         kt.PARTS = parts
-        part16 = torch.empty(batch, parts, 1 << CHUNK_BITS, dtype=torch.int64, device="cuda")
-        times[f"histogram split32, 2 tables, {parts} blocks a row"] = timed(
-            lambda: kt._histogram32_kernel[(parts, batch), kt.THREADS, stream()](
-                p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT, dev(part16)))
-        print(f"kernels: histogram split32, 2 tables, {parts} blocks a row {times[list(times)[-1]]:.3f} ms")
+        times[f"draw after, {parts} segments a row"] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
+        print(f"kernels: draw after, {parts} segments a row {times[list(times)[-1]]:.3f} ms", flush=True)
     kt.PARTS = 8
     # the same sums, and the same tokens, before and after
     a = kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT)
     kt._histogram32_kernel[(kt.PARTS, batch), kt.THREADS, stream()](p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT,
-                                                                   pa)
+                                                                   pa, to)
     same_hist = bool(torch.equal(a, partial.sum(1)))
     agree = {}
     for scale in (1.0, 3.0, 8.0):

@@ -222,7 +222,7 @@ class Tournament(Sampler, TournamentPart):
         return inverse_cdf(self.law(logits, seeds, temperature), plain_u)
 
     def _fused(self, logits) -> bool:
-        return (self.fused_draw and self._numba_passes and logits.is_cuda
+        return (self.fused_draw and self._numba_passes and logits.is_cuda and self.spec.layers >= 1
                 and logits.shape[-1] >= CHUNKED_FROM_VOCAB)
 
     def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows):
