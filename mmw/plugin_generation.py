@@ -87,11 +87,13 @@ class PluginProcessor(LogitsProcessor):
 
 
 def build_processor(spec: SchemeSpec | None, key: int | None, vocab_size: int, row_seeds: Sequence[int],
-                    temperature: float) -> WatermarkProcessor | PluginProcessor:
-    """The processor of one batch: mmw's own (spec None: plain sampling) or a plugin's."""
+                    temperature: float, compiled: bool | None = None,
+                    compile_mode: str | None = None) -> WatermarkProcessor | PluginProcessor:
+    """The processor of one batch: mmw's own (spec None: plain sampling; ``compiled``/``compile_mode`` from params
+    ``engine``, as ``WatermarkProcessor`` takes them) or a plugin's."""
     if spec is not None and spec.sampler == "plugin":
         return PluginProcessor(spec, key, vocab_size, row_seeds, temperature)
-    return WatermarkProcessor(spec, key, vocab_size, row_seeds, temperature)
+    return WatermarkProcessor(spec, key, vocab_size, row_seeds, temperature, compiled, compile_mode)
 
 
 def preflight(spec: SchemeSpec, key: int, vocab_size: int, temperature: float) -> None:
