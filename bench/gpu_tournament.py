@@ -67,6 +67,7 @@ from gpu_graph import free, sync, word_tokenizer  # noqa: E402
 from mmw import prf  # noqa: E402
 from mmw.engines import generate as engine  # noqa: E402
 from mmw.engines import graph_decode  # noqa: E402
+from mmw.params import EngineParams  # noqa: E402
 from mmw.engines.attention import grouped_query_sdpa  # noqa: E402
 from mmw.processor import WatermarkProcessor, WatermarkStep, row_state, watermark_step  # noqa: E402
 from mmw.samplers.base import Sampler, inverse_cdf, probabilities  # noqa: E402
@@ -337,8 +338,7 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
     install_before("default")
 
     def run(static: bool, scheme: SchemeSpec | None, key: int, hf_plain: bool = False) -> float:
-        engine.STATIC_DECODING = static
-        os.environ["MMW_GRAPH_DECODE"] = "1"
+        settings = EngineParams(static_decode=static, graph_decode=True)  # params engine:
         if hf_plain:  # transformers' own sampling, no processor, in generate_batch's own generate call
             batch_ids = ids.cuda()
             config = engine.neutral_generation_config(tok, model, new_tokens)
@@ -357,7 +357,7 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
         proc = WatermarkProcessor(scheme, key, cfg.vocab_size, list(range(batch)), 1.0)
         sync()
         t0 = time.perf_counter()
-        engine.generate_batch(model, tok, prompts, proc, new_tokens)
+        engine.generate_batch(model, tok, prompts, proc, new_tokens, settings)
         sync()
         wall = time.perf_counter() - t0
         free(model)
