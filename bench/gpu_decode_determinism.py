@@ -23,7 +23,6 @@ For each: how many rows' logits differ from the first repeat, the largest differ
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
@@ -67,7 +66,8 @@ def main(rows: int = 296, repeats: int = 4, smoke: bool = False, only: str = typ
     padding = (mask == 0).sum(-1).tolist()
     results: list[dict] = []
 
-    def first_forward(name: str, new: int, backend: str, gqa: bool, float_mask: bool) -> tuple[list, list, list]:
+    def first_forward(name: str, new: int, backend: str, gqa: bool, float_mask: bool,
+                      decode: str = "efficient") -> tuple[list, list, list]:
         """``repeats`` x (the first decode forward's float32 logits [B, V]); for the stage's setting, how the
         prefill's cache of each repeat compares with the first; the forward's seconds."""
         logits, caches, cache_diffs, seconds = [], [], [], []
@@ -75,7 +75,7 @@ def main(rows: int = 296, repeats: int = 4, smoke: bool = False, only: str = typ
             with ExitStack() as stack, torch.inference_mode():
                 if backend:
                     stack.enter_context(sdpa_kernel([BACKENDS[backend]]))
-                stack.enter_context(grouped_query_sdpa(model) if gqa else nullcontext())
+                stack.enter_context(grouped_query_sdpa(model, decode) if gqa else nullcontext())
                 proc = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(rows)), 1.0, compiled=False)
                 proc.begin_static(rows, new, ids.device, graph=False)
                 dec = graph_decode._Decoder(model, ids, mask, proc, new, [1], 0)
@@ -116,9 +116,9 @@ def main(rows: int = 296, repeats: int = 4, smoke: bool = False, only: str = typ
     for name, new, backend, gqa, float_mask, decode_path in SETTINGS:
         if only and name not in only.split(";"):
             continue
-        os.environ["MMW_DECODE_ATTENTION"] = "efficient" if decode_path else "sdpa"
         try:
-            logits, cache_diffs, seconds = first_forward(name, new, backend, gqa, float_mask)
+            logits, cache_diffs, seconds = first_forward(name, new, backend, gqa, float_mask,
+                                                         "efficient" if decode_path else "sdpa")
         except RuntimeError as err:  # a restricted backend that has no kernel for this shape
             row = {"setting": name, "error": str(err)[:200]}
         else:

@@ -65,15 +65,11 @@ def kernels(written: int):
                                                                     enable_gqa=True)
 
     def efficient(q, k, v, valid):
-        attention.KEY_LIMIT = None
         return attention.decode_attention(None, q, k, v, valid[:, None, None, :], None)[0].transpose(1, 2)
 
     def efficient_cut(q, k, v, valid):
-        attention.KEY_LIMIT = cut
-        try:
-            return attention.decode_attention(None, q, k, v, valid[:, None, None, :], None)[0].transpose(1, 2)
-        finally:
-            attention.KEY_LIMIT = None
+        window = attention.DecodeWindow(key_limit=cut)
+        return attention.decode_attention(None, q, k, v, valid[:, None, None, :], None, window)[0].transpose(1, 2)
 
     masks = {}
 

@@ -2,8 +2,8 @@
 the watermark step's choice differ first.
 
 The same batch as bench/gpu_repeat.py (296 rows, C4 at T = 1, random-init Llama-3-8B shape in bf16) is generated
-twice in this process through the stage's decode loop without any CUDA graph (``MMW_GRAPH_DECODE=0
-MMW_COMPILE=0``), keeping every step's float32 logits on the GPU (~152 MB a step). Then:
+twice in this process through the stage's decode loop without any CUDA graph (``engine.graph_decode: false``,
+``engine.compile_step: false``), keeping every step's float32 logits on the GPU (~152 MB a step). Then:
 
 * the first step whose logits differ between the two runs, the rows involved, the largest difference, and whether
   those rows had chosen the same tokens until then (identical inputs, different logits: the forward is not
@@ -21,7 +21,6 @@ Then the same two runs through the captured graph (the stage's default), tokens 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from gpu_repeat import KEY, stand_in_batch  # bench/ is run as scripts, not a pa
 from mmw.watermark import processor as processors
 from mmw.engines import generate as engine
 from mmw.engines import graph_decode
+from mmw.params import EngineParams
 from mmw.watermark.processor import WatermarkProcessor
 
 
@@ -66,14 +66,14 @@ def main(rows: int = 296, new_tokens: int = 128, smoke: bool = False, graph_runs
         return choose(self, scores)
 
     def run(graph: bool, trace: bool) -> tuple[list[list[int]], list[torch.Tensor], WatermarkProcessor]:
-        os.environ.update({"MMW_GRAPH_DECODE": "1" if graph else "0", "MMW_COMPILE": "1" if graph else "0"})
+        settings = EngineParams(graph_decode=graph, compile_step=graph)  # params engine:
         processors.watermark_step.cache_clear()
         traced.clear()
         inputs.clear()
         graph_decode._Decoder.choose = tracing_choose if trace else choose
-        proc = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(rows)), 1.0)
+        proc = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(rows)), 1.0, None if graph else False)
         try:
-            cols = engine.generate_batch(model, tok, prompts, proc, new_tokens)
+            cols = engine.generate_batch(model, tok, prompts, proc, new_tokens, settings)
         finally:
             graph_decode._Decoder.choose = choose
         return cols["tokens"], list(traced), proc

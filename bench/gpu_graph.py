@@ -37,6 +37,7 @@ from gpu_generate import build_model  # noqa: E402
 
 from mmw.engines import generate as engine  # noqa: E402
 from mmw.engines import graph_decode  # noqa: E402
+from mmw.params import EngineParams  # noqa: E402
 from mmw.watermark.processor import WatermarkProcessor  # noqa: E402
 from mmw.watermark.scheme import SchemeSpec  # noqa: E402
 
@@ -73,13 +74,12 @@ def free(model) -> None:
 
 
 def engine_run(model, tok, prompts, spec_name, new, static: bool, graph: bool = True):
-    engine.STATIC_DECODING = static
-    os.environ["MMW_GRAPH_DECODE"] = "1" if graph else "0"
+    settings = EngineParams(static_decode=static, graph_decode=graph)  # params engine:
     spec = SchemeSpec.from_params(SPECS[spec_name]) if SPECS[spec_name] else None
     proc = WatermarkProcessor(spec, KEY, model.config.vocab_size, list(range(len(prompts))), 1.0)
     sync()
     t0 = time.perf_counter()
-    cols = engine.generate_batch(model, tok, prompts, proc, new)
+    cols = engine.generate_batch(model, tok, prompts, proc, new, settings)
     sync()
     wall = time.perf_counter() - t0
     free(model)

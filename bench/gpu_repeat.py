@@ -3,10 +3,10 @@ processes, under the stage's decode paths, on a random-init Llama-3-8B shape (bf
 
 Variants (each ``--repeats`` times in this process, same prompts, seeds and key):
   graph        the stage's default on CUDA: our decode loop captured as one CUDA graph, the watermark step compiled;
-  graph-eager  the same loop captured, the watermark step eager (``MMW_COMPILE=0``);
-  loop         our decode loop without the graph (``MMW_GRAPH_DECODE=0``), the step compiled (by default in
+  graph-eager  the same loop captured, the watermark step eager (``engine.compile_step: false``);
+  loop         our decode loop without the graph (``engine.graph_decode: false``), the step compiled (by default in
                ``reduce-overhead`` mode: its own CUDA graphs);
-  eager        no CUDA graph anywhere: the loop and the step eager (``MMW_GRAPH_DECODE=0 MMW_COMPILE=0``).
+  eager        no CUDA graph anywhere: the loop and the step eager (both false).
 ``--sdpa`` restricts the attention to one of torch's SDPA backends for the whole process.
 Prints and writes one SHA-256 per variant and repeat over every row's tokens; run the script in two processes
 (optionally with ``--deterministic``: ``torch.use_deterministic_algorithms`` and a fixed cuBLAS workspace) and
@@ -31,15 +31,17 @@ from gpu_graph import word_tokenizer
 from mmw.watermark import processor as processors
 from mmw.engines import generate as engine
 from mmw.engines import graph_decode
+from mmw.params import EngineParams
 from mmw.watermark.processor import WatermarkProcessor
 from mmw.watermark.scheme import SchemeSpec
 
 KEY = 1234
 C4 = dict(sampler="distribution_shift", randomness="window", window=1, delta=5.0, score="sum")
-VARIANTS = {"graph": {"MMW_GRAPH_DECODE": "1", "MMW_COMPILE": "1"},
-            "graph-eager": {"MMW_GRAPH_DECODE": "1", "MMW_COMPILE": "0"},
-            "loop": {"MMW_GRAPH_DECODE": "0", "MMW_COMPILE": "1"},
-            "eager": {"MMW_GRAPH_DECODE": "0", "MMW_COMPILE": "0"}}
+#: params engine.graph_decode / engine.compile_step of each variant.
+VARIANTS = {"graph": {"graph_decode": True, "compile_step": True},
+            "graph-eager": {"graph_decode": True, "compile_step": False},
+            "loop": {"graph_decode": False, "compile_step": True},
+            "eager": {"graph_decode": False, "compile_step": False}}
 
 
 def stand_in_batch(rows: int, smoke: bool):
@@ -59,7 +61,7 @@ def stand_in_batch(rows: int, smoke: bool):
 def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int = 3, deterministic: bool = False,
          variants: str = ",".join(VARIANTS), sdpa: str = typer.Option("", help="restrict SDPA to one backend: "
                                                                         "cudnn | efficient | flash | math"),
-         decode: str = typer.Option("efficient", help="a decoding step's attention (MMW_DECODE_ATTENTION): "
+         decode: str = typer.Option("efficient", help="a decoding step's attention (engine.decode_attention): "
                                     "efficient (the stage's) | sdpa (SDPA's own GQA kernel, cuDNN on Hopper)"),
          key_bucket: int = typer.Option(0, help="bound the decoding attention's reads to the written cache positions "
                                             "rounded up to this many (graph_decode.KEY_BUCKET; 0: the whole cache)"),
@@ -68,7 +70,6 @@ def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int 
                                         "on what the process ran before"),
          flex_dynamic: bool = typer.Option(False, help="compile flex_decode for dynamic shapes (attention.FLEX_DYNAMIC)"),
          smoke: bool = False, out: str = "") -> None:
-    os.environ["MMW_DECODE_ATTENTION"] = decode
     graph_decode.KEY_BUCKET = key_bucket or None
     from mmw.engines import attention
     attention.FLEX_DYNAMIC = flex_dynamic
@@ -90,18 +91,19 @@ def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int 
         restriction.__enter__()
         result["sdpa"] = sdpa
     for name in variants.split(","):
-        os.environ.update(VARIANTS[name])
+        settings = EngineParams(decode_attention=decode, **VARIANTS[name])
+        compiled = None if settings.compile_step else False
         processors.watermark_step.cache_clear()
         digests, seconds = [], []
         for repeat in range(repeats):
             if between and repeat:
-                other = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(between)), 1.0)
-                engine.generate_batch(model, tok, prompts[:between], other, max(new_tokens // 2, 1))
+                other = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(between)), 1.0, compiled)
+                engine.generate_batch(model, tok, prompts[:between], other, max(new_tokens // 2, 1), settings)
                 if hasattr(model, "_cache"):
                     del model._cache
-            proc = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(rows)), 1.0)
+            proc = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(rows)), 1.0, compiled)
             t0 = time.perf_counter()
-            cols = engine.generate_batch(model, tok, prompts, proc, new_tokens)
+            cols = engine.generate_batch(model, tok, prompts, proc, new_tokens, settings)
             digests.append(hashlib.sha256(json.dumps(cols["tokens"]).encode()).hexdigest()[:16])
             if hasattr(model, "_cache"):
                 del model._cache

@@ -67,6 +67,7 @@ from gpu_graph import free, sync, word_tokenizer  # noqa: E402
 from mmw.watermark import prf  # noqa: E402
 from mmw.engines import generate as engine  # noqa: E402
 from mmw.engines import graph_decode  # noqa: E402
+from mmw.params import EngineParams  # noqa: E402
 from mmw.engines.attention import grouped_query_sdpa  # noqa: E402
 from mmw.watermark.processor import WatermarkProcessor, WatermarkStep, row_state, watermark_step  # noqa: E402
 from mmw.watermark.samplers.base import Sampler, inverse_cdf, probabilities  # noqa: E402
@@ -104,6 +105,17 @@ def spec() -> SchemeSpec:
     return SchemeSpec.from_params(TOURNAMENT)
 
 
+class ThreeHistograms(Tournament):
+    """The tournament's law in three numba histogram passes, written by the last pass and drawn by
+    ``inverse_cdf`` (the code before the fused draw, ``mmw::tournament_choose``)."""
+
+    fused_draw = False
+
+
+#: The "before" sampler: ``--before layer`` (the layer-by-layer law) or ``histogram`` (``ThreeHistograms``).
+BEFORE: type = ThreeHistograms
+
+
 def install_before(mode: str | None) -> None:
     """Swap the layer-by-layer law into the shared step the processor will fetch (same call as the processor's:
     ``watermark_step``'s cache keys on how it is called)."""
@@ -111,8 +123,8 @@ def install_before(mode: str | None) -> None:
         step = watermark_step(spec(), KEY_BEFORE, VOCAB, 1.0, True, dynamic=False)
     else:
         step = watermark_step(spec(), KEY_BEFORE, VOCAB, 1.0, True, mode, dynamic=False)
-    if not isinstance(step.sampler, LayerByLayer):
-        step.sampler = LayerByLayer(step.spec, KEY_BEFORE, VOCAB)
+    if type(step.sampler) is not BEFORE:
+        step.sampler = BEFORE(step.spec, KEY_BEFORE, VOCAB)
 
 
 def step_inputs(batch: int, scale: float, seed: int) -> tuple:
@@ -141,15 +153,30 @@ def time_calls(step: WatermarkStep, batch: int, calls: int) -> float:
 
 
 def kernel_part(batch: int, result: dict) -> None:
-    """The numba passes alone, each captured in a CUDA graph (no host time): GPU ms a replay, median of 20, per
-    launch shape; beside a copy of the float64 probabilities."""
+    """The numba passes alone, each captured in a CUDA graph (no host time): GPU ms a replay, median of 20; the
+    whole draw before (three histogram passes with 64-bit shared atomics, torch's tables, the law written, then
+    ``inverse_cdf``) and after (``mmw::tournament_choose``) on the same inputs, with their tokens compared; beside a
+    copy of the float64 probabilities."""
     from mmw.kernels import tournament as kt
+    from mmw.watermark.samplers import tournament as st
     from mmw.watermark.samplers.tournament import CHUNK_BITS, FIXED_POINT
 
     gen = torch.Generator(device="cuda").manual_seed(5)
     probs = torch.softmax(torch.randn(batch, VOCAB, device="cuda", generator=gen, dtype=torch.float64) * 3, -1)
     seeds = torch.randint(-2**62, 2**62, (batch,), device="cuda", generator=gen)
     tables = torch.rand(3, batch, 1 << CHUNK_BITS, device="cuda", generator=gen, dtype=torch.float64) + 0.5
+    u = torch.rand(batch, device="cuda", generator=gen, dtype=torch.float64)
+    plain = torch.zeros(batch, dtype=torch.bool, device="cuda")
+    partial = torch.empty(batch, kt.PARTS, 1 << CHUNK_BITS, dtype=torch.int64, device="cuda")
+    totals = torch.empty(batch, kt.PARTS, dtype=torch.int64, device="cuda")
+    sums = torch.empty(batch, kt.PARTS, dtype=torch.float64, device="cuda")
+    out = torch.empty(batch, dtype=torch.int64, device="cuda")
+    dev = kt._device_array
+    p, s_, t_, pa, to, su, o, uu = (dev(x) for x in (probs, seeds, tables, partial, totals, sums, out, u))
+    pl = dev(plain.to(torch.uint8))
+
+    def stream():
+        return kt._launch_stream(probs)
 
     def timed(fn) -> float:
         fn()
@@ -168,24 +195,65 @@ def kernel_part(batch: int, result: dict) -> None:
         sync()
         return statistics.median(s.elapsed_time(e) for s, e in ms)
 
+    def before_draw():
+        hist = lambda tabs, start, width: st.cuda_histogram(  # noqa: E731
+            probs, seeds, torch.stack(tabs) if tabs else probs.new_ones(1, batch, 1 << CHUNK_BITS), len(tabs),
+            CHUNK_BITS, start, width)
+        tabs = st.chunk_tables(probs, 30, 2, hist)
+        law = st.cuda_apply(probs, seeds, torch.stack(tabs), CHUNK_BITS, CHUNK_BITS)
+        return st.inverse_cdf(law, u)
+
     variants = {
-        "histogram, 0 tables": lambda: kt.histogram(probs, seeds, tables, 0, CHUNK_BITS, 0, 10, FIXED_POINT),
-        "histogram, 2 tables": lambda: kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT),
+        "histogram cas64, 0 tables": lambda: kt.histogram(probs, seeds, tables, 0, CHUNK_BITS, 0, 10, FIXED_POINT),
+        "histogram cas64, 2 tables": lambda: kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT),
+        "histogram split32, 0 tables": lambda: kt._histogram32_kernel[(kt.PARTS, batch), kt.THREADS, stream()](
+            p, s_, t_, 0, CHUNK_BITS, 0, 10, FIXED_POINT, pa, to),
+        "histogram split32, 2 tables": lambda: kt._histogram32_kernel[(kt.PARTS, batch), kt.THREADS, stream()](
+            p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT, pa, to),
+        "table kernel": lambda: kt._table_kernel[batch, 1024, stream()](pa, 10, 2, FIXED_POINT, t_, 1, False, to,
+                                                                        pl, su),
+        "table kernel, last (segment masses)": lambda: kt._table_kernel[batch, 1024, stream()](
+            pa, 10, 2, FIXED_POINT, t_, 2, True, to, pl, su),
+        "torch chunk_table": lambda: st.chunk_table(partial.sum(1), 10, 2),
         "apply, 3 tables": lambda: kt.apply_tables(probs, seeds, tables, CHUNK_BITS, CHUNK_BITS),
+        "inverse_cdf of a law": lambda: st.inverse_cdf(probs, u),
+        "pick, 3 tables": lambda: kt._pick_kernel[batch, kt._PICK_THREADS, stream()](
+            p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, su, uu, o),
+        "draw before (3 cas64 passes, torch tables, apply, inverse_cdf)": before_draw,
+        "draw after (mmw::tournament_choose)": lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2),
+        "softmax float32 -> float64 (the plain step's)": lambda: torch.softmax(probs.float().double(), -1),
+        "copy of the float64 probabilities": lambda: probs.clone(),
     }
-    rows = []
-    default = (kt.PARTS, kt.THREADS)
-    for parts, threads in ((8, 256), (4, 256), (16, 256), (8, 512)):
-        kt.PARTS, kt.THREADS = parts, threads
-        row = dict(parts=parts, threads=threads, **{name: timed(fn) for name, fn in variants.items()})
-        rows.append(row)
-        print(f"kernels parts={parts} threads={threads}: "
-              + ", ".join(f"{name} {row[name]:.3f}" for name in variants) + " ms", flush=True)
-    kt.PARTS, kt.THREADS = default
-    copy_ms = timed(lambda: probs.clone())
-    print(f"kernels: a copy of the float64 probabilities ({probs.numel() * 8 / 1e6:.0f} MB read + written) "
-          f"{copy_ms:.3f} ms", flush=True)
-    result["kernels"] = dict(batch=batch, vocab=VOCAB, rows=rows, copy_ms=copy_ms)
+    times = {}
+    for name, fn in variants.items():
+        times[name] = timed(fn)
+        print(f"kernels: {name:64s} {times[name]:.3f} ms", flush=True)
+    for parts in (4, 16, 32):  # the whole draw at other segment counts
+        kt.PARTS = parts
+        times[f"draw after, {parts} segments a row"] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
+        print(f"kernels: draw after, {parts} segments a row {times[list(times)[-1]]:.3f} ms", flush=True)
+    kt.PARTS = 8
+    # the same sums, and the same tokens, before and after
+    a = kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT)
+    kt._histogram32_kernel[(kt.PARTS, batch), kt.THREADS, stream()](p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT,
+                                                                   pa, to)
+    same_hist = bool(torch.equal(a, partial.sum(1)))
+    agree = {}
+    for scale in (1.0, 3.0, 8.0):
+        same = 0
+        for k in range(4):
+            g = torch.Generator(device="cuda").manual_seed(50 + k)
+            pr = torch.softmax(torch.randn(batch, VOCAB, device="cuda", generator=g, dtype=torch.float64) * scale, -1)
+            uk = torch.rand(batch, device="cuda", generator=g, dtype=torch.float64)
+            rows_plain = torch.rand(batch, device="cuda", generator=g) < 0.25
+            law = st.tournament_probs_chunked(pr, prf.prf_t(seeds.unsqueeze(-1), torch.arange(
+                VOCAB, device="cuda").unsqueeze(0)), 30, 2)
+            ref = st.inverse_cdf(torch.where(rows_plain.unsqueeze(-1), pr, law), uk)
+            same += int((st.cuda_choose(pr, seeds, uk, rows_plain, 30, 2) == ref).sum())
+        agree[f"logit scale {scale}"] = dict(same=same, total=4 * batch)
+    print(f"kernels: split32 histogram equals cas64: {same_hist}; tokens of the fused draw vs inverse_cdf of the "
+          f"chunked law (torch, a quarter of the rows plain): {agree}", flush=True)
+    result["kernels"] = dict(batch=batch, vocab=VOCAB, ms=times, histogram_equal=same_hist, tokens_agree=agree)
 
 
 def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dict) -> None:
@@ -244,7 +312,7 @@ def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dic
                               ("tournament after", KEY, False)):
         step = WatermarkStep(spec() if name != "plain" else None, key, VOCAB, 1.0, compiled=True, mode="default")
         if before:
-            step.sampler = LayerByLayer(spec(), key, VOCAB)
+            step.sampler = BEFORE(spec(), key, VOCAB)
         time_calls(step, batch, 3)
         scores, context, steps_, state = step_inputs(batch, 3.0, 7)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
@@ -270,8 +338,7 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
     install_before("default")
 
     def run(static: bool, scheme: SchemeSpec | None, key: int, hf_plain: bool = False) -> float:
-        engine.STATIC_DECODING = static
-        os.environ["MMW_GRAPH_DECODE"] = "1"
+        settings = EngineParams(static_decode=static, graph_decode=True)  # params engine:
         if hf_plain:  # transformers' own sampling, no processor, in generate_batch's own generate call
             batch_ids = ids.cuda()
             config = engine.neutral_generation_config(tok, model, new_tokens)
@@ -290,7 +357,7 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
         proc = WatermarkProcessor(scheme, key, cfg.vocab_size, list(range(batch)), 1.0)
         sync()
         t0 = time.perf_counter()
-        engine.generate_batch(model, tok, prompts, proc, new_tokens)
+        engine.generate_batch(model, tok, prompts, proc, new_tokens, settings)
         sync()
         wall = time.perf_counter() - t0
         free(model)
@@ -344,7 +411,11 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
 
 
 def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, new_tokens: int = 128, rounds: int = 3,
-         calls: int = 30) -> None:
+         calls: int = 30, before: str = "histogram") -> None:
+    global BEFORE
+    if before not in ("layer", "histogram"):
+        raise typer.BadParameter(f"unknown {before!r}; allowed: layer, histogram", param_hint="--before")
+    BEFORE = LayerByLayer if before == "layer" else ThreeHistograms
     unknown = set(parts.split(",")) - {"kernels", "step", "decode"}
     if unknown:
         raise typer.BadParameter(f"unknown part(s) {sorted(unknown)}; allowed: kernels, step, decode",
@@ -354,7 +425,7 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
         out_dir.mkdir(parents=True, exist_ok=True)
     import transformers
 
-    result: dict = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+    result: dict = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, before=before,
                         transformers=transformers.__version__, date=time.strftime("%F %T"))
 
     def save() -> None:

@@ -15,7 +15,7 @@ distribution softmax(l / T + bias * green) (bench/results/oracles.md states what
 
 Per pair and temperature, on watermarked text of the same prompts, row seeds and mmw key (each adapter derives its
 own key from it), generated in-process and batched through mmw's engine (``mmw.engines.generate.generate``) with
-``mmw.watermark.plugin_generation.build_processor`` and detected with ``mmw.watermark.plugin_detection.build_detector``:
+``mmw.watermark.build.build_processor`` and detected with ``mmw.watermark.build.build_detector``:
 (a) detection score: the per-unit score normalised the same way on both sides -- green share (KGW/C4), share of
     g = 1 among the m bits (tournament/SynthID), mean Exp(1) score (C1/vLLM) -- and the per-text z of it; both are
     the same statistic of the same null (Binomial/Erlang per deduplicated unit), so under "the two implement the same

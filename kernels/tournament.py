@@ -1,27 +1,32 @@
 """The tournament sampler's vocabulary passes on a CUDA device (numba), called from torch through the custom ops
-``mmw::tournament_histogram`` and ``mmw::tournament_apply`` (``mmw.watermark.samplers.tournament``).
+``mmw::tournament_choose`` (the draw) and ``mmw::tournament_histogram`` / ``mmw::tournament_apply`` (the law
+itself) (``mmw.watermark.samplers.tournament``).
 
-One pass sums each row's current law by the next ``width`` g-bits (``mmw.watermark.samplers.tournament``): per token, the PRF
-of (row seed, token id) gives its bits, its mass is p(x) times the earlier chunks' factor tables looked up by its
-bits, and the mass, in fixed point, is added to its bin. The bins live in shared memory: a row's 1,024 bins sit in
-64 cache lines, and the global atomic adds of ``scatter_add_`` serialise on them (0.53 ms a pass at 296 x 128,256
-on one H200, against one read of the probabilities in ~0.07 ms); shared-memory atomics do not. Integer adds make the
-sum independent of their order, so the result is the same on every run and equals the CPU's ``scatter_add_``.
+A histogram pass sums each row's current law by the next ``width`` g-bits (``mmw.watermark.samplers.tournament``): per token,
+the PRF of (row seed, token id) gives its bits, its mass is p(x) times the earlier chunks' factor tables looked up
+by its bits, and the mass, in fixed point, is added to its bin. The bins live in shared memory: a row's 1,024 bins
+sit in 64 cache lines, and the global atomic adds of ``scatter_add_`` serialise on them (0.53 ms a pass at 296 x
+128,256 on one H200, against one read of the probabilities in ~0.07 ms); shared-memory atomics do not. Integer adds
+make the sum independent of their order, so the result is the same on every run and equals the CPU's
+``scatter_add_``. ``_histogram32_kernel`` adds each 64-bit value as two 32-bit halves (a 64-bit shared atomic add
+is a compare-and-swap loop on sm_90).
 
-A block takes a strided share of one row (grid: ``PARTS`` x rows) and writes its bins to its own slice of
-``partial``; the caller sums the slices (a fixed order). The last pass (``apply_tables``) multiplies each token's
-probability by its chunks' factors, the PRF again in the kernel: Inductor, given the same product as torch code,
-fused it with the softmax into two reductions that cost ~0.9 ms more than the plain step's one (H200, 296 rows).
+``choose`` draws the token without writing the law: the histogram passes, each chunk's table in a kernel, then, per
+row, the segment of the vocabulary that holds the inverse-CDF target (the segments' masses come from the last
+histogram) and a scan of that segment alone. Writing the law (``apply_tables``) and drawing with ``inverse_cdf``
+costs a pass that writes it and a scan that reads and writes it (bench/results/gpu.md has the times).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still refers to np.row_stack, which numpy 2.5 removed
     np.row_stack = np.vstack
 
-from numba import cuda, float64, int64, uint64  # noqa: E402
+from numba import cuda, float64, int64, uint32, uint64  # noqa: E402
 
 from mmw.kernels.prf import prf  # noqa: E402
 
@@ -142,3 +147,287 @@ def apply_tables(probs, seeds, tables, table_bits: int, last_bits: int):
             _device_array(probs), _device_array(seeds), _device_array(tables), tables.shape[0], table_bits,
             last_bits, _device_array(out))
     return out
+
+
+# ------------------------------------------------------------------------------------------------ the fused draw
+_PICK_THREADS = 256
+#: Tokens a thread of the draw's scan adds in sequence (a tile is _PICK_THREADS x _PICK_RUN tokens).
+_PICK_RUN = 8
+
+
+@cuda.jit(device=True)
+def _mass(probs, cache, tables, n_tables, table_bits, row, x, h):
+    """probs[row, x] times the first n_tables chunks' factors (each chunk table_bits layers), looked up by x's bits
+    of each chunk (h = prf(seed, x))."""
+    mass = probs[row, x]
+    table_mask = uint64((1 << table_bits) - 1)
+    for c in range(n_tables):
+        mass *= _factor(cache, tables, c, row, int64((h >> uint64(64 - (c + 1) * table_bits)) & table_mask))
+    return mass
+
+
+@cuda.jit(device=True)
+def _law(probs, cache, tables, n_tables, table_bits, last_bits, row, x, h):
+    """The law at x: ``_apply_kernel``'s product (the last chunk last_bits wide)."""
+    mass = probs[row, x]
+    for c in range(n_tables):
+        bits = table_bits if c < n_tables - 1 else last_bits
+        code = (h >> uint64(64 - c * table_bits - bits)) & uint64((1 << bits) - 1)
+        mass *= _factor(cache, tables, c, row, int64(code))
+    return mass
+
+
+@cuda.jit(device=True)
+def _block_sum(red, value):
+    """The sum of ``value`` over the block (blockDim a power of two), by a tree in shared ``red`` (a fixed order);
+    every thread gets it."""
+    t = cuda.threadIdx.x
+    red[t] = value
+    cuda.syncthreads()
+    s = cuda.blockDim.x >> 1
+    while s > 0:
+        if t < s:
+            red[t] += red[t + s]
+        cuda.syncthreads()
+        s >>= 1
+    total = red[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit
+def _histogram32_kernel(probs, seeds, tables, n_tables, table_bits, start, width, fixed_point, partial, totals):
+    """``_histogram_kernel``'s sums with 32-bit shared atomics, block ``part`` of a row taking the contiguous segment
+    of tokens part * L .. (part + 1) * L - 1 (L = ceil(V / gridDim.x)): partial[row, part] is that segment's
+    histogram. A 64-bit shared atomic add is a compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN.64), a 32-bit one a
+    single ATOMS.ADD: each fixed-point mass v is added as its low 32 bits to ``lo`` and its high bits, plus the
+    carry out of ``lo`` that this add caused (seen from the value the atomic returns), to ``hi``, so a bin's sum is
+    hi * 2^32 + lo exactly, in any order of the adds. The first pass (start 0) also writes totals[row, part], the
+    segment's mass (an integer sum: exact)."""
+    lo = cuda.shared.array(MAX_BINS, uint32)
+    hi = cuda.shared.array(MAX_BINS, uint32)
+    cache = cuda.shared.array(_CACHE_SIZE, float64)
+    total = cuda.shared.array(1, int64)
+    row = cuda.blockIdx.y
+    part = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    n_bins = 1 << width
+    for b in range(t, n_bins, cuda.blockDim.x):
+        lo[b] = 0
+        hi[b] = 0
+    if t == 0:
+        total[0] = 0
+    _cache_tables(cache, tables, n_tables, row)
+    cuda.syncthreads()
+    seed = uint64(seeds[row])
+    mask = uint64(n_bins - 1)
+    shift = uint64(64 - start - width)
+    low_mask = uint64(0xFFFFFFFF)
+    vocab = probs.shape[1]
+    seg_len = (vocab + cuda.gridDim.x - 1) // cuda.gridDim.x
+    first = part * seg_len
+    for x in range(first + t, min(first + seg_len, vocab), cuda.blockDim.x):
+        h = prf(seed, x)
+        mass = _mass(probs, cache, tables, n_tables, table_bits, row, x, h)
+        v = uint64(int64(mass * fixed_point + float64(0.5)))
+        b = int64((h >> shift) & mask)
+        low = uint32(v & low_mask)
+        old = cuda.atomic.add(lo, b, low)
+        high = (v >> uint64(32)) + ((uint64(old) + uint64(low)) >> uint64(32))
+        if high != uint64(0):
+            cuda.atomic.add(hi, b, uint32(high))
+    cuda.syncthreads()
+    mine = int64(0)
+    for b in range(t, n_bins, cuda.blockDim.x):
+        value = int64((uint64(hi[b]) << uint64(32)) | uint64(lo[b]))
+        partial[row, part, b] = value
+        mine += value
+    if start == 0:
+        cuda.atomic.add(total, 0, mine)
+        cuda.syncthreads()
+        if t == 0:
+            totals[row, part] = total[0]
+
+
+@cuda.jit
+def _table_kernel(partial, width, leaves, fixed_point, tables, c, last, totals, plain, sums):
+    """tables[c, row] = ``mmw.watermark.samplers.tournament.chunk_table`` of the row's histogram (the sum over partial's
+    segments); one block of 2^width threads a row, thread b owning bin b; each layer's G is a tree sum in shared
+    memory (a fixed order: the same table every run). Bins from 2^width up to the table's size are set to 1.
+    For the ``last`` chunk, sums[row, s] = the law's mass in segment s: sum over b of partial[row, s, b] times the
+    table (the model's own mass, totals[row, s], where plain[row])."""
+    red = cuda.shared.array(MAX_BINS, float64)
+    row = cuda.blockIdx.x
+    b = cuda.threadIdx.x
+    n_bins = cuda.blockDim.x
+    count = int64(0)
+    for p in range(partial.shape[1]):
+        count += partial[row, p, b]
+    mass = float64(count) / fixed_point
+    table = float64(1.0)
+    for j in range(width):
+        g = (b >> (width - 1 - j)) & 1
+        total = _block_sum(red, mass if g else 0.0)
+        if leaves == 2:
+            factor = 1.0 + g - total
+        else:
+            miss = 1.0 - total
+            if g:
+                factor = (1.0 - math.pow(miss, float64(leaves))) / max(total, 2.2250738585072014e-308)
+            else:
+                factor = math.pow(miss, float64(leaves - 1))
+        mass *= factor
+        table *= factor
+    tables[c, row, b] = table
+    for k in range(n_bins + b, tables.shape[2], n_bins):
+        tables[c, row, k] = 1.0
+    if last:
+        if plain[row]:
+            if b == 0:
+                for s in range(partial.shape[1]):
+                    sums[row, s] = float64(totals[row, s]) / fixed_point
+        else:
+            for s in range(partial.shape[1]):
+                segment = _block_sum(red, float64(partial[row, s, b]) / fixed_point * table)
+                if b == 0:
+                    sums[row, s] = segment
+
+
+@cuda.jit
+def _pick_kernel(probs, seeds, tables, n_tables, table_bits, last_bits, plain, sums, u, out):
+    """out[row] = the count of the law's CDF entries below u[row] times its total (``inverse_cdf``), clamped to the
+    last token of positive law in the segment it falls in. The CDF at the segments' ends is the running sum of
+    ``sums`` (the histograms' segments); inside the segment that holds the target, each thread adds _PICK_RUN
+    tokens' law in sequence, a block scan adds the threads' sums, tile by tile."""
+    cache = cuda.shared.array(_CACHE_SIZE, float64)
+    scan = cuda.shared.array(_PICK_THREADS, float64)
+    info = cuda.shared.array(2, float64)  # the CDF before the chosen segment, the target
+    counts = cuda.shared.array(2, int64)  # the chosen segment, the count of its entries below the target
+    local = cuda.local.array(_PICK_RUN, float64)
+    row = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    n = 0 if plain[row] else n_tables
+    _cache_tables(cache, tables, n, row)
+    if t == 0:
+        n_seg = sums.shape[1]
+        total = float64(0.0)
+        for s in range(n_seg):
+            total += sums[row, s]
+        target = u[row] * total
+        cum = float64(0.0)
+        seg = n_seg - 1
+        base = float64(0.0)
+        for s in range(n_seg):
+            nxt = cum + sums[row, s]
+            base = cum
+            if nxt >= target:
+                seg = s
+                break
+            cum = nxt
+        info[0] = base
+        info[1] = target
+        counts[0] = seg
+        counts[1] = 0
+    cuda.syncthreads()
+    base = info[0]
+    target = info[1]
+    seed = uint64(seeds[row])
+    vocab = probs.shape[1]
+    seg_len = (vocab + sums.shape[1] - 1) // sums.shape[1]
+    first = counts[0] * seg_len
+    end = min(first + seg_len, vocab)
+    running = float64(0.0)
+    below = int64(0)
+    last_positive = int64(first)
+    for tile in range(first, end, cuda.blockDim.x * _PICK_RUN):
+        own = float64(0.0)
+        for i in range(_PICK_RUN):
+            x = tile + t * _PICK_RUN + i
+            law = float64(0.0)
+            if x < end:
+                law = _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
+                if law > 0.0:
+                    last_positive = x
+            local[i] = law
+            own += law
+        scan[t] = own
+        cuda.syncthreads()
+        offset = 1
+        while offset < cuda.blockDim.x:  # Hillis-Steele inclusive scan of the threads' sums
+            add = scan[t - offset] if t >= offset else 0.0
+            cuda.syncthreads()
+            scan[t] += add
+            cuda.syncthreads()
+            offset <<= 1
+        before = scan[t - 1] if t > 0 else 0.0
+        acc = before
+        for i in range(_PICK_RUN):
+            acc += local[i]
+            if tile + t * _PICK_RUN + i < end and base + (running + acc) < target:
+                below += 1
+        running += scan[cuda.blockDim.x - 1]
+        cuda.syncthreads()
+    cuda.atomic.add(counts, 1, below)
+    scan[t] = float64(last_positive)
+    cuda.syncthreads()
+    s = cuda.blockDim.x >> 1
+    while s > 0:
+        if t < s:
+            scan[t] = max(scan[t], scan[t + s])
+        cuda.syncthreads()
+        s >>= 1
+    if t == 0:
+        out[row] = min(first + counts[1], int64(scan[0]))
+
+
+def _launch_stream(tensor):
+    import torch
+
+    return cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
+
+
+def choose(probs, seeds, u, plain, layers: int, leaves: int, chunk_bits: int, fixed_point: float):
+    """The tournament's inverse-CDF token of every row, its law never written: probs float64 [B, V], seeds int64 [B],
+    u float64 [B], plain uint8 [B] (rows drawn from probs itself) (CUDA tensors, contiguous), layers >= 1 -> int64
+    [B].
+
+    ceil(layers / chunk_bits) histogram passes (``_histogram32_kernel``) over PARTS contiguous segments of each row,
+    each pass followed by its chunk's factor table (``_table_kernel``), which after the last one also gives the
+    law's mass in each segment; then one block a row finds the segment that holds u times the total and scans it
+    (``_pick_kernel``). Against the law written by a last pass and drawn by ``inverse_cdf``, this saves that pass's
+    write, a scan's read and write of the law and the count's read of it. The segments' masses come from the
+    fixed-point histograms (each token's mass rounded to 2^-62), the scan inside a segment from the float law: the
+    token is ``inverse_cdf``'s except where u times the total falls within ~V 2^-62 of a segment's end."""
+    import torch
+
+    if (1 << chunk_bits) > MAX_BINS or layers < 1:
+        raise ValueError(f"chunk_bits must be at most 10 and layers at least 1, got {chunk_bits} and {layers}")
+    rows = probs.shape[0]
+    out = torch.empty(rows, dtype=torch.int64, device=probs.device)
+    if not rows:
+        return out
+    n_chunks = -(-layers // chunk_bits)
+    tables = torch.empty(n_chunks, rows, 1 << chunk_bits, dtype=torch.float64, device=probs.device)
+    partial = torch.empty(rows, PARTS, 1 << chunk_bits, dtype=torch.int64, device=probs.device)
+    totals = torch.empty(rows, PARTS, dtype=torch.int64, device=probs.device)
+    sums = torch.empty(rows, PARTS, dtype=torch.float64, device=probs.device)
+    launch_choose(*(_device_array(x) for x in (probs, seeds, u, plain, tables, partial, totals, sums, out)), layers,
+                  leaves, chunk_bits, fixed_point, _launch_stream(probs))
+    return out
+
+
+def launch_choose(probs, seeds, u, plain, tables, partial, totals, sums, out, layers, leaves, chunk_bits,
+                  fixed_point, stream=0):
+    """``choose``'s launches on device (or, in numba's simulator, host) arrays. Scratch: tables float64
+    [C, B, 2^chunk_bits], partial int64 [B, S, 2^chunk_bits], totals int64 [B, S], sums float64 [B, S], S the
+    number of segments a row."""
+    rows = probs.shape[0]
+    n_chunks = -(-layers // chunk_bits)
+    for c in range(n_chunks):
+        width = min(chunk_bits, layers - c * chunk_bits)
+        _histogram32_kernel[(partial.shape[1], rows), THREADS, stream](
+            probs, seeds, tables, c, chunk_bits, c * chunk_bits, width, fixed_point, partial, totals)
+        _table_kernel[rows, 1 << width, stream](partial, width, leaves, fixed_point, tables, c, c == n_chunks - 1,
+                                                totals, plain, sums)
+    _pick_kernel[rows, _PICK_THREADS, stream](probs, seeds, tables, n_chunks, chunk_bits,
+                                              layers - (n_chunks - 1) * chunk_bits, plain, sums, u, out)

@@ -22,6 +22,10 @@ Engine = Literal["transformers", "vllm"]
 DetectDevice = Literal["auto", "cpu", "cuda", "reference"]
 RateMode = Literal["auto", "greedy", "expected"]
 JudgeBackend = Literal["transformers", "vllm", "openai"]
+#: engine.decode_attention (mmw.engines.attention): a decoding step's attention on CUDA.
+DecodeAttention = Literal["flex", "efficient", "sdpa"]
+#: engine.compile_mode: torch.compile's mode for the watermark step (mmw.watermark.processor).
+CompileMode = Literal["reduce-overhead", "default", "max-autotune", "max-autotune-no-cudagraphs"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
 DETECT_DEVICES: tuple[str, ...] = get_args(DetectDevice)
 RATE_MODES: tuple[str, ...] = get_args(RateMode)

@@ -26,8 +26,8 @@ import yaml
 
 from mmw.errors import SpecError
 from mmw.model_fields import (  # noqa: F401  (some re-exported: callers read the field types from mmw.params)
-    DETECT_DEVICES, DEVICES, DTYPES, MODEL_SPECS, RATE_MODES, DetectDevice, Device, Dtype, Engine, JudgeBackend,
-    ModelName, RateMode, choices)
+    DETECT_DEVICES, DEVICES, DTYPES, MODEL_SPECS, RATE_MODES, CompileMode, DecodeAttention, DetectDevice, Device,
+    Dtype, Engine, JudgeBackend, ModelName, RateMode, choices)
 from mmw.validation import Integer, Section, allowed, validate
 
 if TYPE_CHECKING:
@@ -96,6 +96,29 @@ class RateParams(Section):
     max_retries: Integer = allowed("an integer in [0, 10]", default=3, ge=0, le=10)
     concurrency: Integer = allowed("an integer in [1, 256]", default=4, ge=1, le=256)
 
+
+
+class EngineParams(Section):
+    """How the transformers engine computes on CUDA: each switch picks kernels or a compilation, so it can change
+    generated texts (by rounding) or a judgement's last digits, and it is a param like any other (docs/GPU.md,
+    "Engine switches"). None of them acts on a CPU, where the defaults' outputs are those of every setting.
+    The vLLM engine and backends take none of them."""
+
+    # The generator decodes through mmw.engines.graph_decode's own loop over a static cache (false: transformers'
+    # generate).
+    static_decode: bool = allowed("true or false", default=True)
+    # That loop's step captured as one CUDA graph (false: the same step run eagerly).
+    graph_decode: bool = allowed("true or false", default=True)
+    # The generator's decoding-step attention: flex (compiled flex_attention over the written cache blocks; outside
+    # the static loop as efficient), efficient (query heads folded, memory-efficient SDPA kernel; both repeat bit
+    # for bit) or sdpa (SDPA's own choice, cuDNN on Hopper: not run-to-run reproducible).
+    decode_attention: DecodeAttention = allowed(choices(DecodeAttention), default="flex")
+    # The watermark step through torch.compile (false: eager, the same function).
+    compile_step: bool = allowed("true or false", default=True)
+    # torch.compile's mode for the step outside the captured loop (the loop's capture uses "default").
+    compile_mode: CompileMode = allowed(choices(CompileMode), default="reduce-overhead")
+    # The judge's decoder layers through torch.compile for its expected-mode forward (false: eager).
+    compile_judge: bool = allowed("true or false", default=True)
 
 
 class _Seed(Section):
@@ -174,6 +197,8 @@ class Params:
     rate: Board[RateParams] = Board(RateParams)
     low_entropy: Board[LowEntropyParams] = Board(optional=True)
     quality: Board[QualityParams] = Board(optional=True)
+    #: Absent: every switch at its default (the stages that read it list its keys in dvc.yaml, so a DVC run needs it).
+    engine: Board[EngineParams] = Board(EngineParams, optional=True)
 
     def __init__(self, values: dict[str, Any]) -> None:
         self._values = values

@@ -6,7 +6,8 @@ kernels differ (oneDNN and numba dispatch on the CPU's instruction sets, a GPU h
 flip and every number downstream moves within its uncertainty; ``mmw verify`` (:mod:`mmw.verify`) tells the two
 cases apart by comparing these records. Each record is a DVC output of the stage it describes (docs/DVC.md): it is
 cached and checked out with the outputs it explains, and it never enters a data file, so the same computation on
-another machine differs only here. Nothing in it is a param: the key cannot appear.
+another machine differs only here. The one param section it holds is ``engine`` (the GPU paths, which decide
+kernels as the machine does; noted by the stages that read it with :func:`note_engine`); the key cannot appear.
 
 Models are noted as they load (:func:`note_model` in :func:`mmw.engines.models.load_model`, :func:`note` in the
 vLLM engine and judge, and a server's judge, whose dtype only the server knows); the record is written
@@ -24,6 +25,11 @@ from typing import Any
 from mmw.io import read_json, write_json
 
 PROVENANCE_DIR = Path("reports/provenance")
+#: Every stage's record in one file (stage -> record), written by ``aggregate`` from the records it reads: an
+#: uncached output, committed with reports/metrics.json, so a clone without the DVC cache knows the committed run's
+#: numeric path (``mmw verify``). The per-stage records stay cached outputs: an uncached output keeps DVC's
+#: run-cache from restoring its stage (docs/DVC.md).
+COMMITTED = Path("reports/provenance.json")
 
 #: The stages whose outputs depend on the numeric path (models, kernels, floating point); each declares its record
 #: as an output in dvc.yaml. prompts, key and aggregate compute nothing in floating point that a machine changes.
@@ -41,6 +47,8 @@ LIBRARIES = ("torch", "transformers", "tokenizers", "numpy", "numba", "numba-cud
 
 #: Models loaded by the running stage: spec -> {dtype, device}.
 _MODELS: dict[str, dict[str, str]] = {}
+#: The running stage's params ``engine`` section (``mmw.params.EngineParams``), when it reads one.
+_ENGINE: dict[str, Any] = {}
 
 
 def note(spec: str, dtype: str, device: str) -> None:
@@ -54,9 +62,16 @@ def note_model(spec: str, model: Any) -> None:
     note(spec, str(parameter.dtype).removeprefix("torch."), str(parameter.device))
 
 
+def note_engine(settings: Any) -> None:
+    """Record the params ``engine`` section (an ``EngineParams``) the running stage computes under."""
+    _ENGINE.clear()
+    _ENGINE.update(settings.model_dump())
+
+
 def reset_models() -> None:
-    """Forget the noted models (a stage starts; several stages may share one process)."""
+    """Forget the noted models and engine section (a stage starts; several stages may share one process)."""
     _MODELS.clear()
+    _ENGINE.clear()
 
 
 def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
@@ -108,9 +123,13 @@ def libraries() -> dict[str, str | None]:
 
 
 def collect(stage: str) -> dict[str, Any]:
-    """The running stage's record: {stage, cpu, gpus, models, threads, libraries}."""
-    return {"stage": stage, "cpu": cpu(), "gpus": gpus(), "models": dict(sorted(_MODELS.items())),
-            "threads": threads(), "libraries": libraries()}
+    """The running stage's record: {stage, cpu, gpus, models, threads, libraries[, engine]} (``engine``: the params
+    section, for the stages that read it)."""
+    record = {"stage": stage, "cpu": cpu(), "gpus": gpus(), "models": dict(sorted(_MODELS.items())),
+              "threads": threads(), "libraries": libraries()}
+    if _ENGINE:
+        record["engine"] = dict(_ENGINE)
+    return record
 
 
 def write(stage: str, directory: Path = PROVENANCE_DIR) -> None:
@@ -125,9 +144,22 @@ def read_all(directory: Path = PROVENANCE_DIR) -> dict[str, dict[str, Any]]:
     return {stage: read_json(file) for stage, file in files.items() if file.is_file()}
 
 
+def from_texts(stage_texts: dict[str, str | None], committed_text: str | None) -> dict[str, dict[str, Any]]:
+    """Records from file texts: each stage's own record (``stage_texts``: stage -> text of its file, None when
+    absent) where present, else the committed all-stages file's (:data:`COMMITTED`, None when absent)."""
+    import json
+
+    records = {stage: json.loads(text) for stage, text in stage_texts.items() if text is not None}
+    if not records and committed_text is not None:
+        committed = json.loads(committed_text)
+        records = {stage: committed[stage] for stage in STAGES if stage in committed}
+    return records
+
+
 def path_fields(record: dict[str, Any]) -> dict[str, str]:
-    """The fields of a record that decide its numbers, flattened (``cpu.flags``, ``models.<spec>.dtype``, ...).
-    The CPU's marketing name is left out: two CPUs of one vendor with the same instruction sets run the same
+    """The fields of a record that decide its numbers, flattened (``cpu.flags``, ``models.<spec>.dtype``,
+    ``engine.<switch>`` where a GPU computed, ...). The CPU's marketing name is left out: two CPUs of one vendor
+    with the same instruction sets run the same
     kernels."""
     fields = {"cpu.flags": " ".join(record.get("cpu", {}).get("flags", [])),
               "cpu.vendor": record.get("cpu", {}).get("vendor", "unknown"),
@@ -136,6 +168,8 @@ def path_fields(record: dict[str, Any]) -> dict[str, str]:
         fields[f"models.{spec}"] = f"{model['dtype']} on {model['device']}"
     fields.update({f"threads.{k}": str(v) for k, v in record.get("threads", {}).items()})
     fields.update({f"libraries.{k}": str(v) for k, v in record.get("libraries", {}).items()})
+    if record.get("gpus"):  # the engine's switches act on CUDA only: on a CPU every setting computes the same
+        fields.update({f"engine.{k}": str(v) for k, v in record.get("engine", {}).items()})
     return fields
 
 

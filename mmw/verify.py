@@ -246,12 +246,9 @@ def compare_outputs(committed: dict[str, str], run: dict[str, str], same_path: b
 
 
 def _records(read: Reader) -> dict[str, dict[str, Any]]:
-    out = {}
-    for stage in provenance.STAGES:
-        text = read(f"{provenance.PROVENANCE_DIR}/{stage}.json")
-        if text is not None:
-            out[stage] = json.loads(text)
-    return out
+    """The per-stage records (DVC-cached), else the committed all-stages file (a clone without the DVC cache)."""
+    texts = {stage: read(f"{provenance.PROVENANCE_DIR}/{stage}.json") for stage in provenance.STAGES}
+    return provenance.from_texts(texts, read(str(provenance.COMMITTED)))
 
 
 @dataclass

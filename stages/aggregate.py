@@ -57,6 +57,8 @@ def run(params_path: Path) -> None:
         summary = summary_markdown(metrics, attacks, judge, header)
         if QUALITY_REPORT.is_file():
             summary += "\n" + quality_markdown(read_json(QUALITY_REPORT))
-        summary += "\n" + provenance.markdown(provenance.read_all())
+        records = provenance.read_all()
+        summary += "\n" + provenance.markdown(records)
+        write_json(records, provenance.COMMITTED)  # the records, committed with the metrics (a clone has them)
         write_text(summary, SUMMARY)
         write_json(metrics, METRICS)

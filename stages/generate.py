@@ -13,6 +13,7 @@ from mmw.keys import key_fingerprint, resolve_key
 from mmw.params import load_params
 from mmw.watermark.build import build_processor
 from mmw.watermark.plugin_generation import preflight
+from mmw.provenance import note_engine
 from mmw.watermark.scheme import SchemeSpec
 from mmw.stages.common import generator_vocab_size
 from mmw.stages.timing import timed
@@ -35,10 +36,11 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     ``scheme:`` section and the key.
     """
     with timed(f"generate_{which}") as info:
-        params = load_params(params_path, ("seed", "model", "scheme", "key") if which == "watermarked"
-                             else ("seed", "model"), models={"scheme": SchemeSpec})
+        params = load_params(params_path, ("seed", "model", "scheme", "key", "engine") if which == "watermarked"
+                             else ("seed", "model", "engine"), models={"scheme": SchemeSpec})
         spec = params.scheme if which == "watermarked" else None
         key = resolve_key(params.key) if spec is not None else None
+        note_engine(params.engine)
         if params.model.engine == "vllm":
             from mmw.engines.vllm_engine import VllmGenerator, require_vllm
 
@@ -61,11 +63,15 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         if spec is not None and spec.is_plugin:
             preflight(spec, key, vocab_size, temperature)  # a misbehaving plugin fails here, before any batch
 
+        settings = params.engine
+
         def processor_factory(row_seeds: list[int]):
-            return build_processor(spec, key, vocab_size, row_seeds, temperature)
+            return build_processor(spec, key, vocab_size, row_seeds, temperature,
+                                   compiled=None if settings.compile_step else False,
+                                   compile_mode=settings.compile_mode)
 
         fingerprint = resume_fingerprint(temperature, spec, key)
         table = generate_table(model, tokenizer, prompts, GENERATIONS[which], processor_factory,
                                params.model.max_new_tokens, params.model.batch_size, seed=params.seed,
-                               fingerprint=fingerprint, progress=True)
+                               fingerprint=fingerprint, progress=True, settings=settings)
         info.update(rows=table.height, tokens=int(table["n_tokens"].sum()), device=str(model.device))

@@ -14,6 +14,7 @@ import polars as pl
 
 from mmw.io import LOW_ENTROPY_SCHEMA, write_table
 from mmw.params import load_params
+from mmw.provenance import note_engine
 from mmw.seeds import derive_seed
 from mmw.quality.params import LowEntropyParams
 from mmw.stages.timing import timed
@@ -28,8 +29,10 @@ GENERATIONS = LOW_ENTROPY_INPUTS.parent / "generations.parquet"
 def run(params_path: Path) -> None:
     """Write data/low_entropy/inputs.parquet (source_id = the book report's prompt id, text)."""
     with timed("low_entropy_inputs") as info:
-        params = load_params(params_path, ("seed", "model", "prompts", "low_entropy"),
+        params = load_params(params_path, ("seed", "model", "prompts", "low_entropy", "engine"),
                              models={"low_entropy": LowEntropyParams})
+        settings = params.engine
+        note_engine(settings)
         if not needs_low_entropy_inputs(params.prompts.tasks):
             write_table(pl.DataFrame(schema=SCHEMA), LOW_ENTROPY_INPUTS)
             info["rows"] = 0
@@ -46,12 +49,15 @@ def run(params_path: Path) -> None:
         vocab_size, temperature = generator_vocab_size(tokenizer, model), params.low_entropy.temperature
 
         def plain(row_seeds: list[int]) -> WatermarkProcessor:
-            return WatermarkProcessor(None, None, vocab_size, row_seeds, temperature)
+            return WatermarkProcessor(None, None, vocab_size, row_seeds, temperature,
+                                      compiled=None if settings.compile_step else False,
+                                      compile_mode=settings.compile_mode)
 
         # Its own seed stream: these texts must not share their random draws with the baseline's book reports.
         generations = generate_table(model, tokenizer, prompts, GENERATIONS, plain, params.model.max_new_tokens,
                                      params.model.batch_size, seed=derive_seed(params.seed, "low_entropy"),
-                                     fingerprint=f"low-entropy T={temperature!r}", progress=True)
+                                     fingerprint=f"low-entropy T={temperature!r}", progress=True,
+                                     settings=settings)
         table = generations.select(pl.col("prompt_id").alias("source_id"), "text")
         write_table(table, LOW_ENTROPY_INPUTS)
         info.update(rows=table.height, temperature=temperature)

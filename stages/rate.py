@@ -24,6 +24,7 @@ from mmw.io import (
 from mmw.judge.judge import MODES, judge_discrimination
 from mmw.judge.backends import CachedRater, JudgementCache, RatingBackend, default_cache_root
 from mmw.params import RateParams, load_params
+from mmw.provenance import note_engine
 from mmw.seeds import derive_seed
 from mmw.stages.timing import timed
 
@@ -32,7 +33,7 @@ from mmw.stages.timing import timed
 FALLBACK_MODE = "expected"
 
 
-def load_backend(rate: RateParams, want_expected: bool) -> tuple[RatingBackend, str]:
+def load_backend(rate: RateParams, want_expected: bool, compile_judge: bool = True) -> tuple[RatingBackend, str]:
     """The judge backend named by ``rate.backend``, checked before any rating, and a note for the report.
 
     An OpenAI-compatible server is probed first (reachable, serves ``rate.judge``, returns top_logprobs when
@@ -58,8 +59,9 @@ def load_backend(rate: RateParams, want_expected: bool) -> tuple[RatingBackend, 
     except SpecError as err:  # the loader names model.name, but this is the judge
         raise SpecError("rate.judge", err.problem, err.allowed) from None
     # The compiled forward serves the expected mode only: a greedy-only judge does not pay its compilation.
+    # compile_judge: params engine.compile_judge (None below: compile on CUDA).
     judge = Judge(tokenizer, model, batch_size=rate.batch_size, max_new_tokens=rate.max_new_tokens,
-                  compiled=None if want_expected else False)
+                  compiled=None if want_expected and compile_judge else False)
     return TransformersBackend(judge, rate.judge), ""
 
 
@@ -100,15 +102,16 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     (``missing``) and the timings. See docs/JUDGE.md.
     """
     with timed(f"rate_{which}") as info:
-        params = load_params(params_path, ("seed", "rate") if which == "baseline" else ("rate",))
+        params = load_params(params_path, ("seed", "rate", "engine") if which == "baseline" else ("rate", "engine"))
         rate = params.rate
+        note_engine(params.engine)
         generations = read_table(GENERATIONS[which], columns=("prompt_id", "task", "prompt", "text"))
         chosen = read_json(JUDGE_REPORT) if which == "watermarked" else None
         # every input checked before the judge loads
         perturbed = read_table(PERTURBED) if which == "watermarked" else None
         want_expected = rate.mode != "greedy" if chosen is None else chosen["mode"] == "expected"
         loading = time.perf_counter()
-        backend, note = load_backend(rate, want_expected)
+        backend, note = load_backend(rate, want_expected, params.engine.compile_judge)
         info["load_s"] = round(time.perf_counter() - loading, 3)  # ~0 where a warm process shares its load
         if chosen is not None and chosen["mode"] == "expected" and backend.expected_via is None:
             raise SpecError("rate.base_url", "the baseline was rated in expected mode, but this judge server returns "

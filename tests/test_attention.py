@@ -148,27 +148,27 @@ def test_flex_decoding_under_the_written_blocks_is_grouped_query_attention(monke
                                                                 enable_gqa=True).transpose(1, 2)
     for listed in (3, 4):
         blocks = attention.decode_blocks(keep, torch.full((3, 1, 1), listed, dtype=torch.int32))
-        monkeypatch.setattr(attention, "DECODE_BLOCKS", blocks)
-        out, _ = attention.decode_attention(None, query, key, value, keep[:, None, None], None)
+        window = attention.DecodeWindow(blocks=blocks)
+        out, _ = attention.decode_attention(None, query, key, value, keep[:, None, None], None, window)
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     # a cache of another length is not the loop's: the folded memory-efficient path takes it
     short = attention.decode_attention(None, query, key[:, :, :12], value[:, :, :12], keep[:, None, None, :12],
-                                       None)[0]
+                                       None, window)[0]
     torch.testing.assert_close(short, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_the_decoding_attention_switch_takes_a_known_value_or_says_which(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_decoding_attention_switch_takes_a_known_value_or_says_which() -> None:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     original = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    monkeypatch.setenv("MMW_DECODE_ATTENTION", "sdpa")  # SDPA's own kernel for decoding: only the GQA switch
-    with grouped_query_sdpa(CUDA_LIKE):
+    with grouped_query_sdpa(CUDA_LIKE, "sdpa"):  # SDPA's own kernel for decoding: only the GQA switch
         assert ALL_ATTENTION_FUNCTIONS["sdpa"] is original
         assert sdpa_attention.use_gqa_in_sdpa(torch.ones(1, 1, 1, 4, dtype=torch.bool), torch.zeros(1, 2, 4, 16),
                                               torch.zeros(1, 2, 4, 16)) is True
-    monkeypatch.setenv("MMW_DECODE_ATTENTION", "cudnn")
-    with pytest.raises(ValueError, match="MMW_DECODE_ATTENTION: expected one of flex, efficient, sdpa, got 'cudnn'"):
-        with grouped_query_sdpa(CUDA_LIKE):
+    with grouped_query_sdpa(CUDA_LIKE, "efficient"):
+        assert getattr(ALL_ATTENTION_FUNCTIONS["sdpa"], "mmw_decode_path", False)
+    with pytest.raises(ValueError, match="engine.decode_attention: expected one of flex, efficient, sdpa, got 'cudnn'"):
+        with grouped_query_sdpa(CUDA_LIKE, "cudnn"):
             pass
     assert ALL_ATTENTION_FUNCTIONS["sdpa"] is original
     assert sdpa_attention.use_gqa_in_sdpa(torch.ones(1, 1, 1, 4, dtype=torch.bool), torch.zeros(1, 2, 4, 16),
@@ -237,3 +237,37 @@ def test_attention_at_mask_widths_gives_each_row_its_own_attention_at_few_kernel
         assert rounded.shape == plain.shape
         real = mask.bool()
         torch.testing.assert_close(rounded[real], plain[real], rtol=1e-5, atol=1e-5)
+
+
+def test_a_patch_of_transformers_internals_refuses_a_version_it_was_not_checked_against(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every change to transformers' internals goes through mmw.engines.transformers_patches, which names the versions
+    it was checked against and raises, naming both, on another one: before it changes anything."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from mmw.engines import transformers_patches
+
+    original_rule, original_sdpa = sdpa_attention.use_gqa_in_sdpa, ALL_ATTENTION_FUNCTIONS["sdpa"]
+    with grouped_query_sdpa(CUDA_LIKE):  # the installed version is a checked one: the patches apply
+        assert sdpa_attention.use_gqa_in_sdpa is not original_rule
+    monkeypatch.setattr(transformers_patches, "installed_version", lambda: "4.99.0")
+    for patched in (lambda: grouped_query_sdpa(CUDA_LIKE), lambda: grouped_query_prompts(CUDA_LIKE),
+                    lambda: transformers_patches.sdpa_function_replaced(lambda f: f)):
+        with pytest.raises(transformers_patches.TransformersVersionError,
+                           match=r"checked against transformers 5\.17\.0, 5\.19\.0; installed: 4\.99\.0"):
+            with patched():
+                pass
+        assert sdpa_attention.use_gqa_in_sdpa is original_rule and ALL_ATTENTION_FUNCTIONS["sdpa"] is original_sdpa
+    with grouped_query_sdpa(SimpleNamespace(device=torch.device("cpu"))):  # a CPU path patches nothing: any version
+        assert sdpa_attention.use_gqa_in_sdpa is original_rule
+
+
+def test_no_module_outside_the_patch_module_touches_transformers_internals() -> None:
+    """The private names the patches use appear in mmw only in mmw/engines/transformers_patches.py."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "mmw"
+    private = ("_local_mapping", "use_gqa_in_sdpa =")
+    offenders = [str(path.relative_to(root)) for path in root.rglob("*.py")
+                 if path.name != "transformers_patches.py" and any(name in path.read_text() for name in private)]
+    assert offenders == []

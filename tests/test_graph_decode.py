@@ -15,6 +15,7 @@ import torch
 from mmw.watermark import prf
 from mmw.engines import generate as engine
 from mmw.engines.generate import generate_batch
+from mmw.params import EngineParams
 from mmw.watermark.processor import WatermarkProcessor
 from mmw.watermark.scheme import SchemeSpec
 from test_engine import tiny, tiny_chats, tiny_model  # noqa: F401 - fixtures
@@ -31,13 +32,13 @@ SPECS = {
 
 def run(tokenizer, model, chats, spec, static: bool, monkeypatch, max_new_tokens=24):
     monkeypatch.setattr(engine, "CACHE_DEVICES", ("cpu", "cuda"))
-    monkeypatch.setattr(engine, "STATIC_DECODING", static)
+    settings = EngineParams(static_decode=static)  # params engine.static_decode
     encoded = tokenizer(chats, add_special_tokens=False)["input_ids"]
     seeds = [engine.row_seed(7, f"r{i}") for i in range(len(chats))]
     processor = WatermarkProcessor(SchemeSpec.from_params(spec) if spec else None, KEY, model.config.vocab_size,
                                    seeds, 1.0, compiled=False)
-    assert engine.use_static_decode(model, processor, max(map(len, encoded))) == static
-    return generate_batch(model, tokenizer, encoded, processor, max_new_tokens)
+    assert engine.use_static_decode(model, processor, max(map(len, encoded)), settings) == static
+    return generate_batch(model, tokenizer, encoded, processor, max_new_tokens, settings)
 
 
 @pytest.mark.parametrize("name", list(SPECS))
@@ -97,11 +98,11 @@ def test_the_decoding_attention_reads_only_written_positions_and_gives_the_same_
     limits: list[tuple[int, int]] = []
     fold = attention.decode_attention
 
-    def recording(module, query, key, value, mask, scaling):
-        if attention.KEY_LIMIT is not None:
-            limits.append((attention.KEY_LIMIT, int(mask[..., attention.KEY_LIMIT:].sum()) if mask.dtype == torch.bool
-                           else 0))
-        return fold(module, query, key, value, mask, scaling)
+    def recording(module, query, key, value, mask, scaling, window=None):
+        limit = window.key_limit if window is not None else None
+        if limit is not None:
+            limits.append((limit, int(mask[..., limit:].sum()) if mask.dtype == torch.bool else 0))
+        return fold(module, query, key, value, mask, scaling, window)
 
     monkeypatch.setattr(attention, "decode_attention", recording)
 
@@ -114,7 +115,7 @@ def test_the_decoding_attention_reads_only_written_positions_and_gives_the_same_
     limits.clear()
     bounded = tokens(8)
     assert bounded == whole
-    assert attention.KEY_LIMIT is None  # reset after the loop
+    assert not hasattr(attention, "KEY_LIMIT")  # the bound is the batch's window, not a module global
     assert len({limit for limit, _ in limits}) >= 2  # more than one bucket was used
     assert all(attended == 0 for _, attended in limits), "a position past the bound was attendable"
 
@@ -147,7 +148,7 @@ def test_flex_decoding_reads_the_written_blocks_and_gives_the_same_tokens(tiny, 
 
     def tokens(flex_path: bool) -> list[list[int]]:
         monkeypatch.setattr(graph_decode, "KEY_BUCKET", None)
-        monkeypatch.setattr(graph_decode, "flex_default", lambda device: flex_path)
+        monkeypatch.setattr(graph_decode, "flex_default", lambda device, decode="flex": flex_path)
         with grouped_query_sdpa(SimpleNamespace(device=torch.device("cuda"))):  # the CUDA path, on this CPU
             return run(tokenizer, model, chats, SPECS["c4"], True, monkeypatch, max_new_tokens=40)["tokens"]
 
@@ -155,7 +156,7 @@ def test_flex_decoding_reads_the_written_blocks_and_gives_the_same_tokens(tiny, 
     assert not steps
     flexed = tokens(True)
     assert flexed == whole
-    assert attention.DECODE_BLOCKS is None  # reset after the loop
+    assert not hasattr(attention, "DECODE_BLOCKS")  # the blocks are the batch's window, not a module global
     assert len({listed for listed, _, _ in steps}) >= 3  # the count grew over the generation
     assert all(listed == -(-written // 8) for listed, written, _ in steps), steps[:5]
     assert all(past == 0 for _, _, past in steps), "a position past the listed blocks was attendable"

@@ -151,3 +151,40 @@ def test_launcher_without_any_mmw_says_how_to_install_it(tmp_path: Path) -> None
                                capture_output=True, text=True, timeout=60)
     assert completed.returncode == 127
     assert "scripts/setup.sh" in completed.stderr and len(completed.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("decode_attention", "cudnn", "engine.decode_attention: unknown value 'cudnn'; allowed: flex, efficient, sdpa"),
+    ("graph_decode", "yes", "engine.graph_decode: expected true or false, got 'yes'; allowed: true or false"),
+    ("static_decode", 0, "engine.static_decode: expected true or false, got 0; allowed: true or false"),
+    ("compile_mode", "fast", "engine.compile_mode: unknown value 'fast'; allowed: reduce-overhead, default, "
+                             "max-autotune, max-autotune-no-cudagraphs"),
+    ("compile_jugde", True, "engine.compile_jugde: unknown key; allowed: static_decode, graph_decode, "
+                            "decode_attention, compile_step, compile_mode, compile_judge"),
+])
+def test_an_invalid_engine_switch_fails_naming_its_key_and_the_allowed_values(board: dict[str, Any], key: str,
+                                                                              value: Any, message: str) -> None:
+    bad = copy.deepcopy(board)
+    bad["engine"][key] = value
+    with pytest.raises(SpecError) as caught:
+        parse_params(bad, ("engine",))
+    assert str(caught.value) == message
+
+
+def test_the_engine_section_is_optional_and_its_defaults_are_the_committed_boards(board: dict[str, Any]) -> None:
+    """Without ``engine:`` every switch is at its default, and both committed boards set exactly the defaults (so a
+    board from before the section computes what it computed)."""
+    from mmw.params import EngineParams
+
+    assert parse_params({k: v for k, v in board.items() if k != "engine"}, ("engine",)).engine == EngineParams()
+    for name in ("params.yaml", "params-full.yaml"):
+        committed = yaml.safe_load((REPO / name).read_text())["engine"]
+        assert parse_params({"engine": committed}, ("engine",)).engine == EngineParams(), name
+
+
+def test_no_environment_variable_chooses_a_gpu_path() -> None:
+    """The switches that change outputs are params: no MMW_* variable of the old GPU switches is read anywhere."""
+    old = ("MMW_DECODE_ATTENTION", "MMW_GRAPH_DECODE", "MMW_STATIC_DECODE", "MMW_COMPILE")
+    readers = [str(path.relative_to(REPO)) for folder in ("mmw", "stages") for path in (REPO / folder).rglob("*.py")
+               if any(name in path.read_text() for name in old)]
+    assert readers == []

@@ -172,6 +172,66 @@ def test_cuda_kernels_equal_the_torch_passes_in_the_simulator():
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 
+SIMULATED_DRAW = """
+import numpy as np, torch
+from mmw.watermark import prf
+from mmw.kernels import tournament as kernels
+from mmw.watermark.samplers.base import inverse_cdf
+from mmw.watermark.samplers.tournament import FIXED_POINT, chunk_table, scatter_histogram, tournament_probs
+kernels.THREADS, kernels._PICK_THREADS, kernels._PICK_RUN = 32, 32, 4
+gen = torch.Generator().manual_seed(3)
+rows, vocab = 4, 700
+probs = torch.softmax(torch.randn(rows, vocab, generator=gen, dtype=torch.float64)
+                      * torch.tensor([[1.0], [3.0], [8.0], [3.0]], dtype=torch.float64), -1)
+probs[3, 600:] = 0.0  # a tail of zero mass, as a masked vocabulary has
+probs[3] /= probs[3].sum()
+seeds = torch.randint(-2**62, 2**62, (rows,), generator=gen)
+hashes = prf.prf_t(seeds.unsqueeze(-1), torch.arange(vocab).unsqueeze(0))
+for n_tables, start, width in [(0, 0, 10), (2, 20, 5)]:  # 32-bit halves: the same integers as scatter_add_
+    tables = [torch.rand(rows, 1024, generator=gen, dtype=torch.float64) * 2 for _ in range(n_tables)]
+    stacked = (torch.stack(tables) if tables else torch.ones(1, rows, 1024, dtype=torch.float64)).numpy()
+    partial, totals = np.zeros((rows, 3, 1 << width), dtype=np.int64), np.zeros((rows, 3), dtype=np.int64)
+    kernels._histogram32_kernel[(3, rows), 32](probs.numpy(), seeds.numpy(), stacked, n_tables, 10, start, width,
+                                               FIXED_POINT, partial, totals)
+    assert np.array_equal(partial.sum(1), scatter_histogram(probs, hashes, tables, start, width).numpy()), start
+    if start == 0:  # the segments' masses, for the plain rows
+        assert np.array_equal(totals, partial.sum(2))
+layers, leaves, chunk_bits = 13, 4, 5  # three chunks, the last one narrower; the distortionary mode
+tables = np.zeros((3, rows, 1 << chunk_bits))
+partial, totals = np.zeros((rows, 5, 1 << chunk_bits), dtype=np.int64), np.zeros((rows, 5), dtype=np.int64)
+sums, out = np.zeros((rows, 5)), np.full(rows, -1, dtype=np.int64)
+law = tournament_probs(probs, hashes, layers, leaves)
+for u in [torch.rand(rows, generator=gen, dtype=torch.float64),
+          torch.tensor([1e-12, 1 - 1e-12, 0.5, 1 - 1e-13], dtype=torch.float64)]:
+    plain = torch.tensor([0, 1, 0, 1] if u[0] > 1e-9 else [1, 0, 1, 0], dtype=torch.uint8)
+    kernels.launch_choose(probs.numpy(), seeds.numpy(), u.numpy(), plain.numpy(), tables, partial, totals, sums,
+                          out, layers, leaves, chunk_bits, FIXED_POINT)
+    drawn = torch.where(plain.bool().unsqueeze(-1), probs, law)
+    assert np.array_equal(out, inverse_cdf(drawn, u).numpy()), (out, inverse_cdf(drawn, u))
+    segments = drawn.reshape(rows, 5, 140).sum(-1).numpy()  # each segment's mass, from the histograms
+    np.testing.assert_allclose(sums, segments, rtol=1e-9, atol=1e-13)
+reference = []
+for c, width in enumerate([5, 5, 3]):
+    reference.append(chunk_table(scatter_histogram(probs, hashes, reference, 5 * c, width, 5), width, leaves))
+    np.testing.assert_allclose(tables[c, :, : 1 << width], reference[-1].numpy(), rtol=1e-9)
+    assert np.all(tables[c, :, 1 << width:] == 1.0)
+print("ok")
+"""
+
+
+def test_cuda_fused_draw_equals_the_inverse_cdf_of_the_law_in_the_simulator():
+    """The draw that never writes the law (``mmw.kernels.tournament.choose``: histograms over contiguous segments
+    with 32-bit halves, the tables and the segments' masses in a kernel, a scan of one segment), in numba's CUDA
+    simulator: its histograms are bit-identical to ``scatter_add_``'s, its tables and segment masses equal the torch
+    law's to rounding, and its token is ``inverse_cdf`` of the layer-by-layer law on every row (plain rows: of the
+    model's own law), at u near 0 and 1, with a zero tail."""
+    pytest.importorskip("numba")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": "ignore::RuntimeWarning"}
+    result = subprocess.run([sys.executable, "-c", SIMULATED_DRAW], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
 def test_g_values_are_the_prf_bits_and_the_statistic_counts_them():
     tokens, seeds = np.array([3, 7, 999]), np.array([1, 2**63 + 5, 42], dtype=np.uint64)
     g = g_values_np(tokens, seeds, 30)

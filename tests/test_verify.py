@@ -172,6 +172,44 @@ def test_provenance_differences_name_dtype_library_and_missing_records():
     assert provenance.differences({"rate_baseline": ref["rate_baseline"]}, {"rate_baseline": renamed}) == []
 
 
+def test_a_clone_without_the_dvc_cache_reads_the_committed_records(tmp_path):
+    """The per-stage records are DVC-cached (absent from a clone); reports/provenance.json, committed with the
+    metrics, holds them all: verify reads it where the per-stage files are missing, so a clone knows the committed
+    run's numeric path."""
+    intel = record(["avx2", "avx512f"])
+    ref = write_run(tmp_path / "ref", METRICS)  # a clone: no reports/provenance/<stage>.json
+    (ref / "reports/provenance.json").write_text(json.dumps({"rate_baseline": intel}))
+    same = write_run(tmp_path / "same", METRICS, records={"rate_baseline": intel})
+    report = verify(dir_reader(ref), dir_reader(same))
+    assert report.path_known and report.same_path and not report.failed
+    other = write_run(tmp_path / "other", METRICS, records={"rate_baseline": record(["avx2"])})
+    assert ("rate_baseline", "cpu.flags", "avx2 avx512f", "avx2") in verify(dir_reader(ref), dir_reader(other)
+                                                                              ).path_differences
+
+
+def test_the_engine_section_is_recorded_and_decides_the_path_only_on_a_gpu(tmp_path):
+    """A stage that reads params ``engine`` records it; two GPU runs under other engine switches are on other
+    numeric paths, two CPU runs are not (no switch acts on a CPU)."""
+    from mmw.params import EngineParams
+
+    provenance.reset_models()
+    provenance.note_engine(EngineParams(decode_attention="sdpa"))
+    provenance.write("generate_baseline", tmp_path)
+    written = json.loads((tmp_path / "generate_baseline.json").read_text())
+    assert written["engine"] == EngineParams(decode_attention="sdpa").model_dump()
+    assert written["engine"]["decode_attention"] == "sdpa" and written["engine"]["static_decode"] is True
+    provenance.reset_models()
+    provenance.write("generate_baseline", tmp_path)
+    assert "engine" not in json.loads((tmp_path / "generate_baseline.json").read_text())  # forgotten per stage
+    cpu_a, cpu_b = record(["avx2"]), record(["avx2"])
+    cpu_a["engine"], cpu_b["engine"] = EngineParams().model_dump(), EngineParams(compile_step=False).model_dump()
+    assert provenance.differences({"rate_baseline": cpu_a}, {"rate_baseline": cpu_b}) == []
+    gpu = [{"name": "NVIDIA H200", "capability": "9.0"}]
+    gpu_a, gpu_b = dict(cpu_a, gpus=gpu), dict(cpu_b, gpus=gpu)
+    assert provenance.differences({"rate_baseline": gpu_a}, {"rate_baseline": gpu_b}) == [
+        ("rate_baseline", "engine.compile_step", "True", "False")]
+
+
 def test_cpu_record_reads_model_and_relevant_flags(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n"

@@ -19,8 +19,8 @@ never cuDNN. Prompt forwards (many queries a row) keep the path above; they repe
 
 Inside the static decode loop (``mmw.engines.graph_decode``) a decoding step can instead run ``flex_attention``
 (compiled: torch's split-K decoding kernel, whose partial results are combined in a fixed order) under a block mask
-that lists only the cache blocks written so far (``DECODE_BLOCKS``, advanced on the device by the step, so one
-captured graph serves every step). On one H200 (bench/gpu_decode_kernels.py, 296 rows, a 1,087-position cache) it
+that lists only the cache blocks written so far (a ``DecodeWindow``'s blocks, advanced on the device by the step,
+so one captured graph serves every step). On one H200 (bench/gpu_decode_kernels.py, 296 rows, a 1,087-position cache) it
 repeated bit for bit over 20 calls and took 0.20 / 0.35 / 0.58 ms a layer with 192 / 576 / 1,087 positions
 written, against 0.30 / 0.47 / 0.77 ms for the memory-efficient kernel over the written positions and ~0.40 ms
 for cuDNN (which differed in 3-9 rows).
@@ -30,33 +30,46 @@ their batch's longest, its mask is built at query and key widths rounded up to `
 query, keys and values to the mask's widths, so cuDNN plans a kernel for few widths while the matrix products skip
 the rounding's pad positions (on one H200: 34.93 -> 34.2 ms a judgement in one process, bench/results/gpu.md).
 
-Off the GPU nothing is changed: on a CPU the math path is what runs either way.
+Off the GPU nothing is changed: on a CPU the math path is what runs either way. Which decoding attention runs is
+the caller's argument (params ``engine.decode_attention``); the static loop's per-step state reaches the attention
+as a ``DecodeWindow`` in the forward's keyword arguments, never through this module's globals. Every change to
+transformers' internals goes through :mod:`mmw.engines.transformers_patches`, which checks the installed version.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-#: A decoding step's attention on CUDA (``MMW_DECODE_ATTENTION``): "flex" (in the static decode loop: compiled
-#: ``flex_attention`` over the written blocks; elsewhere as "efficient"), "efficient" (``decode_attention``'s
+from mmw.engines.transformers_patches import (DECODE_WINDOW_KWARG, gqa_rule_replaced, sdpa_function_replaced,
+                                              sdpa_module)
+
+#: A decoding step's attention on CUDA (params ``engine.decode_attention``): "flex" (in the static decode loop:
+#: compiled ``flex_attention`` over the written blocks; elsewhere as "efficient"), "efficient" (``decode_attention``'s
 #: memory-efficient kernel; both repeat bit for bit) or "sdpa" (SDPA's own GQA choice, cuDNN on Hopper, which
 #: does not repeat). A 1,024-token generation of 296 rows on one H200 (bench/results/gpu.md): flex 23.0 s,
-#: sdpa 25.0 s, efficient 27.2 s (34.8 s without ``KEY_LIMIT``).
+#: sdpa 25.0 s, efficient 27.2 s (34.8 s without a key limit).
 DECODE_ATTENTION_CHOICES = ("flex", "efficient", "sdpa")
-#: Cache positions a decoding step's attention reads (None: all of them). A decode loop over a pre-allocated cache
-#: sets it per step to a bound on the positions written so far (``mmw.engines.graph_decode``): the positions past
-#: it are masked out anyway, so reading them is pure cost.
-KEY_LIMIT: int | None = None
-#: The static decode loop's block mask over its cache (flex path; None elsewhere): a decoding step whose keys span
-#: exactly its ``seq_lengths`` runs ``flex_attention`` under it.
-DECODE_BLOCKS: Any = None
-#: Cache positions per block of ``DECODE_BLOCKS`` (flex_attention's default tile).
+
+
+@dataclass
+class DecodeWindow:
+    """What the static decode loop (``mmw.engines.graph_decode``) tells its decoding attention, per batch: the cache
+    positions a step reads (``key_limit``, None: all of them; the positions past it are masked anyway, so reading
+    them is pure cost) and the flex block mask over its cache (``blocks``, None off the flex path; a step whose keys
+    span exactly its ``seq_lengths`` runs ``flex_attention`` under it). The loop owns it and passes it with every
+    forward (``transformers_patches.DECODE_WINDOW_KWARG``)."""
+
+    key_limit: int | None = None
+    blocks: Any = None
+
+
+#: Cache positions per block of a ``DecodeWindow``'s block mask (flex_attention's default tile).
 FLEX_BLOCK = 128
 #: ``flex_decode`` is compiled per batch and cache shape: compiled for dynamic shapes it took 68.3 s for the
 #: 1,024-token generation of 296 rows on one H200 that takes 23.0 s compiled for its shape (bench/results/gpu.md).
@@ -73,11 +86,10 @@ DECODE_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 ROUNDED_WIDTH = 128
 
 
-def decode_attention_choice() -> str:
-    """``MMW_DECODE_ATTENTION``, checked: "flex" unless set."""
-    choice = os.environ.get("MMW_DECODE_ATTENTION", "flex")
+def checked_decode_attention(choice: str) -> str:
+    """``choice`` if it is one of ``DECODE_ATTENTION_CHOICES``, else ValueError naming the param."""
     if choice not in DECODE_ATTENTION_CHOICES:
-        raise ValueError(f"MMW_DECODE_ATTENTION: expected one of {', '.join(DECODE_ATTENTION_CHOICES)}, "
+        raise ValueError(f"engine.decode_attention: expected one of {', '.join(DECODE_ATTENTION_CHOICES)}, "
                          f"got {choice!r}")
     return choice
 
@@ -123,20 +135,23 @@ def decode_blocks(mask2d: torch.Tensor, listed: torch.Tensor) -> Any:
 
 
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float | None) -> tuple[torch.Tensor, None]:
+                     attention_mask: torch.Tensor | None, scaling: float | None,
+                     window: DecodeWindow | None = None) -> tuple[torch.Tensor, None]:
     """One decoding step's attention, as transformers' attention functions return it.
 
     ``query`` [B, H, 1, D], ``key``/``value`` [B, H_kv, L, D] (H a multiple of H_kv: query head h reads K/V head
     h // (H / H_kv), as transformers' ``repeat_kv`` pairs them), ``attention_mask`` boolean or additive,
-    broadcastable to [B, 1, 1, L]; only the first ``KEY_LIMIT`` positions are read when it is set (every later one
-    must be masked), and under ``DECODE_BLOCKS`` (keys spanning its length) it is ``flex_decode``'s. Returns
-    ([B, 1, H, D], None)."""
+    broadcastable to [B, 1, 1, L]; with a ``window``, only its first ``key_limit`` positions are read when it is set
+    (every later one must be masked), and under its ``blocks`` (keys spanning their length) it is ``flex_decode``'s.
+    Returns ([B, 1, H, D], None)."""
     b, heads, _, dim = query.shape
-    if DECODE_BLOCKS is not None and key.shape[-2] == DECODE_BLOCKS.seq_lengths[1]:
-        out = flex_decode(query, key, value, DECODE_BLOCKS, scaling)
+    blocks = window.blocks if window is not None else None
+    limit = window.key_limit if window is not None else None
+    if blocks is not None and key.shape[-2] == blocks.seq_lengths[1]:
+        out = flex_decode(query, key, value, blocks, scaling)
         return out.transpose(1, 2).contiguous(), None
-    if KEY_LIMIT is not None and KEY_LIMIT < key.shape[-2]:
-        key, value = key[:, :, :KEY_LIMIT], value[:, :, :KEY_LIMIT]
+    if limit is not None and limit < key.shape[-2]:
+        key, value = key[:, :, :limit], value[:, :, :limit]
     kv_heads = key.shape[1]
     grouped = query.reshape(b, kv_heads, heads // kv_heads, dim)  # each group's query heads as its queries
     mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
@@ -149,9 +164,10 @@ def _with_decode_path(prompt_attention: Any) -> Any:
     """transformers' SDPA attention function, with decoding steps sent to ``decode_attention``."""
 
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        window = kwargs.pop(DECODE_WINDOW_KWARG, None)
         if query.shape[2] == 1 and not dropout and kwargs.get("position_bias") is None \
                 and query.shape[1] % key.shape[1] == 0 and kwargs.get("cache") is None:
-            return decode_attention(module, query, key, value, attention_mask, scaling)
+            return decode_attention(module, query, key, value, attention_mask, scaling, window)
         return prompt_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                 **kwargs)
 
@@ -204,37 +220,15 @@ def attention_at_mask_widths(model: Any, active: bool = True) -> Iterator[None]:
     if not active or getattr(getattr(model, "config", None), "_attn_implementation", None) != "sdpa":
         yield
         return
-    with _sdpa_function(lambda _: _mask_width_attention):
+    with sdpa_function_replaced(lambda _: _mask_width_attention):
         yield
-
-
-@contextmanager
-def _sdpa_function(replace: Any) -> Iterator[None]:
-    """transformers' "sdpa" attention function replaced by ``replace(current function)`` while the block runs
-    (in transformers' own override slot), and put back after."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    local = ALL_ATTENTION_FUNCTIONS._local_mapping
-    saved = local.get("sdpa")
-    local["sdpa"] = replace(ALL_ATTENTION_FUNCTIONS["sdpa"])
-    try:
-        yield
-    finally:
-        if saved is None:
-            local.pop("sdpa", None)
-        else:
-            local["sdpa"] = saved
 
 
 def _gqa_switch(model: Any) -> Any:
     """transformers' sdpa_attention module when ``model`` is on CUDA and transformers has the GQA switch, else None."""
     if getattr(getattr(model, "device", None), "type", None) != "cuda":
         return None
-    try:
-        from transformers.integrations import sdpa_attention
-    except ImportError:
-        return None
-    return sdpa_attention if hasattr(sdpa_attention, "use_gqa_in_sdpa") else None
+    return sdpa_module()
 
 
 @contextmanager
@@ -242,25 +236,21 @@ def grouped_query_prompts(model: Any) -> Iterator[None]:
     """While the block runs, SDPA attention on CUDA reads each K/V head for its group of query heads under a mask
     too (no ``repeat_kv`` copies); decoding steps are left as they are. For compiled forwards (the judge's): every
     entry installs the same function objects."""
-    sdpa_attention = _gqa_switch(model)
-    if sdpa_attention is None:
-        yield
-        return
-    original = sdpa_attention.use_gqa_in_sdpa
-    sdpa_attention.use_gqa_in_sdpa = _gqa_with_mask_too
-    try:
-        yield
-    finally:
-        sdpa_attention.use_gqa_in_sdpa = original
-
-
-@contextmanager
-def grouped_query_sdpa(model: Any) -> Iterator[None]:
-    """:func:`grouped_query_prompts`, and decoding steps sent to :func:`decode_attention` unless
-    ``MMW_DECODE_ATTENTION`` is "sdpa" (no-op off CUDA, or when transformers has no such switch)."""
     if _gqa_switch(model) is None:
         yield
         return
-    fold_decoding = decode_attention_choice() != "sdpa"
-    with grouped_query_prompts(model), _sdpa_function(_with_decode_path) if fold_decoding else nullcontext():
+    with gqa_rule_replaced(_gqa_with_mask_too):
+        yield
+
+
+@contextmanager
+def grouped_query_sdpa(model: Any, decode: str = "flex") -> Iterator[None]:
+    """:func:`grouped_query_prompts`, and decoding steps sent to :func:`decode_attention` unless ``decode`` (params
+    ``engine.decode_attention``) is "sdpa" (no-op off CUDA, or when transformers has no such switch)."""
+    fold_decoding = checked_decode_attention(decode) != "sdpa"
+    if _gqa_switch(model) is None:
+        yield
+        return
+    with grouped_query_prompts(model), \
+            sdpa_function_replaced(_with_decode_path) if fold_decoding else nullcontext():
         yield

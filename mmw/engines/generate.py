@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,8 +28,9 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from mmw.engines.attention import grouped_query_sdpa
-from mmw.engines.graph_decode import static_decode
+from mmw.engines.graph_decode import graph_default, static_decode
 from mmw.io import PartsStore, plan_units, row_key, write_table
+from mmw.params import EngineParams
 
 GENERATION_SCHEMA = {
     "prompt_id": pl.String,
@@ -58,16 +58,14 @@ CACHE_DEVICES: tuple[str, ...] = ("cuda",)
 COMPILE_DECODING = False
 
 
-#: Decode through ``mmw.engines.graph_decode`` (our own loop over the static cache, the whole step one CUDA graph)
-#: instead of transformers' ``generate``, where it applies (``use_static_decode``). ``MMW_STATIC_DECODE=0`` turns
-#: it off, ``MMW_GRAPH_DECODE=0`` keeps the loop but runs its step eagerly; the same computation either way.
-STATIC_DECODING = os.environ.get("MMW_STATIC_DECODE", "1") != "0"
-
-
-def use_static_decode(model: PreTrainedModel, processor: object, prompt_len: int) -> bool:
-    """Our loop applies on a device that gets the static cache, uncompiled decoding, a processor with the static
-    interface (``begin_static``/``static_step``), and prompts at least as long as the processor's window."""
-    if not (STATIC_DECODING and model.device.type in CACHE_DEVICES and CACHE_IMPLEMENTATION == "static"
+def use_static_decode(model: PreTrainedModel, processor: object, prompt_len: int,
+                      settings: EngineParams | None = None) -> bool:
+    """Decode through ``mmw.engines.graph_decode`` (our own loop over the static cache, the whole step one CUDA graph)
+    instead of transformers' ``generate``: where ``settings.static_decode`` (params ``engine``; default on), on a
+    device that gets the static cache, uncompiled decoding, a processor with the static interface
+    (``begin_static``/``static_step``), and prompts at least as long as the processor's window."""
+    settings = settings or EngineParams()
+    if not (settings.static_decode and model.device.type in CACHE_DEVICES and CACHE_IMPLEMENTATION == "static"
             and not COMPILE_DECODING and hasattr(processor, "static_step")):
         return False
     # The processor's randomness context (0 when unwatermarked): read from it, so this module imports no scheme code.
@@ -153,12 +151,15 @@ def generate_batch(
     input_ids: Sequence[Sequence[int]],
     processor: RecordingProcessor,
     max_new_tokens: int,
+    settings: EngineParams | None = None,
 ) -> dict[str, list]:
-    """Generate for one batch of already tokenized prompts (left padded here).
+    """Generate for one batch of already tokenized prompts (left padded here), on the paths params ``engine``
+    (``settings``; None: its defaults) chooses.
 
     Returns columns text, tokens, n_tokens, mean_entropy, mean_spike_entropy (one entry per row; entropies are
     None for rows that produced no token).
     """
+    settings = settings or EngineParams()
     batch = tokenizer.pad(
         {"input_ids": [list(ids) for ids in input_ids]}, padding=True, padding_side="left", return_tensors="pt"
     )
@@ -167,12 +168,14 @@ def generate_batch(
     if model.device.type in CACHE_DEVICES and CACHE_IMPLEMENTATION is not None:
         config.cache_implementation = CACHE_IMPLEMENTATION
         config.disable_compile = not COMPILE_DECODING
-    if use_static_decode(model, processor, batch["input_ids"].shape[1]):
-        with torch.inference_mode(), grouped_query_sdpa(model):
+    decode = settings.decode_attention
+    if use_static_decode(model, processor, batch["input_ids"].shape[1], settings):
+        with torch.inference_mode(), grouped_query_sdpa(model, decode):
             generated = static_decode(model, batch["input_ids"], batch["attention_mask"], processor, max_new_tokens,
-                                      config.eos_token_id, config.pad_token_id)
+                                      config.eos_token_id, config.pad_token_id,
+                                      graph=graph_default(model.device, settings.graph_decode), decode=decode)
     else:
-        with torch.inference_mode(), neutral_model_defaults(model), grouped_query_sdpa(model):
+        with torch.inference_mode(), neutral_model_defaults(model), grouped_query_sdpa(model, decode):
             output = model.generate(**batch, generation_config=config,
                                     logits_processor=LogitsProcessorList([processor]))
         generated = output[:, batch["input_ids"].shape[1]:]
@@ -218,6 +221,7 @@ def generate(
     fingerprint: str = "",
     progress: bool = True,
     on_batch_done: Callable[[int], None] | None = None,
+    settings: EngineParams | None = None,
 ) -> pl.DataFrame:
     """Generate a continuation for every chat (rendered chat strings, see ``mmw.tasks.render_chat``).
 
@@ -227,7 +231,8 @@ def generate(
     ``row_seed(seed, prompt_id)``. With ``parts_dir``, finished batches are stored there (``mmw.io.PartsStore``)
     and batches already stored by a run with the same ``fingerprint`` are not generated again; batches are planned
     over every row, so which rows share a batch does not depend on where a resumed run starts.
-    ``on_batch_done(rows generated so far)`` runs after each stored batch.
+    ``on_batch_done(rows generated so far)`` runs after each stored batch. ``settings``: params ``engine`` (None:
+    its defaults).
     """
     if batch_size < 1:
         raise ValueError(f"model.batch_size: expected an integer >= 1, got {batch_size!r}")
@@ -236,6 +241,9 @@ def generate(
     ids = list(prompt_ids) if prompt_ids is not None else [f"row-{i:05d}" for i in range(len(chats))]
     if len(ids) != len(chats) or len(set(ids)) != len(ids):
         raise ValueError("prompt_ids: expected one distinct id per chat")
+    settings = settings or EngineParams()
+    if model.device.type == "cuda":  # the engine's switches act on CUDA only: parts of other settings are not reused
+        fingerprint += "\x00engine=" + settings.model_dump_json()
     full_fingerprint = run_fingerprint(model, max_new_tokens, seed, fingerprint)
     keys = [row_key(full_fingerprint, pid, chat) for pid, chat in zip(ids, chats, strict=True)]
     # Chat templates carry their own special tokens (BOS included where the model wants one).
@@ -245,7 +253,8 @@ def generate(
 
     def run_batch(rows: list[int]) -> pl.DataFrame:
         processor = processor_factory([row_seed(seed, ids[i]) for i in rows])
-        columns = generate_batch(model, tokenizer, [encoded[i] for i in rows], processor, max_new_tokens)
+        columns = generate_batch(model, tokenizer, [encoded[i] for i in rows], processor, max_new_tokens,
+                                 settings)
         bar.update(len(rows))
         return pl.DataFrame({"prompt_id": [ids[i] for i in rows], **columns}, schema=GENERATION_SCHEMA)
 
@@ -267,6 +276,7 @@ def generate_table(
     fingerprint: str = "",
     progress: bool = True,
     on_batch_done: Callable[[int], None] | None = None,
+    settings: EngineParams | None = None,
 ) -> pl.DataFrame:
     """Generate for a prompts table (prompt_id, task, prompt, chat) and write the generations table atomically.
 
@@ -289,6 +299,7 @@ def generate_table(
         fingerprint=fingerprint,
         progress=progress,
         on_batch_done=on_batch_done,
+        settings=settings,
     )
     table = prompts.select("prompt_id", "task", "prompt").join(
         generations, on="prompt_id", how="left", maintain_order="left"

@@ -19,7 +19,8 @@ our own:
   positions the decoding attention reads (``key_limit``: the written positions rounded up to ``KEY_BUCKET``, since
   the rest of the pre-allocated cache is masked). With ``flex_attention`` as the decoding attention (the CUDA
   default, ``mmw.engines.attention``) the bound is instead a device tensor of the step (the blocks of its block
-  mask), and one graph serves every step.
+  mask), and one graph serves every step. The bound and the block mask live in the batch's ``DecodeWindow``,
+  passed with every forward (``mmw.engines.transformers_patches.DECODE_WINDOW_KWARG``).
 * stopping: the host reads "is any row unfinished" every ``STOP_CHECK_EVERY`` steps (one sync per check), so up
   to that many extra steps run after every row has ended; their tokens come after each row's EOS and are
   dropped by ``strip_after_eos`` like transformers' padding.
@@ -30,7 +31,6 @@ compute the same tokens; tests/test_graph_decode.py compares it with transformer
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Sequence
 
@@ -38,7 +38,8 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from mmw.engines import attention
-from mmw.engines.attention import decode_attention_choice, decode_blocks
+from mmw.engines.attention import DecodeWindow, checked_decode_attention, decode_blocks
+from mmw.engines.transformers_patches import DECODE_WINDOW_KWARG
 
 #: Eager decode steps before the capture: cuBLAS/cuDNN plans and the compiled watermark step are built there, and
 #: every allocation the step makes has been seen once.
@@ -54,14 +55,15 @@ KEY_BUCKET: int | None = 128
 STEP_EVENTS: list | None = None
 
 
-def graph_default(device: torch.device) -> bool:
-    """Capture the decode step on CUDA unless ``MMW_GRAPH_DECODE=0``."""
-    return device.type == "cuda" and os.environ.get("MMW_GRAPH_DECODE", "1") != "0"
+def graph_default(device: torch.device, graph_decode: bool = True) -> bool:
+    """Capture the decode step on CUDA when ``graph_decode`` (params ``engine.graph_decode``)."""
+    return device.type == "cuda" and graph_decode
 
 
-def flex_default(device: torch.device) -> bool:
-    """Decode with ``flex_attention`` over the written blocks on CUDA when ``MMW_DECODE_ATTENTION`` is "flex"."""
-    return device.type == "cuda" and decode_attention_choice() == "flex"
+def flex_default(device: torch.device, decode: str = "flex") -> bool:
+    """Decode with ``flex_attention`` over the written blocks on CUDA when ``decode`` (params
+    ``engine.decode_attention``) is "flex"."""
+    return device.type == "cuda" and checked_decode_attention(decode) == "flex"
 
 
 class _Decoder:
@@ -87,7 +89,7 @@ class _Decoder:
         self.mask4d = self.mask2d[:, None, None, :]
         # flex path: the blocks of FLEX_BLOCK positions the step's attention reads, advanced by the step
         self.listed = torch.ones(b, 1, 1, dtype=torch.int32, device=device) if flex else None
-        self.blocks = decode_blocks(self.mask2d, self.listed) if flex else None
+        self.window = DecodeWindow(blocks=decode_blocks(self.mask2d, self.listed) if flex else None)
         # RoPE positions as generate computes them: cumsum of the padding mask - 1 (prompt), then +1 a step.
         self.prompt_positions = attention_mask.long().cumsum(-1) - 1
         self.prompt_positions.masked_fill_(attention_mask == 0, 1)
@@ -128,7 +130,7 @@ class _Decoder:
             block = attention.FLEX_BLOCK
             self.listed.copy_(torch.div(self.now + block, block, rounding_mode="floor").view(1, 1, 1))
         out = self.model(input_ids=self.token, attention_mask=self.mask4d, position_ids=self.position,
-                         past_key_values=self.cache, use_cache=True)
+                         past_key_values=self.cache, use_cache=True, **{DECODE_WINDOW_KWARG: self.window})
         self.choose(out.logits[:, -1].to(copy=True, dtype=torch.float32))
 
     def any_unfinished(self) -> bool:
@@ -147,52 +149,49 @@ def key_limit(prompt_len: int, done: int, cache_len: int, bounded: bool = True) 
 
 def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, processor,
                   max_new_tokens: int, eos_ids: Sequence[int], pad_id: int, graph: bool | None = None,
-                  flex: bool | None = None) -> torch.Tensor:
+                  flex: bool | None = None, decode: str = "flex") -> torch.Tensor:
     """Generated ids int64 [B, steps] (steps <= max_new_tokens; pad after a row's EOS, like ``generate``).
 
     ``processor`` has ``window_context``, ``begin_static(batch, steps, device)`` and ``static_step(context, scores,
     t)`` (``mmw.watermark.processor.WatermarkProcessor``). ``graph`` None: capture on CUDA (``graph_default``). ``flex``
-    None: ``flex_default``; then each step's decoding attention is ``flex_attention`` over the cache blocks written
-    so far (``mmw.engines.attention.DECODE_BLOCKS``) and one graph is captured. Otherwise it reads the cache only up
-    to ``key_limit`` (``mmw.engines.attention.KEY_LIMIT``) and the graph is captured once per limit, the captures
-    sharing one memory pool (they replay one at a time)."""
+    None: ``flex_default(device, decode)``; then each step's decoding attention is ``flex_attention`` over the cache
+    blocks written so far (the window's ``blocks``) and one graph is captured. Otherwise it reads the cache only up
+    to ``key_limit`` (the window's ``key_limit``) and the graph is captured once per limit, the captures sharing
+    one memory pool (they replay one at a time). ``decode``: params ``engine.decode_attention``; the caller installs
+    the matching attention (``mmw.engines.attention.grouped_query_sdpa``)."""
     device = input_ids.device
     graph = graph_default(device) if graph is None else graph
-    flex = flex_default(device) if flex is None else flex
-    bounded = not flex and decode_attention_choice() != "sdpa"
+    flex = flex_default(device, decode) if flex is None else flex
+    bounded = not flex and checked_decode_attention(decode) != "sdpa"
     processor.begin_static(input_ids.shape[0], max_new_tokens, device, graph=graph)
     dec = _Decoder(model, input_ids, attention_mask, processor, max_new_tokens, eos_ids, pad_id, flex=flex)
     dec.choose(dec.prefill_scores())
     done = 1
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
-    attention.DECODE_BLOCKS = dec.blocks
-    try:
-        while done < max_new_tokens:
-            if done % STOP_CHECK_EVERY == 0 and not dec.any_unfinished():
-                break
-            attention.KEY_LIMIT = key_limit(dec.prompt_len, done, dec.cache_len, bounded)
-            if graph and done > WARMUP_STEPS and attention.KEY_LIMIT not in graphs:
-                pool = next(iter(graphs.values())).pool() if graphs else None
-                captured = _capture(dec, pool)
-                if captured is None:
-                    graph = False
-                else:
-                    graphs[attention.KEY_LIMIT] = captured
-            events = STEP_EVENTS is not None and device.type == "cuda"
-            if events:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            if graph and attention.KEY_LIMIT in graphs:
-                graphs[attention.KEY_LIMIT].replay()
+    window = dec.window
+    while done < max_new_tokens:
+        if done % STOP_CHECK_EVERY == 0 and not dec.any_unfinished():
+            break
+        window.key_limit = key_limit(dec.prompt_len, done, dec.cache_len, bounded)
+        if graph and done > WARMUP_STEPS and window.key_limit not in graphs:
+            pool = next(iter(graphs.values())).pool() if graphs else None
+            captured = _capture(dec, pool)
+            if captured is None:
+                graph = False
             else:
-                dec.step()
-            if events:
-                end.record()
-                STEP_EVENTS.append((start, end))
-            done += 1
-    finally:
-        attention.KEY_LIMIT = None
-        attention.DECODE_BLOCKS = None
+                graphs[window.key_limit] = captured
+        events = STEP_EVENTS is not None and device.type == "cuda"
+        if events:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        if graph and window.key_limit in graphs:
+            graphs[window.key_limit].replay()
+        else:
+            dec.step()
+        if events:
+            end.record()
+            STEP_EVENTS.append((start, end))
+        done += 1
     processor.end_static(done)
     return dec.out[:, :done]
 

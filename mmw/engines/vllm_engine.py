@@ -5,9 +5,9 @@ The watermark runs as a vLLM V1 logits processor (``mmw.engines.vllm_processor``
 detector works unchanged, and baseline and watermarked runs differ only by the watermark. vLLM's own sampling is
 sampling from the processor's output, which has one finite logit (so it returns the processor's choice).
 
-vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the caller set it): the processor then lives in
-this process and hands over the per-token entropies it recorded; with a separate engine process the entropy
-columns are null. Resumable like the transformers engine: chunks of prompts are stored as parts first.
+vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here whatever the caller's environment says): the
+processor then lives in this process and hands over the per-token entropies it recorded (with a separate engine
+process the entropy columns would be null, an output an environment variable would decide). Resumable like the transformers engine: chunks of prompts are stored as parts first.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class VllmGenerator:
             os.environ[vllm_processor.KEY_ENV] = str(key)
         else:
             os.environ.pop(vllm_processor.KEY_ENV, None)
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: the entropies come back (docstring)
         import torch
         from transformers import AutoConfig, AutoTokenizer
         from vllm import LLM

@@ -22,7 +22,6 @@ as 1 at leaves (a longer number would be out of range anyway).
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -152,9 +151,10 @@ TOKEN_COUNTS_KEPT = 65536
 
 
 def compile_judge_default(device: torch.device) -> bool:
-    """Compile the judge's decoder layers on CUDA unless ``MMW_COMPILE_JUDGE=0`` (a CPU forward is dominated by its
-    matmuls, and compiling would cost a C++ toolchain and seconds per process for little)."""
-    return device.type == "cuda" and os.environ.get("MMW_COMPILE_JUDGE", "1") != "0"
+    """Compile the judge's decoder layers on CUDA (a CPU forward is dominated by its matmuls, and compiling would cost
+    a C++ toolchain and seconds per process for little); params ``engine.compile_judge: false`` passes
+    ``compiled=False`` instead."""
+    return device.type == "cuda"
 
 
 class SharedHeadCache(DynamicCache):

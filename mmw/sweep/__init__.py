@@ -121,6 +121,34 @@ def confirmation_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Call
     return progress
 
 
+def extension_rounds(repo: Path, sweep: Sweep, executor: Executor, echo: Callable[[str], None]) -> Progress | None:
+    """The later confirmation rounds of ``confirm.extend``, in order: each runs, for every cell it declares that
+    the rounds before left unresolved, its candidate's K runs on the round's prompts (cells in the declared
+    order, all K runs of one candidate before the next: a round cut short leaves whole cells judged; cells of one
+    temperature share each seed's baseline). Finished runs are never repeated (a rerun resumes)."""
+    from mmw.sweep.cells import extension_candidates
+    from mmw.sweep.collect import judged_tables
+    from mmw.sweep.units import extension_runs
+
+    confirmation = sweep.confirmation
+    assert confirmation is not None
+    progress = None
+    planned = {(c.config_id, seed): overrides for c, seed, overrides in extension_runs(sweep)}
+    for extension in confirmation.extend:
+        table, _, _ = judged_tables(repo, read_runs(repo, sweep, echo), sweep)
+        pairs: dict[tuple[str, int], None] = {}
+        for row, entry in extension_candidates(table, extension):
+            pairs.update({(row["config_id"], seed): None for seed in extension.seeds(entry.k)})
+        if not pairs:
+            continue
+        echo(f"[{sweep.name}] {extension.name}: {len({c for c, _ in pairs})} candidate(s), "
+             f"{len(pairs)} runs on fresh prompts from {extension.offset} per task, level {extension.level:g}")
+        jobs = [Job(name=reevaluation_name(sweep.name, cid, seed), config_id=cid, overrides=planned[(cid, seed)],
+                    env={"MMW_KEY": secrets.token_hex(16)}) for cid, seed in pairs]
+        progress = run_units(repo, sweep, f"{sweep.name}: {extension.name}", jobs, executor, echo)
+    return progress
+
+
 def race_groups(sweep: Sweep) -> dict[str, list[str]]:
     """The race's groups: ``"T=<temperature> <family>"`` -> config ids, in definition order (one group answers
     the cells of one temperature x family)."""
@@ -183,7 +211,10 @@ def run_sweep(repo: Path, sweep: Sweep, executor: Executor | None = None, config
     if not reevaluate:
         return pool, None
     if sweep.confirmation is not None:
-        return pool, confirmation_rounds(repo, sweep, executor, echo)
+        progress = confirmation_rounds(repo, sweep, executor, echo)
+        if sweep.confirmation.extend:
+            progress = extension_rounds(repo, sweep, executor, echo) or progress
+        return pool, progress
     picked = picked_config_ids(read_runs(repo, sweep, echo).results)
     echo(f"[{sweep.name}] {len(picked)} distinct picks over temperature x family x 4 constraints; "
          f"re-evaluating each with {sweep.reevaluate.k} fresh seeds and keys")

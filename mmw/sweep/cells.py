@@ -17,6 +17,8 @@ import polars as pl
 from mmw.errors import SpecError
 from mmw.selection import Constraints, median_mad
 from mmw.sweep.confirm import (
+    CONFIRMED,
+    NOT_CONFIRMED,
     PENDING,
     SIZE_E,
     UNRESOLVED,
@@ -24,6 +26,7 @@ from mmw.sweep.confirm import (
     Check,
     Confirmation,
     Evidence,
+    check,
     confirm_cell,
     ranked_candidates,
     size_kind,
@@ -154,3 +157,104 @@ def pending_config_ids(table: pl.DataFrame) -> list[str]:
     if table.height == 0:
         return []
     return list(dict.fromkeys(table.filter(pl.col("status") == PENDING)["pending"].drop_nulls().to_list()))
+
+
+# -- later rounds (``confirm.extend``) ---------------------------------------------------------------------------
+
+def first_rounds(reevaluations: pl.DataFrame, seeds: list[int]) -> pl.DataFrame:
+    """The runs of the first confirmation rounds: those with the definition's re-evaluation ``seeds`` (a later
+    round's runs carry its own seeds, :class:`mmw.sweep.confirm.Extension`)."""
+    if reevaluations.height == 0 or "seed" not in reevaluations.columns:
+        return reevaluations
+    return reevaluations.filter(pl.col("seed").is_in(seeds))
+
+
+def extension_candidates(table: pl.DataFrame, extension: Any) -> list[tuple[dict[str, Any], Any]]:
+    """``(row, cell entry)`` of every cell of ``table`` that ``extension`` (a later round) declares and that is
+    still unresolved with a candidate to re-test, in the round's declared order of cells."""
+    rows = table.to_dicts() if table.height else []
+    found = []
+    for entry in extension.cells:
+        for row in rows:
+            if (row["temperature"] == entry.temperature and row.get("family") == entry.family
+                    and row["min_tamper_resistance"] in entry.min_r and row["status"] == UNRESOLVED
+                    and row.get("config_id") and row.get("round") != extension.name):
+                found.append((row, entry))
+    return found
+
+
+def _detection_rejudged(check: Check, rows: pl.DataFrame, kind: str, constraints: Constraints) -> tuple[
+        Check, float | None, float | None]:
+    """A later round's try judged "undetected" on its runs' median size, judged again on the detection bound
+    over its own prompts (:func:`mmw.sweep.claims.bound_undetected`'s rule); with the pooled share and its bound."""
+    from dataclasses import replace
+
+    from mmw.sweep.claims import _rejudged, detected_shares, detection_upper_bound
+
+    if check.status != "not confirmed" or check.reason != "undetected":
+        return check, None, None
+    shares = detected_shares(rows, check.config_id, kind)
+    upper = detection_upper_bound(shares, check.alpha)
+    status, reason = _rejudged(asdict(check), upper, constraints.min_relative_quality,
+                               constraints.min_tamper_resistance)
+    return replace(check, status=status, reason=reason), (float(shares.mean()) if shares.size else None), upper
+
+
+def extended_table(table: pl.DataFrame, tries: pl.DataFrame, reevaluations: pl.DataFrame, prompts: pl.DataFrame,
+                   confirmation: Confirmation) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``(table, tries)`` after the later rounds of ``confirmation.extend``, in order: each cell a round declares
+    and the rounds before left unresolved re-tests its candidate (the setting its last try judged) once, on the
+    round's runs alone (its seeds, its prompts), at the round's level. The candidate's verdict in the latest round
+    that judged it replaces its earlier ones; the cell is confirmed when a candidate's latest verdict is, unresolved
+    while any candidate's latest verdict is, else not confirmed. Its ``level`` becomes the sum of the levels of
+    every round that judged it (the union bound over its tries: at most that chance of a false confirmation);
+    ``round`` names the last round that judged it. A cell whose round has not finished all its runs stays as it
+    was. ``tries`` gains one row per later try (column ``round``; a first-rounds try ``round n`` is the n-th)."""
+    if table.height == 0:
+        return table, tries
+    rows = table.with_columns(pl.lit(None, dtype=pl.String).alias("round")).to_dicts()
+    attempts = tries.to_dicts() if tries.height else []
+    for attempt in attempts:
+        attempt["round"] = f"round {attempt['try']}"
+    keys = ("temperature", "family", "max_quality_loss", "min_tamper_resistance")
+    for extension in confirmation.extend:
+        judge = confirmation.model_copy(update={"level": extension.level, "max_tries": 1, "extend": []})
+        frame = pl.DataFrame(rows, schema={**table.schema, "round": pl.String}, infer_schema_length=None)
+        for row, entry in extension_candidates(frame, extension):
+            row = next(r for r in rows if all(r[k] == row[k] for k in keys))
+            seeds = extension.seeds(entry.k)
+            runs = reevaluations.filter(pl.col("seed").is_in(seeds)) if reevaluations.height else reevaluations
+            kind = row["size_kind"] or SIZE_E
+            pair = _evidence_of(row["config_id"], kind, runs, prompts, entry.k)
+            if pair is None:
+                continue
+            constraints = Constraints(max_quality_loss=row["max_quality_loss"],
+                                      min_tamper_resistance=row["min_tamper_resistance"])
+            try:
+                tried = check(row["config_id"], pair[0], constraints, judge)
+            except SpecError:
+                continue
+            own = prompts.filter(pl.col("experiment").is_in(
+                runs.filter(pl.col("config_id") == row["config_id"])["experiment"].to_list()))
+            tried, share, high = _detection_rejudged(tried, own, kind, constraints)
+            mine = [a for a in attempts if all(a[k] == row[k] for k in keys)]
+            latest = {a["config_id"]: (a["status"], a["reason"]) for a in mine}
+            latest[tried.config_id] = (tried.status, tried.reason)
+            attempts.append({**{k: row[k] for k in keys}, "try": len(mine) + 1, **asdict(tried),
+                             "round": extension.name})
+            if any(s == CONFIRMED for s, _ in latest.values()):
+                status, reason = CONFIRMED, None
+            elif any(s == UNRESOLVED for s, _ in latest.values()):
+                status, reason = UNRESOLVED, next(r for s, r in latest.values() if s == UNRESOLVED)
+            else:
+                status, reason = NOT_CONFIRMED, tried.reason
+            row.update(status=status, reason=reason, round=extension.name, level=(row["level"] or 0) + extension.level,
+                       tries=(row["tries"] or 0) + 1, e_median=pair[1], size_median=tried.size_median,
+                       size_mad=tried.size_mad, quality=tried.quality, quality_low=tried.quality_low,
+                       quality_high=tried.quality_high, resistance=tried.resistance,
+                       resistance_low=tried.resistance_low, resistance_high=tried.resistance_high, alpha=tried.alpha,
+                       k=tried.k, n_prompts=tried.n_prompts, n_attacked=tried.n_attacked)
+            if "detected_share" in row:
+                row.update(detected_share=share, detected_high=high)
+    out = pl.DataFrame(rows, schema={**table.schema, "round": pl.String}, infer_schema_length=None)
+    return out, pl.DataFrame(attempts, infer_schema_length=None) if attempts else tries

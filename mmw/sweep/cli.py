@@ -75,6 +75,14 @@ def _load_sweep(repo: Path, name: str, validate: bool = True) -> Sweep:
         typer.echo(f"  tuning prompts [{start}, {end}) per task; confirmation [{confirmation.offset}, "
                    f"{confirmation.offset + confirmation.prompts}) per task, level {confirmation.level:g} per cell "
                    f"over at most {confirmation.max_tries} tries")
+        for extension in confirmation.extend:
+            shown = "; ".join(f"T = {c.temperature:g} {c.family} (R > {'/'.join(f'{r:g}' for r in c.min_r)}): "
+                              f"{c.prompts} per task, K = {c.k}" for c in extension.cells)
+            typer.echo(f"  {extension.name}: fresh prompts from {extension.offset} per task, seeds from "
+                       f"{extension.first_seed}, level {extension.level:g} per cell; {shown}")
+        if confirmation.extend:
+            typer.echo(f"  a cell judged in every round errs with probability at most {confirmation.total_level:.4g} "
+                       "(the union bound over its tries)")
     return definition
 
 

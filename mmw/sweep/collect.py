@@ -47,7 +47,7 @@ from mmw.errors import SpecError
 from mmw.io import write_text
 from mmw.reporting.data import watermark_names
 from mmw.sweep.adaptive import LOG_SCHEMA, cells_left
-from mmw.sweep.cells import confirmed_randomness, confirmed_table
+from mmw.sweep.cells import confirmed_randomness, confirmed_table, extended_table, first_rounds
 from mmw.sweep.claims import bound_undetected, check_claims
 from mmw.sweep.cost import measured_costs
 from mmw.sweep.definition import SINGLE_VALUED, Sweep
@@ -184,7 +184,8 @@ def confirmed_tables(repo: Path, runs: Runs, sweep: Sweep) -> tuple[pl.DataFrame
     comparison those still in their 10 %-quality cell; ``n_settings`` counts every configuration of the cell."""
     confirmation = sweep.confirmation
     assert confirmation is not None
-    results, reevaluations, k = runs.results, runs.reevaluations, sweep.reevaluate.k
+    results, k = runs.results, sweep.reevaluate.k
+    reevaluations = first_rounds(runs.reevaluations, sweep.reevaluate.seeds)  # later rounds: extended_table
     prompts = runs.prompts.filter(pl.col("role") == "confirmation")
     if not sweep.racing:
         table, tries = confirmed_table(results, reevaluations, prompts, confirmation, k)
@@ -208,6 +209,25 @@ def confirmed_tables(repo: Path, runs: Runs, sweep: Sweep) -> tuple[pl.DataFrame
                    descending=[False, False, False, True]))
     randomness = confirmed_randomness(contending((0.1, 0.0)), reevaluations, prompts, confirmation, k)
     return table, pl.concat(tried, how="diagonal_relaxed") if tried else pl.DataFrame(), randomness
+
+
+def judged_tables(repo: Path, runs: Runs, sweep: Sweep) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """``(table, tries, randomness)`` as collected: :func:`confirmed_tables`, each "undetected" try judged again on
+    the detection bound over its own round's prompts (:func:`mmw.sweep.claims.bound_undetected`), then the later
+    rounds of ``confirm.extend`` (:func:`mmw.sweep.cells.extended_table`)."""
+    confirmation = sweep.confirmation
+    assert confirmation is not None
+    table, tries, randomness = confirmed_tables(repo, runs, sweep)
+    held_out = runs.prompts.filter(pl.col("role") == "confirmation")
+    first = first_rounds(runs.reevaluations, sweep.reevaluate.seeds)
+    first_rows = held_out.filter(pl.col("experiment").is_in(first["experiment"].to_list())) \
+        if first.height and "experiment" in held_out.columns else held_out
+    table, tries = bound_undetected(table, tries, first_rows, confirmation.per_try)
+    randomness, _ = bound_undetected(randomness, None, first_rows, confirmation.per_try)
+    if confirmation.extend:
+        table, tries = extended_table(table, tries if tries is not None else pl.DataFrame(), runs.reevaluations,
+                                      held_out, confirmation)
+    return table, tries, randomness
 
 
 def race_frames(repo: Path, runs: Runs, sweep: Sweep) -> tuple[dict[str, pl.DataFrame], dict[str, Any]]:
@@ -246,10 +266,8 @@ def collect(repo: Path, sweep: Sweep, out_dir: Path, scale: str, with_timings: b
     if confirmation is not None:
         assert sweep.tuning is not None  # a confirmed sweep's tuning runs leave prompts for confirmation
         check_single_valued(results)
-        table, tries, randomness = confirmed_tables(repo, runs, sweep)
+        table, tries, randomness = judged_tables(repo, runs, sweep)
         held_out = runs.prompts.filter(pl.col("role") == "confirmation")
-        table, tries = bound_undetected(table, tries, held_out, confirmation.per_try)
-        randomness, _ = bound_undetected(randomness, None, held_out, confirmation.per_try)
         plan = sweep_plan(table, results, reevaluations, confirmation, sweep.tuning, sweep.reevaluate.k,
                           randomness)
         claims = check_claims(table, randomness, held_out, level=confirmation.level, names=watermark_names(results))

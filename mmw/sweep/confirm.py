@@ -76,6 +76,64 @@ def _distinct(values: list[float]) -> list[float]:
     return values
 
 
+#: The R targets of the paper's constraints (0: none).
+R_TARGETS = tuple(sorted({r for _, r in PAPER_CONSTRAINTS}))
+#: What a plan or a definition says of a cell that no confirmation within the tasks' prompts can resolve.
+CANNOT = "cannot be resolved with the prompts the tasks hold"
+
+
+def _r_target(value: float) -> float:
+    if value not in R_TARGETS:
+        raise ValueError(f"got {value!r}: the paper's R targets are {list(R_TARGETS)}")
+    return value
+
+
+class ExtensionCell(Section):
+    """One open cell of a later confirmation round (:class:`Extension`): which cell (temperature, family, and the
+    R targets of its constraints), at how many held-out prompts per task and runs per prompt."""
+
+    temperature: float = allowed("a temperature of the sweep, e.g. 1.0")
+    family: str = allowed("a family of the sweep's table (a sampler, or a plugin's name), e.g. reweight")
+    min_r: Annotated[list[Annotated[float, AfterValidator(_r_target)]], AfterValidator(_distinct)] = allowed(
+        f"a non-empty subset of {list(R_TARGETS)} (the cells with and without the R target)", min_length=1,
+        default=list(R_TARGETS))
+    prompts: Integer = allowed("an integer >= 1 (held-out prompts per task)", ge=1)
+    k: Integer = allowed("an integer >= 2 (runs per prompt: an interval over runs needs two)", ge=2)
+
+
+class Extension(Section):
+    """A later confirmation round, declared before its data: each listed cell that rounds before it left
+    unresolved re-tests its candidate (the setting its last try judged) once, on ``prompts`` fresh held-out
+    prompts per task from ``offset`` with ``k`` runs (seeds ``first_seed ..``, fresh keys), at level ``level``.
+
+    Cells at one temperature share one prompt range (so their runs share each seed's baseline). The cell's chance
+    of a false confirmation is at most the sum of the levels of every try it had (the union bound):
+    :attr:`Confirmation.level` over the first rounds, plus ``level`` per later round that judged it."""
+
+    name: str = allowed("a short name of the round, e.g. round 3")
+    level: float = allowed("a number in (0, 0.5): this round's one try per cell", gt=0, lt=0.5)
+    offset: Integer = allowed("an integer >= 0 (the round's first held-out prompt per task)", ge=0)
+    first_seed: Integer = allowed("an integer >= 0 (seeds first_seed .. first_seed + k - 1)", ge=0)
+    cells: list[ExtensionCell] = allowed("a non-empty list of {temperature, family, min_r, prompts, k}",
+                                         min_length=1)
+
+    def per_task(self, temperature: float) -> int | None:
+        """The round's held-out prompts per task at ``temperature`` (None: no cell there)."""
+        return next((c.prompts for c in self.cells if c.temperature == temperature), None)
+
+    def seeds(self, k: int) -> list[int]:
+        return list(range(self.first_seed, self.first_seed + k))
+
+    @property
+    def max_k(self) -> int:
+        return max(c.k for c in self.cells)
+
+    def cell(self, temperature: float, family: str, min_r: float) -> ExtensionCell | None:
+        """The entry declaring the cell (``temperature``, ``family``, R target ``min_r``), or None."""
+        return next((c for c in self.cells if c.temperature == temperature and c.family == family
+                     and min_r in c.min_r), None)
+
+
 class Confirmation(Section):
     """How a sweep's cells are confirmed: its definition's ``confirm`` section, the one model of it from the file
     to the tables (validated like every params section: a bad value is a SpecError naming ``confirm.<key>`` and
@@ -98,6 +156,9 @@ class Confirmation(Section):
     offset: Integer | None = allowed("an integer >= 0 (default: after the tuning prompts)", ge=0, default=None)
     quality_losses: Annotated[list[Annotated[float, AfterValidator(_paper_loss)]], AfterValidator(_distinct)] = \
         allowed(f"a non-empty subset of {list(QUALITY_LOSSES)}", min_length=1, default=list(QUALITY_LOSSES))
+    #: Later rounds for the cells the first ones left open (:class:`Extension`), in the order they run.
+    extend: list[Extension] = allowed("a list of later rounds {name, level, offset, first_seed, cells}",
+                                      default=[])
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -109,6 +170,17 @@ class Confirmation(Section):
     def per_try(self) -> float:
         """The level of each try's one-sided bounds."""
         return self.level / self.max_tries
+
+    @property
+    def total_level(self) -> float:
+        """The most a cell judged in every round can err (the union bound over its tries): ``level`` over the
+        first rounds plus each later round's level."""
+        return self.level + sum(e.level for e in self.extend)
+
+    def round_of_seed(self, seed: int | None) -> Extension | None:
+        """The later round whose runs carry ``seed`` (None: the first rounds')."""
+        return next((e for e in self.extend if seed is not None and e.first_seed <= seed < e.first_seed + e.max_k),
+                    None)
 
     @property
     def constraints(self) -> tuple[tuple[float, float], ...]:

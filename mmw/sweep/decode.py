@@ -27,6 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mmw.engines.generate import GENERATION_SCHEMA, ProcessorFactory, RecordingProcessor, generate_batch, row_seed
 from mmw.io import plan_units
+from mmw.params import EngineParams
 
 
 class StackedProcessor:
@@ -71,6 +72,7 @@ def generate_together(
     *,
     prompt_ids: Sequence[str],
     seed: int = 0,
+    settings: EngineParams | None = None,
 ) -> list[pl.DataFrame]:
     """The generations of every chat under each of ``factories`` (one per configuration), as
     :func:`mmw.engines.generate.generate` would return them for that factory alone: one table per factory, rows in
@@ -101,7 +103,7 @@ def generate_together(
             seeds = [row_seed(seed, ids[i]) for i in rows]
             processor = StackedProcessor([factories[c](seeds) for c in group], [len(rows)] * len(group))
             columns = generate_batch(model, tokenizer, [encoded[i] for i in rows] * len(group), processor,
-                                     max_new_tokens)
+                                     max_new_tokens, settings)
             for j, c in enumerate(group):
                 lo, hi = j * len(rows), (j + 1) * len(rows)
                 parts[c].append(pl.DataFrame({"prompt_id": [ids[i] for i in rows],

@@ -30,6 +30,7 @@ allowed values (``sweeps/small.yaml: grids[2] (ds-sum): scheme.delta: ...``).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -46,7 +47,7 @@ from pydantic import BeforeValidator, ValidationInfo, model_validator
 from mmw.errors import SpecError
 from mmw.watermark.scheme import KNOWN_KEYS, SchemeSpec
 from mmw.params import parse_params
-from mmw.sweep.confirm import QUALITY_LOSSES, Confirmation
+from mmw.sweep.confirm import CANNOT, QUALITY_LOSSES, Confirmation
 from mmw.sweep.cost import cost_for_pack
 from mmw.sweep.schedule import Schedule, schedule_from
 from mmw.validation import Integer, Section, allowed, allowed_text, validate
@@ -182,6 +183,7 @@ class SweepFile(Section):
             raise SpecError("confirm.offset", f"confirmation prompts [{offset}, {offset + count}) overlap the "
                             f"tuning prompts [{tuning_offset}, {tuning_offset + tuning})",
                             f"an offset >= {tuning_offset + tuning}")
+        check_extensions(raw, (tuning_offset, tuning), (offset, count), self.reevaluate.seeds, list(tasks), fraction)
         return raw.model_copy(update={"offset": int(offset), "quality_losses": sorted(raw.quality_losses)})
 
 
@@ -221,6 +223,102 @@ class Sweep:
     def racing(self) -> bool:
         """Whether the tuning runs are the race's shards (an ``adaptive`` section, not ``--uniform``)."""
         return self.schedule is not None and not self.uniform
+
+
+def task_pool_sizes(tasks: list[str]) -> dict[str, int]:
+    """Prompts each task holds (:data:`mmw.tasks.TASKS`; a task built from the pipeline's own outputs is left out:
+    its count is known only after a run)."""
+    return dict(_pool_sizes(tuple(tasks)))
+
+
+@functools.cache
+def _pool_sizes(tasks: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    from mmw.tasks import DATA_DIR, TASKS
+
+    return tuple((task, len(TASKS[task](DATA_DIR))) for task in tasks if task in TASKS)
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether the half-open ranges ``[start, start + size)`` overlap."""
+    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def check_extensions(confirmation: Confirmation, tuning: tuple[int, int], first: tuple[int, int], seeds: list[int],
+                     tasks: list[str], fraction: float, pools: Mapping[str, int] | None = None) -> None:
+    """The later rounds of ``confirm.extend`` (:class:`mmw.sweep.confirm.Extension`) against the rest of the
+    definition: fresh prompts (disjoint from the tuning prompts ``tuning``, the first rounds' ``first`` and every
+    other round's, as ``(offset, per task)``), fresh seeds (disjoint from ``seeds`` and every other round's), one
+    prompt range per temperature, enough prompts and attacked prompts for an interval, prompts the tasks hold
+    (``pools``: prompts per task, default :func:`task_pool_sizes`), every cell declared once, and a total level
+    below 0.5. SpecError naming ``confirm.extend[i]...``."""
+    if not confirmation.extend:
+        return
+    pools = task_pool_sizes(tasks) if pools is None else pools
+    taken = [("the tuning prompts", tuning), ("the first confirmation prompts", first)]
+    used_seeds = [("reevaluate", seeds[0], len(seeds))] if seeds else []
+    for i, ext in enumerate(confirmation.extend):
+        where = f"confirm.extend[{i}]"
+        per_t: dict[float, tuple[int, int]] = {}
+        declared: set[tuple[float, str, float]] = set()
+        for j, cell in enumerate(ext.cells):
+            key = f"{where}.cells[{j}]"
+            if cell.temperature in per_t and per_t[cell.temperature][1] != cell.prompts:
+                other, count = per_t[cell.temperature]
+                raise SpecError(f"{key}.prompts", f"{cell.prompts} per task at T = {cell.temperature:g}, but "
+                                f"cells[{other}] there has {count}: the cells of one temperature share one prompt "
+                                "range, so their runs share each seed's baseline", f"{count}")
+            per_t.setdefault(cell.temperature, (j, cell.prompts))
+            for r in cell.min_r:
+                if (cell.temperature, cell.family, r) in declared:
+                    raise SpecError(f"{key}.min_r", f"the cell T = {cell.temperature:g} {cell.family} R > {r:g} is "
+                                    "declared twice in this round", "each cell once per round")
+                declared.add((cell.temperature, cell.family, r))
+            if cell.prompts * max(len(tasks), 1) < MIN_CONFIRM_PROMPTS or (
+                    fraction and attacked_prompts(fraction, cell.prompts, len(tasks)) < MIN_CONFIRM_PROMPTS):
+                needed = min_confirm_prompts(fraction, len(tasks)) or MIN_CONFIRM_PROMPTS
+                raise SpecError(f"{key}.prompts", f"{cell.prompts} per task: too few for an interval of quality and R",
+                                f"at least {needed} per task")
+            for task, size in pools.items():
+                if ext.offset + cell.prompts > size:
+                    raise SpecError(f"{key}.prompts", f"{cell.prompts} per task from prompt {ext.offset}: task {task} "
+                                    f"holds {size} prompts; the cell {CANNOT}",
+                                    f"at most {max(size - ext.offset, 0)} per task from prompt {ext.offset}")
+        span = (ext.offset, max(c.prompts for c in ext.cells))
+        for what, other in taken:
+            if _overlap(span, other):
+                raise SpecError(f"{where}.offset", f"prompts [{span[0]}, {span[0] + span[1]}) overlap {what} "
+                                f"[{other[0]}, {other[0] + other[1]})", f"an offset >= {other[0] + other[1]} "
+                                "(fresh prompts)")
+        taken.append((f"the prompts of confirm.extend[{i}]", span))
+        for what, start, count in used_seeds:
+            if _overlap((ext.first_seed, ext.max_k), (start, count)):
+                raise SpecError(f"{where}.first_seed", f"seeds [{ext.first_seed}, {ext.first_seed + ext.max_k}) "
+                                f"overlap those of {what} [{start}, {start + count})",
+                                f"a first seed >= {start + count} (fresh seeds)")
+        used_seeds.append((f"confirm.extend[{i}]", ext.first_seed, ext.max_k))
+    if confirmation.total_level >= 0.5:
+        raise SpecError(f"confirm.extend[{len(confirmation.extend) - 1}].level", f"the levels add up to "
+                        f"{confirmation.total_level:g} per cell (the union bound over its tries)",
+                        f"levels whose sum with confirm.level ({confirmation.level:g}) stays below 0.5")
+
+
+def check_extension_cells(confirmation: Confirmation | None, configs: list[Config]) -> None:
+    """Every cell of ``confirm.extend`` names a temperature and family the sweep's configurations have."""
+    if confirmation is None:
+        return
+    have = {(c.overrides.get(TEMPERATURE), config_family(c.overrides)) for c in configs}
+    for i, ext in enumerate(confirmation.extend):
+        for j, cell in enumerate(ext.cells):
+            if (cell.temperature, cell.family) not in have:
+                shown = ", ".join(f"T = {t:g} {f}" for t, f in sorted(have, key=str))
+                raise SpecError(f"confirm.extend[{i}].cells[{j}]", f"no configuration of family {cell.family!r} at "
+                                f"T = {cell.temperature:g}", shown)
+
+
+def config_family(overrides: Mapping[str, Any]) -> str | None:
+    """A configuration's family as the tables name it: its sampler, or its plugin's name."""
+    sampler = overrides.get("scheme.sampler")
+    return overrides.get("scheme.plugin") if sampler == "plugin" else sampler
 
 
 def attacked_prompts(fraction: float, per_task: int, tasks: int) -> int:
@@ -409,6 +507,10 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
                 configs.setdefault(cid, Config(config_id=cid, grid=str(label), overrides=overrides))
     _single_valued(path, board, list(configs.values()))
     confirmation = definition.confirmation(board)
+    try:
+        check_extension_cells(confirmation, list(configs.values()))
+    except SpecError as err:
+        raise SpecError(f"{path}: {err.key}", err.problem, err.allowed) from None
     tuning_offset, tuning = definition.tuning(board)
     schedule = None
     tasks = definition.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or []

@@ -239,7 +239,7 @@ class PackedExecutor:
             path = root / f"decode-{index}.yaml"
             path.write_text(yaml.safe_dump(dict(apply_overrides(self.board, job.overrides)), sort_keys=False))
             try:
-                params = load_params(path, ("seed", "model", "scheme", "key"), models={"scheme": SchemeSpec})
+                params = load_params(path, ("seed", "model", "scheme", "key", "engine"), models={"scheme": SchemeSpec})
                 key = resolve_key(params.key, {**os.environ, **job.env})
             except SpecError:
                 continue
@@ -249,7 +249,7 @@ class PackedExecutor:
                 ready.append((index, params, key))
         if len(ready) < 2:
             return {}
-        model_params, seed = ready[0][1].model, ready[0][1].seed
+        model_params, seed, settings = ready[0][1].model, ready[0][1].seed, ready[0][1].engine
         prompts = read_table(shared_dir / PROMPTS)
         decode_rows = self.decode_rows or model_params.batch_size
         if decode_rows // max(min(prompts.height, model_params.batch_size), 1) < 2:
@@ -258,13 +258,16 @@ class PackedExecutor:
         vocab_size = generator_vocab_size(tokenizer, model)
 
         def factory(spec: SchemeSpec, key: int):
-            return lambda row_seeds: build_processor(spec, key, vocab_size, row_seeds, model_params.temperature)
+            return lambda row_seeds: build_processor(spec, key, vocab_size, row_seeds, model_params.temperature,
+                                                     compiled=None if settings.compile_step else False,
+                                                     compile_mode=settings.compile_mode)
 
         self.echo(f"    one decode for {len(ready)} configurations ({prompts.height} prompts each)")
         tables = generate_together(model, tokenizer, prompts["chat"].to_list(),
                                    [factory(params.scheme, key) for _, params, key in ready],
                                    model_params.max_new_tokens, model_params.batch_size,
-                                   decode_rows, prompt_ids=prompts["prompt_id"].to_list(), seed=seed)
+                                   decode_rows, prompt_ids=prompts["prompt_id"].to_list(), seed=seed,
+                                   settings=settings)
         out: dict[int, Path] = {}
         for (index, _, _), table in zip(ready, tables, strict=True):
             out[index] = root / f"decode-{index}.parquet"

@@ -58,7 +58,7 @@ from scipy.stats import norm
 from mmw.betting import floor
 from mmw.errors import SpecError
 from mmw.sweep.cells import RANDOMNESS_CONSTRAINT
-from mmw.sweep.confirm import RATING_MAX, Confirmation
+from mmw.sweep.confirm import CANNOT, RATING_MAX, Confirmation
 from mmw.sweep.cost import GPU_STAGED, CostModel
 from mmw.sweep.definition import min_confirm_prompts
 
@@ -70,8 +70,6 @@ GPU_CONFIG_S, GPU_BASELINE_S, GPU_PROMPTS = 302.5, 191.0, 296
 GENERATION_SHARE, GENERATION_K = 0.98, 5
 #: Runs per prompt a plan may choose (two at least: an interval over runs needs two).
 RUN_CHOICES = tuple(range(2, 21))
-#: What a plan says of a cell that no confirmation within the tasks' prompts can resolve.
-CANNOT = "cannot be resolved with the prompts the tasks hold"
 
 
 def relative_variance(k: int, k_now: int) -> float:
@@ -357,10 +355,24 @@ def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Dat
     share = float((measured["n_attacked"] / measured["n_prompts"]).median()) if measured.height else 1 / 3
     walls = []
     if "wall_s" in reevaluations.columns:
-        walls = [(confirmation.prompts * tasks, float(w)) for w in reevaluations["wall_s"].drop_nulls().to_list()]
+        temperature = dict(zip(results["config_id"], results["model.temperature"], strict=True)) \
+            if "model.temperature" in results.columns else {}
+        for row in reevaluations.filter(pl.col("wall_s").is_not_null()).iter_rows(named=True):
+            later = confirmation.round_of_seed(row.get("seed"))
+            per_task = confirmation.prompts if later is None else later.per_task(temperature.get(row["config_id"]))
+            if per_task is not None:
+                walls.append((per_task * tasks, float(row["wall_s"])))
     model = run_time_model(results, walls, tuning * tasks)
     return plan_table(table, k, tasks, share, model, min_confirm_prompts(attack_fraction(results, share), tasks) or 1,
-                      confirmation.per_try, available_prompts(results, confirmation.offset or 0))
+                      confirmation.per_try, available_prompts(results, next_offset(confirmation)))
+
+
+def next_offset(confirmation: Confirmation) -> int:
+    """The first held-out prompt per task that no confirmation round has used: a next round's fresh prompts start
+    there."""
+    ends = [(confirmation.offset or 0) + confirmation.prompts]
+    ends += [e.offset + max(c.prompts for c in e.cells) for e in confirmation.extend]
+    return max(ends)
 
 
 def pilot_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.DataFrame, level: float,

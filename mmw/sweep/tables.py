@@ -76,7 +76,15 @@ def _detected(row: dict[str, Any]) -> str:
 
 def cell_text(row: dict[str, Any], names: Mapping[str, str] | None = None) -> str:
     """One cell of table.md: the status first; a number only for a confirmed cell (named after its pick when the
-    pick is a provider's setting, ``names``: config id -> name, e.g. "Gumbel-max (vLLM's setting)")."""
+    pick is a provider's setting, ``names``: config id -> name, e.g. "Gumbel-max (vLLM's setting)"); a cell a
+    later round judged ends with that round and the cell's level in all, e.g. ``(round 3, level 0.075)``."""
+    text = _cell_text(row, names)
+    if row.get("round"):
+        text += f" ({row['round']}, level {row['level']:.4g})"
+    return text
+
+
+def _cell_text(row: dict[str, Any], names: Mapping[str, str] | None = None) -> str:
     status = row["status"]
     if status == "confirmed":
         text = f"**{_estimate(row['size_median'])}** ({_estimate(row['size_mad'])}) q≥{_estimate(row['quality_low'])}"
@@ -137,10 +145,25 @@ def confirmed_markdown(table: pl.DataFrame, confirmation: Confirmation, tuning: 
              "interval straddles the constraint — not a result. Undetected: an upper bound on the share of texts "
              "detected (over the prompts, at the try's level) lies below 1/2, so the median size is ∞; detection: "
              "that bound straddles 1/2.", "",
-             *paper_rows(table, lambda row: cell_text(row, names), ">", names)]
+             *later_rounds(confirmation), *paper_rows(table, lambda row: cell_text(row, names), ">", names)]
     counts = table.group_by("status").len().sort("status").iter_rows() if table.height else []
     lines += ["", "Cells: " + ", ".join(f"{status} {n}" for status, n in counts)]
     return "\n".join(lines) + "\n"
+
+
+def later_rounds(confirmation: Confirmation) -> list[str]:
+    """The header lines of ``confirm.extend``: per later round its prompts, runs and level, and the level a cell
+    judged in it carries in all (the union bound over its tries)."""
+    lines = []
+    for extension in confirmation.extend:
+        per_t = sorted({(c.temperature, c.prompts, c.k) for c in extension.cells})
+        shown = ", ".join(f"{p} per task at T = {t:g} (K = {k})" for t, p, k in per_t)
+        lines.append(f"{extension.name.capitalize()} (declared before its data): each open cell it names re-tests "
+                     f"its candidate once on fresh prompts from position {extension.offset} ({shown}; seeds from "
+                     f"{extension.first_seed}, fresh keys) at level {extension.level:g}; a cell it judged errs with "
+                     f"probability at most the sum of its rounds' levels (column `level`, "
+                     f"{confirmation.level:g} + {extension.level:g} = {confirmation.level + extension.level:.4g}).")
+    return [*lines, ""] if lines else []
 
 
 def constraint_label(row: Mapping[str, Any]) -> str:

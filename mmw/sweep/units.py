@@ -128,7 +128,32 @@ def sweep_units(sweep: Sweep) -> dict[str, Unit]:
             name = reevaluation_name(sweep.name, config.config_id, seed)
             units[name] = Unit(name, config.config_id, role, seed,
                                reevaluation_overrides(sweep, config.overrides, seed))
+    for config, seed, overrides in extension_runs(sweep):
+        name = reevaluation_name(sweep.name, config.config_id, seed)
+        units[name] = Unit(name, config.config_id, CONFIRMATION, seed, overrides)
     return units
+
+
+def extension_runs(sweep: Sweep) -> list[tuple[Any, int, dict[str, Any]]]:
+    """``(config, seed, overrides)`` of every run a later confirmation round (``confirm.extend``) may ask for: each
+    configuration of a declared cell's temperature and family, with the round's seeds up to the cell's K and the
+    round's prompts at that temperature (which candidate runs is known only from the rounds before)."""
+    from mmw.sweep.definition import config_family
+
+    confirmation = sweep.confirmation
+    out: list[tuple[Any, int, dict[str, Any]]] = []
+    if confirmation is None:
+        return out
+    for extension in confirmation.extend:
+        for config in sweep.configs:
+            temperature = config.overrides.get("model.temperature")
+            ks = [c.k for c in extension.cells
+                  if c.temperature == temperature and c.family == config_family(config.overrides)]
+            if not ks:
+                continue
+            held_out = {"prompts.offset": extension.offset, "prompts.per_task": extension.per_task(temperature)}
+            out += [(config, seed, {**config.overrides, **held_out, "seed": seed}) for seed in extension.seeds(max(ks))]
+    return out
 
 
 def runs_dir(repo: Path, sweep: str) -> Path:

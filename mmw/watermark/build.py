@@ -21,16 +21,18 @@ if TYPE_CHECKING:
 
 
 def build_processor(spec: SchemeSpec | None, key: int | None, vocab_size: int, row_seeds: Sequence[int],
-                    temperature: float) -> RecordingLogitsProcessor:
+                    temperature: float, compiled: bool | None = None,
+                    compile_mode: str | None = None) -> RecordingLogitsProcessor:
     """The processor of one batch of rows (``row_seeds``: one 64-bit seed per row): mmw's own (``spec`` None:
-    plain sampling) or a plugin's. Imports torch."""
+    plain sampling; ``compiled``/``compile_mode`` from params ``engine``, as ``WatermarkProcessor`` takes them) or
+    a plugin's. Imports torch."""
     if spec is not None and spec.is_plugin:
         from mmw.watermark.plugin_generation import PluginProcessor
 
         return PluginProcessor(spec, key, vocab_size, row_seeds, temperature)
     from mmw.watermark.processor import WatermarkProcessor
 
-    return WatermarkProcessor(spec, key, vocab_size, row_seeds, temperature)
+    return WatermarkProcessor(spec, key, vocab_size, row_seeds, temperature, compiled, compile_mode)
 
 
 def build_detector(spec: SchemeSpec, key: int, vocab_size: int, device: str = "auto",

@@ -18,7 +18,6 @@ engine runs plain greedy decoding and no engine-side warper can interfere.
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Sequence
 from functools import lru_cache
@@ -101,7 +100,7 @@ class WatermarkStep:
             config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4096)
             # reduce-overhead = CUDA graphs: one replay instead of ~15 kernel launches and Inductor's wrapper, the
             # host time that dominates a step at small batches (bench/RESULTS.md, "processor overhead").
-            self.mode = mode or os.environ.get("MMW_COMPILE_MODE", "reduce-overhead")
+            self.mode = mode or "reduce-overhead"  # params engine.compile_mode
             self._run = torch.compile(self._step, dynamic=dynamic, mode=self.mode)
 
     def _prepare(self, device: torch.device) -> None:
@@ -188,9 +187,9 @@ class WatermarkStep:
 
 
 def compile_default(device: torch.device | str) -> bool:
-    """Compile on CUDA unless ``MMW_COMPILE=0`` (CPU steps are cheap next to a CPU model step; compiling would
-    cost a C++ toolchain and seconds per shape)."""
-    return torch.device(device).type == "cuda" and os.environ.get("MMW_COMPILE", "1") != "0"
+    """Compile on CUDA (CPU steps are cheap next to a CPU model step; compiling would cost a C++ toolchain and
+    seconds per shape); params ``engine.compile_step: false`` passes ``compiled=False`` instead."""
+    return torch.device(device).type == "cuda"
 
 
 @lru_cache(maxsize=64)  # a pack decodes up to model.batch_size // prompts configurations at once
@@ -240,16 +239,17 @@ class WatermarkProcessor(RecordingLogitsProcessor):
 
     Also records, per step and row, the entropy and the spike entropy of the model's own next-token
     distribution at temperature 1 — on the device, copied to the host once when asked for the means.
-    ``compiled`` None: compile on CUDA (``compile_default``)."""
+    ``compiled`` None: compile on CUDA (``compile_default``); ``compile_mode``: torch.compile's mode (params
+    ``engine.compile_mode``; None: reduce-overhead)."""
 
     def __init__(self, spec: SchemeSpec | None, key: int | None, vocab_size: int, row_seeds: Sequence[int],
-                 temperature: float, compiled: bool | None = None):
+                 temperature: float, compiled: bool | None = None, compile_mode: str | None = None):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         super().__init__()
         self.spec, self.key, self.vocab_size, self.temperature = spec, key, vocab_size, float(temperature)
         self.row_seeds = [int(s) & prf.MASK64 for s in row_seeds]
-        self.compiled = compiled
+        self.compiled, self.compile_mode = compiled, compile_mode
         #: Trailing tokens of each row the randomness reads (0 unwatermarked): the engine's loop needs prompts at
         #: least this long (mmw.engines.generate.use_static_decode).
         self.window_context = RandomnessSource.from_spec(spec).context if spec is not None else 0
@@ -269,7 +269,7 @@ class WatermarkProcessor(RecordingLogitsProcessor):
         if self._step is None:
             compiled = compile_default(device) if self.compiled is None else self.compiled
             self._step = watermark_step(self.spec, self.key, self.vocab_size, self.temperature, compiled,
-                                        dynamic=False)
+                                        self.compile_mode, dynamic=False)
             self._state = {name: t.to(device) for name, t in self._state.items()}
             self._steps = torch.zeros(b, dtype=torch.int64, device=device)
             self._history = self._step.new_history(b, device)
@@ -293,7 +293,7 @@ class WatermarkProcessor(RecordingLogitsProcessor):
         if batch != len(self.row_seeds):
             raise ValueError(f"batch has {batch} rows but the processor was built for {len(self.row_seeds)}")
         compiled = compile_default(device) if self.compiled is None else self.compiled
-        mode = "default" if compiled and graph else None
+        mode = "default" if compiled and graph else self.compile_mode
         self._step = watermark_step(self.spec, self.key, self.vocab_size, self.temperature, compiled, mode,
                                     dynamic=False)
         self._state = {name: t.to(device) for name, t in self._state.items()}

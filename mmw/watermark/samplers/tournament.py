@@ -134,6 +134,22 @@ def _(probs, seeds, tables, table_bits, last_bits):
     return torch.empty_like(probs)
 
 
+@torch.library.custom_op("mmw::tournament_choose", mutates_args=())
+def cuda_choose(probs: torch.Tensor, seeds: torch.Tensor, u: torch.Tensor, plain_rows: torch.Tensor, layers: int,
+                leaves: int) -> torch.Tensor:
+    """``inverse_cdf`` of the tournament's law (the model's own in ``plain_rows``) on a CUDA device, the law never
+    written: the histogram passes, the tables and a two-level inverse CDF in ``mmw.kernels.tournament.choose``."""
+    from mmw.kernels.tournament import choose
+
+    return choose(probs.contiguous(), seeds.contiguous(), u.to(torch.float64).contiguous(),
+                  plain_rows.to(torch.uint8).contiguous(), layers, leaves, CHUNK_BITS, FIXED_POINT)
+
+
+@cuda_choose.register_fake
+def _(probs, seeds, u, plain_rows, layers, leaves):
+    return probs.new_empty(probs.shape[0], dtype=torch.int64)
+
+
 def _numba_cuda() -> bool:
     """True when numba's CUDA target sees a device (asked once per ``prepare``, outside any compiled graph)."""
     try:
@@ -194,10 +210,20 @@ class Tournament(Sampler, TournamentPart):
         # The numba passes where numba sees the GPU; elsewhere torch's scatter_add_ (the same law, slower there).
         self._numba_passes = torch.device(device).type == "cuda" and _numba_cuda()
 
+    #: Draw through ``mmw::tournament_choose`` where the numba passes run (False: the law, then ``inverse_cdf``).
+    fused_draw = True
+
     def choose(self, logits, seeds, temperature, plain_u):
         if temperature == 0:  # a one-hot distribution stays one-hot through every round
             return logits.argmax(dim=-1)
+        if self._fused(logits):
+            return cuda_choose(probabilities(logits, temperature), seeds, plain_u,
+                               torch.zeros_like(plain_u, dtype=torch.bool), self.spec.layers, self.spec.leaves)
         return inverse_cdf(self.law(logits, seeds, temperature), plain_u)
+
+    def _fused(self, logits) -> bool:
+        return (self.fused_draw and self._numba_passes and logits.is_cuda and self.spec.layers >= 1
+                and logits.shape[-1] >= CHUNKED_FROM_VOCAB)
 
     def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows):
         """``choose``, except that the rows where ``plain_rows`` (bool [B]) is set are drawn from the model's own law
@@ -205,6 +231,9 @@ class Tournament(Sampler, TournamentPart):
         uniform, from one scan of one law instead of a second softmax and scan for the plain rows."""
         if temperature == 0:
             return logits.argmax(dim=-1)
+        if self._fused(logits):
+            return cuda_choose(probabilities(logits, temperature), seeds, plain_u, plain_rows, self.spec.layers,
+                               self.spec.leaves)
         return inverse_cdf(self.law(logits, seeds, temperature, plain_rows), plain_u)
 
     def law(self, logits, seeds, temperature, plain_rows=None):
