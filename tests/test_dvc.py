@@ -11,10 +11,12 @@ import ast
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from _t2_selection_rule import check_select
 from pipeline_repo import REPO, TracedRun, clone_pipeline, copy_checkout, plain_shell_env, run, stages_run, \
     stages_skipped, traced_tiny_pipeline
 
@@ -110,16 +112,27 @@ def test_wall_times_are_a_log_not_an_input(pipeline: Path) -> None:
     assert "Wall time" not in (pipeline / "reports/summary.md").read_text()
 
 
-def test_scheme_change_reruns_watermark_side_only(pipeline: Path) -> None:
+@pytest.fixture(scope="module")
+def scheme_experiment(pipeline: Path) -> dict[str, Any]:
+    """`dvc exp run -S scheme.delta=2.5` on the committed run, and what DVC said right after it: the stages it ran
+    and skipped, the params and metrics diffs, the baseline generation's hashes before and after."""
     baseline_outputs = _lock_hashes(pipeline, "generate_baseline")
     output = _run(pipeline, "dvc", "exp", "run", "-S", "scheme.delta=2.5")
+    return {"output": output, "baseline_before": baseline_outputs,
+            "baseline_after": _lock_hashes(pipeline, "generate_baseline"),
+            "params_diff": json.loads(_run(pipeline, "dvc", "params", "diff", "--json")),
+            "metrics_diff": json.loads(_run(pipeline, "dvc", "metrics", "diff", "--json"))}
+
+
+def test_scheme_change_reruns_watermark_side_only(scheme_experiment: dict[str, Any]) -> None:
+    output = scheme_experiment["output"]
     # delta only shapes generation: the baseline's detection (its params: the detection keys) is not rerun
     assert stages_run(output) == WATERMARK_SIDE - {"detect_baseline"}, output
     assert stages_skipped(output) == BASELINE_SIDE | {"detect_baseline"}, output
-    assert _lock_hashes(pipeline, "generate_baseline") == baseline_outputs
-    params_diff = json.loads(_run(pipeline, "dvc", "params", "diff", "--json"))
+    assert scheme_experiment["baseline_after"] == scheme_experiment["baseline_before"]
+    params_diff = scheme_experiment["params_diff"]
     assert params_diff == {"params.yaml": {"scheme.delta": {"old": 5.0, "new": 2.5, "diff": -2.5}}}
-    diff = json.loads(_run(pipeline, "dvc", "metrics", "diff", "--json"))["reports/metrics.json"]
+    diff = scheme_experiment["metrics_diff"]["reports/metrics.json"]
     assert diff, "changing the watermark's bias changed no metric"
     # dvc can subtract every metric: numbers or null, never strings such as "inf"
     for name, change in diff.items():
@@ -127,6 +140,19 @@ def test_scheme_change_reruns_watermark_side_only(pipeline: Path) -> None:
             assert change[side] is None or (isinstance(change[side], int | float) and math.isfinite(change[side])), \
                 (name, change)
     assert not [name for name in diff if name.startswith("judge.")], "the baseline's judge check changed"
+
+
+def test_select_on_the_real_pipeline(pipeline: Path, scheme_experiment: dict[str, Any]) -> None:
+    """`mmw select` over the committed run and two experiments of it: the scheme experiment above and one more
+    `dvc exp run -S scheme.delta=1.0` on top of its workspace. Before the attack experiment below, which the
+    selection would refuse as incomparable."""
+    key = yaml.safe_load((pipeline / "params.yaml").read_text())["key"]
+    _run(pipeline, "dvc", "exp", "run", "-S", "scheme.delta=1.0")
+    try:
+        check_select(pipeline, key)
+    finally:  # what selection wrote is no part of the committed run the later tests restore
+        for name in ("reports/selection.md", "reports/selection.png"):
+            (pipeline / name).unlink(missing_ok=True)
 
 
 #: Code no stage runs: the sweep (a module and its command line), the other commands, report code aggregate does

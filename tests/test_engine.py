@@ -461,14 +461,21 @@ def embedded():
     return load_model("embedded:smollm2-135m", device="cpu")
 
 
-@pytest.mark.heavy
-def test_cached_hf_folder_equals_the_gguf_model(embedded, tmp_path):
+@pytest.fixture(scope="module")
+def direct_gguf():
+    """transformers' own load of the embedded GGUF (dequantized to float32, ~20-30 s on 2 cores): the reference of
+    both conversion tests, loaded once."""
     from mmw.engines.models import embedded_gguf_path
 
-    tokenizer, model = embedded
     gguf = embedded_gguf_path("smollm2-135m")
+    return gguf, AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+
+
+@pytest.mark.heavy
+def test_cached_hf_folder_equals_the_gguf_model(embedded, direct_gguf):
+    tokenizer, model = embedded
+    gguf, direct = direct_gguf
     direct_tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
     text = "<|im_start|>user\nWrite a story about a lighthouse.<|im_end|>\n<|im_start|>assistant\n"
     ids = direct_tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     assert tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"].equal(ids)
@@ -478,15 +485,14 @@ def test_cached_hf_folder_equals_the_gguf_model(embedded, tmp_path):
 
 
 @pytest.mark.heavy
-def test_conversion_into_an_empty_cache_keeps_every_weight(tmp_path):
+def test_conversion_into_an_empty_cache_keeps_every_weight(tmp_path, direct_gguf):
     """The one-time GGUF -> HF folder conversion (built on the meta device, tensors assigned, not copied) stores
     exactly the dequantized weights: every tensor equal to transformers' own GGUF load, tied head included."""
-    from mmw.engines.models import embedded_gguf_path, resolve_source
+    from mmw.engines.models import resolve_source
 
-    gguf = embedded_gguf_path("smollm2-135m")
     folder = Path(resolve_source("embedded:smollm2-135m", tmp_path))
     assert folder.parent == tmp_path / "models" and (folder / "config.json").is_file()
-    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    _, direct = direct_gguf
     loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     expected, stored = direct.state_dict(), loaded.state_dict()
     assert expected.keys() == stored.keys()

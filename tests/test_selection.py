@@ -2,7 +2,8 @@
 
 Fast tests check the selection rule on random tables against an independent re-statement of the paper's rule
 (relative quality >= 1 - loss, R >= target, optional FPR bound, finite size; smallest size wins). Heavy tests run
-real DVC: a tiny stand-in stage (failed and undetected experiments, the key in params.yaml) and the real pipeline.
+real DVC: a tiny stand-in stage (failed and undetected experiments, the key in params.yaml); `mmw select` on the
+real pipeline runs in tests/test_dvc.py, on the experiments that file makes anyway.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import numpy as np
 import polars as pl
 import pytest
 import yaml
-from pipeline_repo import BIN, clone_pipeline, run, traced_tiny_pipeline
+from _t2_selection_rule import is_feasible as _feasible
+from pipeline_repo import BIN, run
 
 from mmw.errors import SpecError
 from mmw.reporting.selection import selection_markdown
@@ -40,16 +42,6 @@ SIZE, QUALITY, RESISTANCE, FPR_HIGH = "all.size", "all.relative_quality", "all.t
 
 
 # ------------------------------------------------------------------------------------------ independent rule
-
-
-def _feasible(row: dict[str, Any], max_quality_loss: float, min_r: float, max_fpr: float | None) -> bool:
-    """The paper's rule, restated: every metric known, within the targets, and the watermark detected."""
-    size, quality, resistance, fpr_high = row[SIZE], row[QUALITY], row[RESISTANCE], row[FPR_HIGH]
-    if size is None or quality is None or resistance is None or not math.isfinite(size):
-        return False
-    if max_fpr is not None and (fpr_high is None or fpr_high > max_fpr):
-        return False
-    return quality >= 1 - max_quality_loss and resistance >= min_r
 
 
 def _random_table(rng: np.random.Generator, n: int) -> pl.DataFrame:
@@ -371,80 +363,3 @@ def test_experiments_are_read_from_a_real_dvc_repo_without_the_key(tmp_path: Pat
     group = refused.stderr.split("--group ")[-1].split()[0].strip(";|")
     chosen = run(repo, str(BIN / "mmw"), "select", *loose, "--group", group, check=False)
     assert chosen.returncode in (0, 1), chosen.stderr
-
-
-@pytest.mark.heavy
-def test_select_on_the_real_pipeline(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The session's real tiny pipeline run (its `dvc repro`, committed) + two `dvc exp run -S scheme.delta=...`,
-    then `mmw select`."""
-    traced = traced_tiny_pipeline(tmp_path_factory.getbasetemp() / "tiny-pipeline")
-    repo = clone_pipeline(traced.pristine, tmp_path / "pipeline")
-    key = yaml.safe_load((repo / "params.yaml").read_text())["key"]
-    for delta in ("2.5", "1.0"):
-        run(repo, "dvc", "exp", "run", "-S", f"scheme.delta={delta}")
-    _check_select(repo, key)
-
-
-def _check_select(repo: Path, key: str) -> None:
-    """`mmw select` with loose targets in a repo holding a baseline commit and two experiments of it."""
-    loss, min_r = 0.99, 0.0
-    selected = run(repo, str(BIN / "mmw"), "select", "--max-quality-loss", str(loss),
-                   "--min-tamper-resistance", str(min_r), check=False)
-    output = selected.stdout + selected.stderr
-    assert selected.returncode in (0, 1), output
-    markdown = (repo / "reports/selection.md").read_text()
-    png = (repo / "reports/selection.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    for text in (markdown.encode(), png, output.encode()):
-        assert key.encode() not in text
-
-    # Independently: every committed revision's metrics.json, straight from git.
-    branch = run(repo, "git", "branch", "--show-current").stdout.strip()
-    revisions = {branch: run(repo, "git", "rev-parse", "HEAD").stdout.strip()}
-    for line in run(repo, "git", "for-each-ref", "refs/exps", "--format=%(objectname) %(refname)").stdout.split("\n"):
-        rev, _, ref = line.partition(" ")
-        if ref and not ref.startswith("refs/exps/exec/"):  # exec/ holds DVC's run bookkeeping, not experiments
-            revisions[ref.rsplit("/", 1)[-1]] = rev
-    assert len(revisions) == 3
-    metrics: dict[str, dict[str, Any]] = {}
-    for name, rev in revisions.items():
-        assert f"| {name} " in markdown or f"| **{name}** (pick)" in markdown, f"{name} missing from the report"
-        group = json.loads(run(repo, "git", "show", f"{rev}:reports/metrics.json").stdout)["all"]
-        metrics[name] = {f"all.{k}": (float(v) if v in ("inf", "-inf") else v) for k, v in group.items()}
-    feasible = {n: m for n, m in metrics.items() if _feasible(m, loss, min_r, None)}
-    picked = [line for line in markdown.splitlines() if "(pick)" in line]
-    if not feasible:
-        assert selected.returncode == 1 and not picked, output
-        pytest.fail(f"nothing feasible even with loose constraints: {metrics}")
-    assert selected.returncode == 0 and len(picked) == 1, output
-    pick_name = picked[0].split("**")[1]
-    if pick_name == "workspace":  # equal to the last experiment, which wins ties; kept for completeness
-        pick_params = yaml.safe_load((repo / "params.yaml").read_text())
-        pick_size = json.loads((repo / "reports/metrics.json").read_text())["all"]["size"]
-    else:
-        pick_params = yaml.safe_load(run(repo, "git", "show", f"{revisions[pick_name]}:params.yaml").stdout)
-        pick_size = metrics[pick_name][SIZE]
-    assert float(pick_size) == min(m[SIZE] for m in feasible.values())
-
-    # The printed re-evaluation commands (K = 5, distinct fresh seeds) are valid for DVC: queued, one holds the
-    # pick's params with a new seed, under a reeval- name that keeps it out of the next selection's pool.
-    commands = [line.strip().partition("dvc exp run")[2] for line in output.splitlines() if "dvc exp run" in line]
-    assert len(commands) == 5 and all("MMW_KEY=$(openssl rand -hex 16) dvc exp run" in line
-                                      for line in output.splitlines() if "dvc exp run" in line)
-    args = shlex.split(commands[0])
-    assert args[0] == "-n" and args[1].startswith("reeval-")
-    assert len({shlex.split(c)[shlex.split(c).index("-S") + 1] for c in commands}) == 5  # five distinct seeds
-    run(repo, "dvc", "exp", "run", "--queue", *args)
-    rows = {r["name"]: r for r in read_experiments(repo).table.iter_rows(named=True)}
-    assert rows[args[1]]["status"] == "queued"
-    overrides = dict(a.split("=", 1) for a in args[3::2])
-    assert float(overrides["scheme.delta"]) == pick_params["scheme"]["delta"]
-    assert int(overrides["seed"]) != pick_params["seed"]
-    again = run(repo, str(BIN / "mmw"), "select", "--max-quality-loss", str(loss), "--min-tamper-resistance",
-                str(min_r), check=False)
-    # The queued re-evaluation is no setting of the pool: no table row, and the pool still holds the 3 settings (its
-    # name may appear in the report only inside the printed re-evaluation commands of the same pick).
-    report = (repo / "reports/selection.md").read_text()
-    assert f"| {args[1]} " not in report and f"| **{args[1]}** (pick)" not in report, again.stdout
-    assert " of 3 settings feasible" in again.stdout, again.stdout
-    run(repo, "dvc", "queue", "remove", "--all")

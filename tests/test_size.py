@@ -14,6 +14,9 @@ from mmw.watermark.prf import key_from_string, prf_int
 from mmw.watermark.scheme import SchemeSpec
 from mmw.watermark.size import checkpoint_grid, first_crossing, valid_size
 
+from _t3_sequential import (FINAL, LOOKS, N_MAX, NOMINAL, boundaries, operating_characteristic,
+                            sequential_false_alarms)
+
 KEY = key_from_string("size-test-key")
 ALPHA = 0.02
 N_SEQUENCES = 2000
@@ -95,12 +98,13 @@ SUM_SCHEMES = {
 }
 
 
-def any_prefix_rates(spec: SchemeSpec, sequences: list[np.ndarray], key_per_text: bool) -> tuple[float, float]:
+def any_prefix_rates(spec: SchemeSpec, sequences: list[np.ndarray], key_per_text: bool,
+                     key: int = KEY) -> tuple[float, float]:
     """(share of texts with some prefix at p <= alpha, share with a valid size) on unwatermarked sequences."""
     if key_per_text:  # randomness shared across texts: one key per text keeps the verdicts independent
-        results = [Detector(spec, prf_int(KEY, i), VOCAB).detect([s])[0] for i, s in enumerate(sequences)]
+        results = [Detector(spec, prf_int(key, i), VOCAB).detect([s])[0] for i, s in enumerate(sequences)]
     else:
-        results = Detector(spec, KEY, VOCAB).detect(sequences)
+        results = Detector(spec, key, VOCAB).detect(sequences)
     return (float(np.mean([r.size is not None for r in results])),
             float(np.mean([r.size_valid is not None for r in results])))
 
@@ -117,18 +121,54 @@ def test_valid_size_controls_the_any_prefix_rate_sum_scores(scheme, corpus):
     assert first > high, f"{scheme} on {corpus}: first-crossing any-prefix rate {first:.4f} within the band"
 
 
-@pytest.mark.heavy  # ~50 s on 2 cores: 2,000 texts x 150 keys of align (one detector per text) and edit
+@pytest.mark.heavy  # ~25 s on 2 cores: ~1,000 texts x 150 keys of align (one detector per text) and edit
 @pytest.mark.parametrize("score,extra", [("align", {"randomness": "fixed", "key_length": 16}),
                                          ("edit", {"randomness": "window", "window": 1, "psi": 0.5})])
 def test_valid_size_controls_the_any_prefix_rate_permutation_scores(score, extra):
+    """The valid size's any-prefix rate is held to the bar of 2,000 texts and the 99% band (at most 0.4% chance
+    of failing a correct detector, at least 99.6% of failing a doubled rate), read 250 texts at a time by the
+    sequential check of tests/_t3_sequential.py (~1,000 texts on average instead of 2,000). The first crossing,
+    on the same texts, must lie above the band of as many texts."""
     # 64 tokens, grid 16, 32, 64 at level alpha / 3: 149 trials make 1 / 150 <= 0.02 / 3 reachable.
     spec = SchemeSpec.from_params({"sampler": "exponential", "score": score, "trials": 149, "alpha": ALPHA,
                                    **extra})
-    sequences = null_sequences("text", N_SEQUENCES, 64, VOCAB, seed=zlib.crc32(score.encode()))
-    first, valid = any_prefix_rates(spec, sequences, key_per_text=spec.randomness == "fixed")
-    _, high = binomial_band(N_SEQUENCES, ALPHA)
-    assert valid <= high, f"{score}: valid size's any-prefix FPR {valid:.4f} > {high:.4f}"
-    assert first > high, f"{score}: first-crossing any-prefix rate {first:.4f} within the band"
+    sequences = null_sequences("text", N_MAX, 64, VOCAB, seed=zlib.crc32(score.encode()))
+    per_text = spec.randomness == "fixed"
+    first_alarms = []
+
+    def valid_alarms(start: int, stop: int) -> int:
+        # one key per text (where needed) distinct over the run: prf(prf(KEY, start), i)
+        first, valid = any_prefix_rates(spec, sequences[start:stop], per_text, prf_int(KEY, start) if per_text else KEY)
+        first_alarms.append(round(first * (stop - start)))
+        return round(valid * (stop - start))
+
+    passed, alarms, read = sequential_false_alarms(valid_alarms)
+    assert passed, f"{score}: valid size's any-prefix FPR: {alarms} of {read} texts at alpha {ALPHA}"
+    _, high = binomial_band(read, ALPHA)
+    first = sum(first_alarms) / read
+    assert first > high, f"{score}: first-crossing any-prefix rate {first:.4f} within the band of {read} texts"
+
+
+def test_sequential_fpr_check_is_as_strict_as_the_fixed_2000_text_test():
+    """The sequential check fails a correct detector no more often, and a doubled false-positive rate no less
+    often, than the fixed test on 2,000 texts with the 99% band's upper end; and it reads half the texts."""
+    limit = round(binomial_band(N_SEQUENCES, ALPHA)[1] * N_SEQUENCES)
+    fixed_false_alarm = stats.binom.sf(limit, N_SEQUENCES, ALPHA)
+    fixed_power = stats.binom.sf(limit, N_SEQUENCES, 2 * ALPHA)
+    assert (limit, round(fixed_false_alarm, 4), round(fixed_power, 4)) == (57, 0.004, 0.9963)
+    assert NOMINAL == ALPHA
+    false_alarm, read_at_alpha = operating_characteristic(ALPHA)
+    power, _ = operating_characteristic(2 * ALPHA)
+    assert false_alarm <= fixed_false_alarm and power >= fixed_power, (false_alarm, power)
+    assert read_at_alpha < 0.5 * N_SEQUENCES, read_at_alpha
+    # The run itself: a count below the pass line stops at the first look where that line reaches it, one above
+    # the fail line at once; exactly 2% of every slice passes; the last look decides.
+    passes, fails = boundaries()
+    assert all(low < high for low, high in zip(passes[:-1], fails[:-1])) and passes[-1] == fails[-1] == FINAL
+    first_pass = LOOKS[next(k for k, low in enumerate(passes) if low >= 0)]
+    assert sequential_false_alarms(lambda start, stop: 0) == (True, 0, first_pass)
+    assert sequential_false_alarms(lambda start, stop: stop - start)[0] is False
+    assert sequential_false_alarms(lambda start, stop: stop // 50 - start // 50)[0] is True
 
 
 # ---------------------------------------------------------------------------------------------- power
