@@ -66,9 +66,9 @@ def test_no_decode_holds_more_rows_than_the_cap_or_one_batch(tiny, monkeypatch: 
     sizes: list[int] = []
     real = shared_decode.generate_batch
 
-    def spy(model_, tokenizer_, input_ids, processor, max_new_tokens):
+    def spy(model_, tokenizer_, input_ids, processor, max_new_tokens, settings=None):
         sizes.append(len(input_ids))
-        return real(model_, tokenizer_, input_ids, processor, max_new_tokens)
+        return real(model_, tokenizer_, input_ids, processor, max_new_tokens, settings)
 
     monkeypatch.setattr(shared_decode, "generate_batch", spy)
     generate_together(model, tokenizer, chats, factories(len(tokenizer)), 4, 2, 5, prompt_ids=ids)
