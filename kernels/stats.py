@@ -37,6 +37,7 @@ INVERSE_TRANSFORM = SAMPLER_CODES["inverse_transform"]
 BINARY = SAMPLER_CODES["binary"]
 REWEIGHT = SAMPLER_CODES["reweight"]
 TOURNAMENT = SAMPLER_CODES["tournament"]
+PERMUTE_FLIP = SAMPLER_CODES["permute_flip"]
 
 # Randomness-source codes.
 WINDOW = 1
@@ -140,6 +141,12 @@ def reweight_value(u, gamma):
 
 
 @register_jitable
+def permute_flip_value(u):
+    """Permute-and-flip: ``log r`` of the token's keyed uniform r (its noise -log r is Exp(1))."""
+    return np.log(u)
+
+
+@register_jitable
 def node_value(w, bit):
     """C3, one tree node: ``-log(1 - w)`` for branch 0, ``-log(w)`` for branch 1."""
     if bit == 0:
@@ -228,6 +235,8 @@ def token_statistic(kind, token, seed, gamma, rank, denominator, path_nodes, pat
         return exponential_value(u)
     if kind == REWEIGHT:
         return reweight_value(u, gamma)
+    if kind == PERMUTE_FLIP:
+        return permute_flip_value(u)
     return green_value(u, gamma)
 
 
@@ -245,7 +254,7 @@ def unit_count(kind, token, path_nodes):
 @register_jitable
 def token_unit(kind, token, seed, k, gamma, rank, denominator, path_nodes, path_bits):
     """Draw k of a token -> (unit id uint64, statistic float64), as the samplers' ``units``: id prf(r, T) for
-    C1/C4/reweighting, the seed r for C2, prf(r, NODE + m) for node m of C3."""
+    C1/C4/reweighting/permute-and-flip, the seed r for C2, prf(r, NODE + m) for node m of C3."""
     if kind == BINARY:
         node = path_nodes[token, k]
         h = prf(seed, np.uint64(node) + TAG_NODE)
@@ -259,6 +268,8 @@ def token_unit(kind, token, seed, k, gamma, rank, denominator, path_nodes, path_
         return h, exponential_value(unit(h))
     if kind == REWEIGHT:
         return h, reweight_value(unit(h), gamma)
+    if kind == PERMUTE_FLIP:
+        return h, permute_flip_value(unit(h))
     return h, green_value(unit(h), gamma)
 
 

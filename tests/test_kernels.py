@@ -55,6 +55,7 @@ SAMPLERS = {
     "binary_fixed": {"sampler": "binary", "binary_code": "fixed"},
     "distribution_shift": {"sampler": "distribution_shift", "delta": 2.0, "gamma": 0.3},
     "reweight": {"sampler": "reweight", "reweight_alpha": 0.3, "gamma": 0.3},
+    "permute_flip": {"sampler": "permute_flip"},
     "tournament": {"sampler": "tournament", "layers": 30},
     "tournament_decreasing": {"sampler": "tournament", "layers": 30, "layer_weights": "decreasing"},
 }

@@ -37,6 +37,7 @@ SAMPLER_PARAMS = {
     "binary": dict(sampler="binary"),
     "tournament": dict(sampler="tournament", layers=30),
     "reweight": dict(sampler="reweight", reweight_alpha=0.5),
+    "permute_flip": dict(sampler="permute_flip"),
 }
 # Representative randomness x score settings (constant randomness, short and longer windows, min-hash, a fixed key).
 SOURCE_PARAMS = {
@@ -55,6 +56,7 @@ EXTRA = {
     "distribution_shift": [dict(), dict(delta=4.0, gamma=0.25)],
     "tournament": [dict()],
     "reweight": [dict()],
+    "permute_flip": [dict(), dict(mask_repeated=True)],
 }
 
 

@@ -29,6 +29,7 @@ SAMPLER_PARAMS = {
     "inverse_transform": dict(sampler="inverse_transform"),
     "binary": dict(sampler="binary"),
     "reweight": dict(sampler="reweight", reweight_alpha=0.5),
+    "permute_flip": dict(sampler="permute_flip"),
 }
 SUM_SOURCES = [dict(randomness="window", window=0), dict(randomness="window", window=1),
                dict(randomness="window", window=3), dict(randomness="minhash", window=3),
@@ -43,11 +44,15 @@ def shares_randomness_across_texts(spec: SchemeSpec) -> bool:
     verdicts on different texts are correlated (a unigram's fate is the same everywhere), so the binomial band
     only applies over keys. Those cases get one key per text (slower: one detector per text)."""
     return spec.randomness == "fixed" or spec.window == 0 or (spec.randomness == "selfhash" and spec.window == 1)
-CONTINUOUS = ("exponential", "inverse_transform", "binary")
+CONTINUOUS = ("exponential", "inverse_transform", "binary", "permute_flip")
 # Reweighting's statistic is C4's Bernoulli green bit with the green list at the other end of the keyed order: the
 # constant-randomness and permutation-score nulls, slow (one detector per text, the DPs) and tested on C4, are not
 # repeated for it.
 SAME_NULL_AS_C4 = {"reweight"}
+# Permute-and-flip's statistic is log u where C1's is log(1 - u): u -> 1 - u maps the PRF's unit grid onto itself, so
+# under H0 every score of PF has exactly C1's law; those slow nulls are not repeated for it either.
+SAME_NULL_AS_C1 = {"permute_flip"}
+SLOW_NULLS_SHARED = SAME_NULL_AS_C4 | SAME_NULL_AS_C1
 
 
 def spec_of(sampler: str, source: dict, **extra) -> SchemeSpec:
@@ -80,7 +85,7 @@ def accepts(sampler: str, source: dict) -> bool:
 @pytest.mark.parametrize("corpus", ["random", "text", "repetitive"])
 @pytest.mark.parametrize("sampler,source", [pytest.param(a, s, id=f"{a}-{s['randomness']}{s['window']}")
                                             for a in SAMPLER_PARAMS for s in SUM_SOURCES if accepts(a, s)
-                                            and not (a in SAME_NULL_AS_C4 and s["window"] == 0)])
+                                            and not (a in SLOW_NULLS_SHARED and s["window"] == 0)])
 def test_false_positive_rate_sum_scores(sampler, source, corpus, length):
     spec = spec_of(sampler, source)
     rate = assert_fpr_under_band(spec, corpus, length, f"{sampler}{corpus}{length}")
@@ -96,7 +101,7 @@ def test_false_positive_rate_sum_scores(sampler, source, corpus, length):
 @pytest.mark.parametrize("sampler,source", [
     pytest.param(a, s, id=f"{a}-{s['score']}-{s['randomness']}{s.get('key_length', s.get('window'))}")
     for a in SAMPLER_PARAMS for s in EMPIRICAL_SOURCES
-    if accepts(a, s) and a not in SAME_NULL_AS_C4])
+    if accepts(a, s) and a not in SLOW_NULLS_SHARED])
 def test_false_positive_rate_permutation_scores(sampler, source, corpus, length):
     assert_fpr_under_band(spec_of(sampler, source), corpus, length, f"{sampler}{corpus}{length}{source}")
 

@@ -162,6 +162,32 @@ class ReweightPart(SamplerPart):
 
 
 
+# ---------------------------------------------------------------- beyond the paper: permute-and-flip (PF)
+class PermuteFlipPart(SamplerPart):
+    """Permute-and-flip decoding (Zhao, Li & Wang, ICLR 2025; MarkLLM's "PF"): ``argmax_i log p_i - log r_i``
+    with keyed uniforms r_i, i.e. the PF decoder with keyed noise. Distortion-free over keys with respect to the
+    PF decoder's own law, not softmax sampling (PF favours likelier tokens), hence ``distortion_free = False``
+    and no ``skip_prob`` (a skipped token would be drawn from the softmax). Its per-token statistic ``log r`` is
+    -Exp(1) under H0, as C1's."""
+
+    name = "permute_flip"
+    label = "Permute-and-flip (PF)"
+    implementation = "mmw.watermark.samplers.permute_flip"
+    distortion_free = False
+    pivot = "exp_up"
+    candidate_seeds = True
+    # mask_repeated: as C1 (PF is deterministic given the seed, so a repeated context repeats its token and can
+    # loop); a masked row is drawn by the unwatermarked PF decoder (``PermuteFlip.choose_or_plain``).
+    scheme_keys = (Unused("skip_prob", "by the permute-and-flip sampler (a skipped token would be drawn from the "
+                          "softmax, not from PF's law)"),
+                   Key("mask_repeated", generation_only=True))
+    refuses = ExponentialPart.refuses
+
+    @classmethod
+    def history_size(cls, spec: SchemeValues) -> int:
+        return REPEATED_CONTEXT_HISTORY if spec.mask_repeated else 0
+
+
 # ---------------------------------------------------------------------------------------------- tournament
 #: The most tournament layers the kernels support: layer l's g-value is bit 63 - l of one 64-bit PRF output.
 MAX_LAYERS = 64
@@ -236,7 +262,8 @@ class PluginPart(SamplerPart):
 
 #: The watermarking samplers, in the paper's order: the values of the scheme's ``sampler``.
 WATERMARKING: tuple[type[SamplerPart], ...] = (DistributionShiftPart, ExponentialPart, InverseTransformPart,
-                                               BinaryPart, ReweightPart, TournamentPart, PluginPart)
+                                               BinaryPart, ReweightPart, TournamentPart, PermuteFlipPart,
+                                               PluginPart)
 #: Every sampler's declaration by name, plain sampling (``none``) included.
 DECLARED: dict[str, type[SamplerPart]] = {cls.name: cls for cls in (*WATERMARKING, PlainPart)}
 #: The code each sampler with a kernel statistic has in the numba kernels (``mmw.kernels.stats`` branches on it): 1, 2,
