@@ -246,3 +246,24 @@ def test_the_round_runs_the_declared_open_cells_in_order() -> None:
     assert [(r["config_id"], r["min_tamper_resistance"]) for r, _ in found] == [("a", 0.0)]
     judged, _ = _judged(1.0)
     assert extension_candidates(judged, extension) == []  # judged in this round: nothing left to run
+
+
+def test_the_plan_shows_a_declared_cell_as_its_round_until_the_round_judges_it() -> None:
+    from mmw.sweep.plan import with_declared_rounds
+
+    confirmation = _confirmation()
+    table, _ = _judged(None)
+    table = table.with_columns(pl.lit(None, dtype=pl.String).alias("round"))
+    plan = pl.DataFrame({"temperature": [0.7, 0.7], "family": ["distribution_shift"] * 2, "quality_prompts": [None, None],
+                         "max_quality_loss": [0.1, 0.1], "min_tamper_resistance": [0.2, 0.0], "k": [None, None],
+                         "prompts_per_task": [None, None], "resolvable": [False, False], "note": [CANNOT, CANNOT],
+                         "cpu_s": [None, None], "h100_hours": [None, None]},
+                        schema_overrides={"k": pl.Int64, "prompts_per_task": pl.Int64, "cpu_s": pl.Float64, "quality_prompts": pl.Float64,
+                                          "h100_hours": pl.Float64})
+    shown = with_declared_rounds(plan, table, confirmation, 1, (10.0, 1.0))
+    declared = shown.filter(pl.col("min_tamper_resistance") == 0.0).row(0, named=True)
+    assert (declared["k"], declared["prompts_per_task"], declared["cpu_s"]) == (2, 150, 2 * (10 + 150))
+    assert declared["note"].startswith("round 3: 150 per task, K = 2")
+    assert shown.filter(pl.col("min_tamper_resistance") == 0.2)["note"].to_list() == [CANNOT]  # not declared
+    judged = with_declared_rounds(plan, table.with_columns(pl.lit("round 3").alias("round")), confirmation, 1, None)
+    assert judged["note"].to_list() == [CANNOT, CANNOT]

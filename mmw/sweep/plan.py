@@ -363,8 +363,41 @@ def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Dat
             if per_task is not None:
                 walls.append((per_task * tasks, float(row["wall_s"])))
     model = run_time_model(results, walls, tuning * tasks)
-    return plan_table(table, k, tasks, share, model, min_confirm_prompts(attack_fraction(results, share), tasks) or 1,
+    plan = plan_table(table, k, tasks, share, model, min_confirm_prompts(attack_fraction(results, share), tasks) or 1,
                       confirmation.per_try, available_prompts(results, next_offset(confirmation)))
+    return with_declared_rounds(plan, table, confirmation, tasks, model)
+
+
+def with_declared_rounds(plan: pl.DataFrame, table: pl.DataFrame, confirmation: Confirmation, tasks: int,
+                         model: tuple[float, float] | None) -> pl.DataFrame:
+    """The plan with each cell that a later round (``confirm.extend``) declares but has not judged yet shown as
+    that round's: its runs per prompt, prompts per task, their cost on this machine, and a note naming the round
+    (its runs are what resolves the cell next, not a new plan)."""
+    if not confirmation.extend or plan.height == 0:
+        return plan
+    judged = {}
+    if "round" in table.columns:
+        judged = {(r["temperature"], r["family"], r["max_quality_loss"], r["min_tamper_resistance"]): r["round"]
+                  for r in table.iter_rows(named=True)}
+    judged_k = {(r["temperature"], r["family"], r["max_quality_loss"], r["min_tamper_resistance"]): r.get("k")
+                for r in table.iter_rows(named=True)}
+    rows = plan.to_dicts()
+    for row in rows:
+        key = (row["temperature"], row["family"], row["max_quality_loss"], row["min_tamper_resistance"])
+        for extension in confirmation.extend:
+            cell = extension.cell(row["temperature"], row["family"], row["min_tamper_resistance"])
+            if cell is None or judged.get(key) == extension.name:
+                continue
+            prompts = cell.prompts * tasks
+            if row["k"] is None and row["quality_prompts"] is not None and math.isfinite(row["quality_prompts"]):
+                k_now = judged_k.get(key) or GENERATION_K  # no K fitted: the need is at the measured K; at the round's
+                row["quality_prompts"] = max(row["quality_prompts"] * relative_variance(cell.k, k_now), 1.0)
+            row.update(k=cell.k, prompts_per_task=cell.prompts, resolvable=None,
+                       note=f"{extension.name}: {cell.prompts} per task, K = {cell.k} (its runs pending)",
+                       cpu_s=None if model is None else cell.k * (model[0] + model[1] * prompts),
+                       h100_hours=cell.k * (GPU_CONFIG_S + GPU_BASELINE_S) * prompts / GPU_PROMPTS / 3600)
+            break
+    return pl.DataFrame(rows, schema=plan.schema)
 
 
 def next_offset(confirmation: Confirmation) -> int:
