@@ -25,8 +25,10 @@ The GPU image has no polars: ``generate_batch`` does not use it, so a placeholde
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -328,7 +330,24 @@ def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dic
     result["step"] = dict(batch=batch, vocab=VOCAB, calls=calls, rows=rows, tokens_agree=agree)
 
 
-def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of ``values``: the order statistics of 0-based ranks k and
+    n-1-k, with k the largest rank whose binomial(n, 1/2) tail P(B <= k) is at most (1 - level) / 2, so the
+    interval holds the median with probability >= level (no normal assumption about host-bound walls). With too
+    few values for any such k, the range."""
+    xs = sorted(values)
+    n = len(xs)
+    tail, k = 0.0, -1
+    while True:
+        tail += math.comb(n, k + 1) / 2**n
+        if tail > (1 - level) / 2:
+            break
+        k += 1
+    k = max(k, 0)
+    return xs[k], xs[n - 1 - k]
+
+
+def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: str = "") -> None:
     model, cfg = build_model(32, 4096, "cuda", "llama3-8b")
     tok = word_tokenizer(cfg.vocab_size)
     torch.manual_seed(batch)
@@ -372,6 +391,9 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
         "generate: tournament before": (False, spec(), KEY_BEFORE),
         "generate: tournament after": (False, spec(), KEY),
     }
+    if only:  # one path's after configurations and that path's baseline: more rounds in the same time
+        path = {"graph": "graph loop", "generate": "generate"}[only]
+        configs = {n: a for n, a in configs.items() if n.split(":")[0] == path and "before" not in n}
     walls = {}
     for name, args in configs.items():
         t0 = time.perf_counter()
@@ -383,7 +405,14 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
         for name, args in configs.items():
             timed = name.startswith("graph loop")
             graph_decode.STEP_EVENTS = [] if timed else None
-            walls[name].append(run(*args))
+            # transformers' generate is host-bound at this batch: a collection pause inside a timed run moves its
+            # wall by whole steps, so the collector runs between runs, never inside one.
+            gc.collect()
+            gc.disable()
+            try:
+                walls[name].append(run(*args))
+            finally:
+                gc.enable()
             if timed:
                 sync()
                 ms = [s.elapsed_time(e) for s, e in graph_decode.STEP_EVENTS[4:]]
@@ -395,8 +424,10 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
     for name, w in walls.items():
         base = walls[baselines[name.split(":")[0]]]
         ratios = [b / x for b, x in zip(base, w)]
+        lo, hi = median_interval(ratios)
         rows[name] = dict(walls_s=w, wall_median_s=statistics.median(w), ratio_rounds=ratios,
                           ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
+                          ratio_median_ci95=[lo, hi],
                           step_ms_median=1e3 * statistics.median(w) / new_tokens,
                           gpu_ms_per_step_rounds=gpu_ms.get(name))
     result["decode"] = dict(batch=batch, new_tokens=new_tokens, prompt_len=64, rounds=rounds, rows=rows)
@@ -405,13 +436,16 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict) -> None:
     for name, row in rows.items():
         gpu = row["gpu_ms_per_step_rounds"]
         print(f"{name:32s} wall {row['wall_median_s']:6.3f} s  x{row['ratio_median']:.3f} "
-              f"[{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]  {row['step_ms_median']:6.2f} ms/step"
+              f"[{row['ratio_min']:.3f}, {row['ratio_max']:.3f}] median CI95 [{row['ratio_median_ci95'][0]:.3f}, "
+              f"{row['ratio_median_ci95'][1]:.3f}]  {row['step_ms_median']:6.2f} ms/step"
               + (f"  GPU {statistics.median(gpu):6.2f} ms/step {[round(g, 2) for g in gpu]}" if gpu else ""),
               flush=True)
 
 
 def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, new_tokens: int = 128, rounds: int = 3,
-         calls: int = 30, before: str = "histogram") -> None:
+         calls: int = 30, before: str = "histogram", decode_only: str = "") -> None:
+    """``--decode-only graph|generate``: the decode part's configurations on that path only, after sampler only
+    (with that path's baseline), for more rounds in the same time."""
     global BEFORE
     if before not in ("layer", "histogram"):
         raise typer.BadParameter(f"unknown {before!r}; allowed: layer, histogram", param_hint="--before")
@@ -440,8 +474,10 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
     if "step" in parts:
         step_part(batch, calls, rounds, out_dir, result)
         save()
+    if decode_only not in ("", "graph", "generate"):
+        raise typer.BadParameter(f"unknown {decode_only!r}; allowed: graph, generate", param_hint="--decode-only")
     if "decode" in parts:
-        decode_part(batch, new_tokens, rounds, result)
+        decode_part(batch, new_tokens, rounds, result, decode_only)
         save()
 
 
