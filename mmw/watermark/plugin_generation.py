@@ -14,12 +14,16 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from transformers import LogitsProcessor
 
-from mmw.watermark import prf
 from mmw.errors import SpecError
+from mmw.watermark import prf
 from mmw.watermark.plugins import plugin_params
-from mmw.watermark.processor import WatermarkProcessor, choice_logits, entropies, row_state
+from mmw.watermark.processor import (
+    RecordingLogitsProcessor,
+    choice_logits,
+    entropies,
+    row_state,
+)
 from mmw.watermark.samplers.base import inverse_cdf
 from mmw.watermark.scheme import SchemeSpec
 
@@ -27,7 +31,7 @@ from mmw.watermark.scheme import SchemeSpec
 PREFLIGHT_ROWS, PREFLIGHT_PROMPT, PREFLIGHT_STEPS = 2, 8, 3
 
 
-class PluginProcessor(LogitsProcessor):
+class PluginProcessor(RecordingLogitsProcessor):
     """mmw's recording processor around a plugin's: one batch of rows (``row_seeds``), as ``WatermarkProcessor``.
 
     Returns logits that are -inf except at the chosen token (the engine decodes greedily over them)."""
@@ -35,13 +39,12 @@ class PluginProcessor(LogitsProcessor):
     def __init__(self, spec: SchemeSpec, key: int, vocab_size: int, row_seeds: Sequence[int], temperature: float):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        super().__init__()
         plugin, params = plugin_params(spec)
         self.name, self.vocab_size, self.temperature = spec.plugin, vocab_size, float(temperature)
         self.inner = plugin.processor(params, key, vocab_size, self.temperature, [int(s) for s in row_seeds])
         self.sample_base = row_state(None, row_seeds)["sample_base"]
         self.steps: torch.Tensor | None = None
-        self.entropy: list[torch.Tensor] = []
-        self.spike_entropy: list[torch.Tensor] = []
 
     def _check(self, out: object, shape: torch.Size) -> torch.Tensor:
         setting = f"scheme.plugin ({self.name})"
@@ -72,28 +75,6 @@ class PluginProcessor(LogitsProcessor):
             chosen = inverse_cdf(torch.softmax(out.to(torch.float64), dim=-1), u)
         self.steps += 1
         return choice_logits(scores, chosen)
-
-    def _mean_over(self, per_step: list[torch.Tensor], lengths: Sequence[int]) -> np.ndarray:
-        if not per_step:
-            return np.full(len(lengths), np.nan)
-        table = torch.stack(per_step, dim=1).cpu().numpy()
-        return np.array([table[i, :n].mean() if n > 0 else np.nan for i, n in enumerate(lengths)])
-
-    def mean_entropy(self, lengths: Sequence[int]) -> np.ndarray:
-        return self._mean_over(self.entropy, lengths)
-
-    def mean_spike_entropy(self, lengths: Sequence[int]) -> np.ndarray:
-        return self._mean_over(self.spike_entropy, lengths)
-
-
-def build_processor(spec: SchemeSpec | None, key: int | None, vocab_size: int, row_seeds: Sequence[int],
-                    temperature: float, compiled: bool | None = None,
-                    compile_mode: str | None = None) -> WatermarkProcessor | PluginProcessor:
-    """The processor of one batch: mmw's own (spec None: plain sampling; ``compiled``/``compile_mode`` from params
-    ``engine``, as ``WatermarkProcessor`` takes them) or a plugin's."""
-    if spec is not None and spec.sampler == "plugin":
-        return PluginProcessor(spec, key, vocab_size, row_seeds, temperature)
-    return WatermarkProcessor(spec, key, vocab_size, row_seeds, temperature, compiled, compile_mode)
 
 
 def preflight(spec: SchemeSpec, key: int, vocab_size: int, temperature: float) -> None:
