@@ -334,7 +334,7 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
     """A distribution-free interval for the median of ``values``: the order statistics of 0-based ranks k and
     n-1-k, with k the largest rank whose binomial(n, 1/2) tail P(B <= k) is at most (1 - level) / 2, so the
     interval holds the median with probability >= level (no normal assumption about host-bound walls). With too
-    few values for any such k, the range."""
+    few values for any such k, the range. Written out because the GPU image has no scipy (binom.ppf there)."""
     xs = sorted(values)
     n = len(xs)
     tail, k = 0.0, -1
@@ -450,6 +450,8 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
     if before not in ("layer", "histogram"):
         raise typer.BadParameter(f"unknown {before!r}; allowed: layer, histogram", param_hint="--before")
     BEFORE = LayerByLayer if before == "layer" else ThreeHistograms
+    if decode_only not in ("", "graph", "generate"):
+        raise typer.BadParameter(f"unknown {decode_only!r}; allowed: graph, generate", param_hint="--decode-only")
     unknown = set(parts.split(",")) - {"kernels", "step", "decode"}
     if unknown:
         raise typer.BadParameter(f"unknown part(s) {sorted(unknown)}; allowed: kernels, step, decode",
@@ -474,8 +476,6 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
     if "step" in parts:
         step_part(batch, calls, rounds, out_dir, result)
         save()
-    if decode_only not in ("", "graph", "generate"):
-        raise typer.BadParameter(f"unknown {decode_only!r}; allowed: graph, generate", param_hint="--decode-only")
     if "decode" in parts:
         decode_part(batch, new_tokens, rounds, result, decode_only)
         save()
