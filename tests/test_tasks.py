@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
+import json
 import re
 
 import polars as pl
@@ -15,6 +17,9 @@ from mmw.errors import SpecError
 from mmw.tasks import DATA_DIR, build_prompts, render_chat
 
 ALL_TASKS = ["book_report", "story", "fake_news"]
+#: Each core task's pool: the paper's prompts (ids 0 .. paper - 1), then the ones written for mmw.
+PAPER = {"book_report": 100, "story": 96, "fake_news": 100}
+POOL = {"book_report": 350, "story": 354, "fake_news": 350}
 
 
 def read_column(file: str, column: str) -> list[str]:
@@ -27,51 +32,59 @@ def full():
     return build_prompts(ALL_TASKS, None)
 
 
-def test_counts_are_the_papers(full):
+def test_counts_are_the_papers_lists_extended_to_350(full):
     counts = dict(full.group_by("task").len().iter_rows())
-    assert counts == {"book_report": 100, "story": 96, "fake_news": 100}
-    assert full.height == 296
-    assert full["prompt_id"].n_unique() == 296
-    assert full["prompt"].n_unique() == 296
+    assert counts == POOL and all(size >= 350 for size in counts.values())
+    assert full.height == sum(POOL.values())
+    assert full["prompt_id"].n_unique() == full.height
+    assert full["prompt"].n_unique() == full.height  # distinct prompts, within and across tasks
 
 
 def test_book_report_prompts_name_each_book_and_its_author(full):
     books = full.filter(task="book_report")["prompt"].to_list()
-    with (DATA_DIR / "books.csv").open(newline="", encoding="utf-8") as fh:
-        expected = {f"Write a book report about {r['title']}, written by {r['author']}." for r in csv.DictReader(fh)}
-    assert set(books) == expected
-    assert len({b.split(", written by ")[0] for b in books}) == 100  # 100 distinct titles
+    rows = [list(csv.DictReader((DATA_DIR / f).open(newline="", encoding="utf-8")))
+            for f in ("books.csv", "books_extra.csv")]
+    assert [len(r) for r in rows] == [100, 250]
+    assert books == [f"Write a book report about {r['title']}, written by {r['author']}." for r in rows[0] + rows[1]]
+    assert len({b.split(", written by ")[0].lower() for b in books}) == 350  # 350 distinct titles
 
 
 def test_story_prompts_cover_every_tone_topic_pair_once(full):
     stories = full.filter(task="story")["prompt"].to_list()
     tones, topics = read_column("tones.csv", "tone"), read_column("topics.csv", "topic")
-    assert len(tones) == 6 and "none" in tones and len(topics) == 16
-    pairs = set()
+    extra = read_column("topics_extra.csv", "topic")
+    assert len(tones) == 6 and "none" in tones and len(topics) == 16 and len(extra) == 43
+    pairs = []
     for prompt in stories:
         match = re.fullmatch(r"Write a (?:(\w+) )?story about (.+)\.", prompt)
         assert match, prompt
-        pairs.add((match.group(1) or "none", match.group(2)))
-    assert pairs == set(itertools.product(tones, topics))
+        pairs.append((match.group(1) or "none", match.group(2)))
+    # The paper's 96 first, in its order; then every tone with each added topic.
+    assert pairs == list(itertools.product(tones, topics)) + list(itertools.product(tones, extra))
     assert "Write a none story" not in " ".join(stories)
 
 
 def test_fake_news_prompts_are_ordered_pairs_of_distinct_leaders_in_a_location(full):
     news = full.filter(task="fake_news")["prompt"].to_list()
     leaders, places = set(read_column("leaders.csv", "leader")), set(read_column("locations.csv", "location"))
-    assert len(leaders) == 8 and len(places) == 4
+    added = set(read_column("locations_extra.csv", "location"))
+    assert len(leaders) == 8 and len(places) == 4 and len(added) == 3 and not places & added
     seen = []
     for prompt in news:
         match = re.fullmatch(r"Write a news article about (.+)'s visit to (.+) in (.+)\.", prompt)
         assert match, prompt
         visitor, host, place = match.groups()
-        assert visitor in leaders and host in leaders and visitor != host and place in places
+        assert visitor in leaders and host in leaders and visitor != host and place in places | added
         seen.append((visitor, host, place))
-    assert len(set(seen)) == 100
-    # The cap of 100 (of 224) still uses everyone on both sides, every place, and both directions of some pair.
-    assert {v for v, _, _ in seen} == leaders and {h for _, h, _ in seen} == leaders
-    assert {p for _, _, p in seen} == places
-    pairs = {(v, h) for v, h, _ in seen}
+    assert len(set(seen)) == 350  # of 56 pairs x 7 places = 392
+    paper, extra = seen[:100], seen[100:]
+    # The paper's cap of 100 (of 224) uses its places only, everyone on both sides, every place, and both
+    # directions of some pair; the 250 added keep everyone on both sides and reach every place.
+    assert {p for _, _, p in paper} == places
+    for part, where in ((paper, places), (extra, places | added)):
+        assert {v for v, _, _ in part} == leaders and {h for _, h, _ in part} == leaders
+        assert {p for _, _, p in part} == where
+    pairs = {(v, h) for v, h, _ in paper}
     assert any((h, v) in pairs for v, h in pairs)
 
 
@@ -103,7 +116,66 @@ def test_subset_is_deterministic_nested_spread_and_keeps_full_ids(full):
 
 
 def test_per_task_above_the_task_size_keeps_everything():
-    assert build_prompts(["story"], 500).height == 96
+    assert build_prompts(["story"], 500).height == 354
+
+
+# Ranges (per_task, offset) and the sha256 (first 12 hex digits) of their [(prompt_id, prompt), ...] as JSON,
+# computed before the task pools were extended (mmw/tasks.py as of 78ff905): every range inside the paper's pool
+# (per_task + offset <= 100, 96 for story) must keep its prompt ids and texts, so that committed tuning and
+# confirmation ranges (and the default run's data/prompts.parquet) keep their prompts.
+PINNED_RANGES = [(1, 0), (2, 0), (4, 0), (5, 0), (8, 0), (9, 0), (20, 0), (32, 0), (64, 0), (16, 1), (4, 4), (5, 4),
+                 (8, 8), (64, 32), (32, 64), (53, 17), (79, 17), (95, 1), (50, 46), (1, 95), (96, 0), (99, 1),
+                 (100, 0), (4, 96)]
+PINNED = {
+    ("book_report", 100): "56ada31890e7 fb1476262413 8f50f3c425db b5a044e205f5 372a64b75c2a 7535f85bc6c9 "
+    "2b01b9cc1d21 fcf15f68b897 51cd1d572308 d8b4d0229127 27538bc8e7e1 2996c73cdc65 150411649f67 6a2b1c42ddc3 "
+    "3da98d733cc1 72a24e41d61d 2f083c0f757c 0d08868463b8 4ed94ef74ea0 5d59280db286 11926cb95303 3be88ec88589 "
+    "3e9435099981 93197343c244",
+    ("story", 96): "7b9632968d0a a28e2631397a aacd8c082f2b cf1a82b2eab9 3577925d1753 66ed87c80661 8ba99d108094 "
+    "24ee254d73f7 013c666971ac 71b38252ee18 303559bb2ecb 7e4d1d10b210 aeb7a2e321b4 a541f942c9d9 99ab263ddfd0 "
+    "c8cf0dd461b6 60fdc7a35f15 d0b9c664d1e4 24d73d19c0d8 8301e634d86c 95121486871e",
+    ("fake_news", 100): "5e31f5add7a6 189d4ab1504a b8bab7123b55 69024e7549dc 1d10c58f8f9a eac7ed4abe74 "
+    "cf073bd6e9ab c13e51ebb70c eeb0ea9cfdb8 cd5180f78d67 6955d6ba556a 2e86af564da2 19ab86f1b504 a02359dad865 "
+    "0063d9355eac be07f55aec43 41dac69e1d80 c8dca487af6e 85f67a3c6aa1 cfa5d0599a4c 9946e302fc7c 78ced080756b "
+    "619d576ca398 047261c1c8fa",
+    ("book_report_fr", 100): "812120df9a5b 12694b914332 df4e299a6cfd 2beb73cbbfcb 0a5dda3a0943 d7dca2fdd696 "
+    "622d0237e5ad b252109734cd 8268c3ae0b3a 214741a51241 1d03b1aa58eb 549c9025da44 cf7a18c633ac 7aefda817dfe "
+    "2f81aec62cec d78582d353b4 dfaa96187483 8bd1cfff18f1 c85faa2ee3f9 390ab70480e7 daadaec93669 cbd9e42f0cdc "
+    "2179e77ccc22 95cc5d8912e9",
+}
+
+
+def range_digest(frame: pl.DataFrame) -> str:
+    rows = list(zip(frame["prompt_id"].to_list(), frame["prompt"].to_list(), strict=True))
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()[:12]
+
+
+@pytest.mark.parametrize(("task", "paper"), list(PINNED))
+def test_ranges_inside_the_papers_pool_keep_their_prompts(task, paper):
+    ranges = [(per_task, offset) for per_task, offset in PINNED_RANGES if per_task + offset <= paper]
+    got = [range_digest(build_prompts([task], per_task, offset=offset)) for per_task, offset in ranges]
+    assert dict(zip(ranges, got, strict=True)) == dict(zip(ranges, PINNED[task, paper].split(), strict=True))
+
+
+def test_the_extension_follows_the_papers_prompts_and_ranges_stay_disjoint(full):
+    from mmw.tasks import subset_indices, subset_order
+
+    for task, paper in PAPER.items():
+        size = POOL[task]
+        # The order: the paper's permutation unchanged, then the added prompts.
+        order = subset_order(size, paper)
+        assert order[:paper] == subset_order(paper) and sorted(order[paper:]) == list(range(paper, size))
+        assert subset_indices(size, paper, 0, paper) == list(range(paper))
+        # Tuning, first confirmation and later rounds (as the sweeps lay them out) are disjoint; past the paper's
+        # pool they take only added prompts, and together they cover the task.
+        tuning, first = build_prompts([task], 32), build_prompts([task], 64, offset=32)
+        later = build_prompts([task], size - 96, offset=96)
+        assert later.height == size - 96 >= 250
+        sets = [set(frame["prompt_id"]) for frame in (tuning, first, later)]
+        assert all(a.isdisjoint(b) for a, b in itertools.combinations(sets, 2))
+        assert set.union(*sets) == set(full.filter(task=task)["prompt_id"])
+        beyond = build_prompts([task], 200, offset=paper)["prompt_id"].str.slice(-3).cast(int)
+        assert beyond.min() >= paper and beyond.len() == 200
 
 
 @pytest.mark.parametrize(
@@ -200,7 +272,7 @@ def test_v1_prompts_follow_the_papers_wording():
 
 def test_v2_is_the_core_book_list_in_french():
     french = build_prompts(["book_report_fr"], None)["prompt"].to_list()
-    english = build_prompts(["book_report"], None)["prompt"].to_list()
+    english = build_prompts(["book_report"], None)["prompt"].to_list()[:100]  # the paper's books only
     for fr, en in zip(french, english, strict=True):
         title, author = re.fullmatch(r"Write a book report about (.+), written by (.+)\.", en).groups()
         assert fr == f"Écris un résumé détaillé de {title}, écrit par {author}."
