@@ -88,6 +88,11 @@ def _stage(module: str, *args: Any) -> None:
 def main() -> None:
     """The ``mmw`` script and ``python -m mmw``: the app, in a process of its own."""
     global _OWN_PROCESS
+    if os.environ.get("MMW_PREFORK") == "1":  # a stage in a warm copy of a server (mmw.prefork), if one serves
+        from mmw import prefork
+
+        if prefork.enabled(sys.argv) and (code := prefork.forward(sys.argv)) is not None:
+            sys.exit(code)
     _OWN_PROCESS = True
     app(prog_name="mmw")
 

@@ -22,6 +22,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     if "torch" in sys.modules:  # a plugin loaded it first: the environment came too late for this process
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# The stage processes the tests' real pipelines start (DVC runs, sweeps, kills) run as warm copies of a server that
+# has torch, transformers, numba and scipy imported (mmw.prefork): ~6 s less a stage on the 2-core machine. The
+# shared tiny pipeline run (tests/pipeline_repo.py: traced, PYTHONPATH set) and the fault injection run plain stage
+# processes, and tests/test_prefork.py holds a run through the server equal to the plain one byte for byte. An idle
+# server ends after a minute.
+os.environ.setdefault("MMW_PREFORK", "1")
+os.environ.setdefault("MMW_PREFORK_IDLE", "60")
+
 # Research code that is no part of the library (the sweep's simulation study, bench/sweep_simulation.py) lives in
 # bench/; its tests import it from there.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
