@@ -1,5 +1,5 @@
 """The whole params board, checked at once: every section (``mmw.params``) plus the checks that need a consumer's
-code (task names, attack specs, quality measures, installed embedded models).
+code (task names and prompt ranges, attack specs, quality measures, installed embedded models).
 
 The ``key`` stage runs this first on every ``dvc repro``, so a typo anywhere on the board fails in seconds; the
 other stages validate only the sections they read (their DVC ``params:``) and run their own consumer checks.
@@ -18,7 +18,7 @@ from mmw.params import DEFAULT_PARAMS, Params, check_task_names, parse_params, r
 from mmw.quality.params import LowEntropyParams, QualityParams
 from mmw.quality.registry import check_metric_names
 from mmw.watermark.scheme import SchemeSpec
-from mmw.tasks import ALL_TASKS
+from mmw.tasks import ALL_TASKS, check_range
 
 
 def _model_installed(value: str, key: str) -> None:
@@ -35,6 +35,7 @@ def check_board(raw: Any) -> Params:
     params = parse_params(raw, models={"scheme": SchemeSpec, "low_entropy": LowEntropyParams,
                                        "quality": QualityParams})
     check_task_names(params.prompts.tasks, ALL_TASKS)
+    check_range(params.prompts.tasks, params.prompts.per_task, params.prompts.offset, params.prompts.pool)
     build_attacks(params.attacks.specs)
     check_metric_names(params.quality.metrics)
     _model_installed(params.model.name, "model.name")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
 
 import yaml
 
@@ -29,6 +29,11 @@ from mmw.model_fields import (  # noqa: F401  (some re-exported: callers read th
     DETECT_DEVICES, DEVICES, DTYPES, MODEL_SPECS, RATE_MODES, CompileMode, DecodeAttention, DetectDevice, Device,
     Dtype, Engine, JudgeBackend, ModelName, RateMode, choices)
 from mmw.validation import Integer, Section, allowed, validate
+
+#: ``prompts.pool``: which prompts the core tasks (book_report, story, fake_news) draw from. ``paper``: the paper's
+#: lists only (100 / 96 / 100); ``extended``: those first, then the ones written for mmw (350 / 354 / 350;
+#: mmw.tasks). A range inside the paper's pool is the same prompts in both.
+PromptPool = Literal["paper", "extended"]
 
 if TYPE_CHECKING:
     from mmw.quality.params import LowEntropyParams, QualityParams
@@ -54,7 +59,7 @@ class ModelParams(Section):
 
 
 class PromptParams(Section):
-    """``per_task`` None = every prompt of each task."""
+    """``per_task`` None = every prompt of each task (of its ``pool``)."""
 
     # The names are checked by their consumer, mmw.tasks.build_prompts (and mmw.board for the whole board).
     tasks: list[str] = allowed("a non-empty list of task names (mmw.tasks.TASKS)", min_length=1)
@@ -62,6 +67,9 @@ class PromptParams(Section):
     # Skips the first ``offset`` prompts of each task's selection order: disjoint [offset, offset + per_task)
     # ranges are disjoint prompt sets (a sweep's tuning and confirmation prompts).
     offset: Integer = allowed("an integer >= 0", ge=0, default=0)
+    # The core tasks' prompts: the paper's only (the default: per_task null is the paper's 296), or extended by
+    # mmw's. A range past the pool fails (mmw.tasks.check_range) rather than shrink.
+    pool: PromptPool = allowed(choices(PromptPool), default="paper")
 
 
 class AttackParams(Section):

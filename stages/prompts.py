@@ -18,7 +18,8 @@ def run(params_path: Path) -> None:
     with timed("prompts") as info:
         params = load_params(params_path, ("prompts", "model"))
         check_task_names(params.prompts.tasks, ALL_TASKS)  # before the tokenizer loads
-        prompts = build_prompts(params.prompts.tasks, params.prompts.per_task, offset=params.prompts.offset)
+        prompts = build_prompts(params.prompts.tasks, params.prompts.per_task, offset=params.prompts.offset,
+                                pool=params.prompts.pool)
         tokenizer, _ = load_generator_vocabulary(params.model)
         table = prompts.with_columns(pl.Series("chat", render_chat(tokenizer, prompts["prompt"].to_list()),
                                                dtype=pl.String))

@@ -429,24 +429,40 @@ def test_a_plan_beyond_the_pool_or_below_the_floor_is_refused(tmp_path: Path) ->
 
     repo = Path(__file__).resolve().parents[1]
     runner = CliRunner()
-    # small-confirmed confirms on prompts [1, 17) of book_report (100), story (96) and fake_news (100).
+    # small-confirmed tunes on the paper pool (100 / 96 / 100) and confirms on prompts [1, 17); a later round past
+    # the paper's prompts runs on the extended pool (350 / 354 / 350: mmw.sweep.units.held_out), so the request is
+    # checked against that one, and the error names it.
     result = runner.invoke(app, ["sweep", "plan", "small-confirmed", "--repo", str(repo), "--out", str(tmp_path),
-                                 "--prompts", "96"])
+                                 "--prompts", "350"])
     assert result.exit_code == 2
     error = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert error == ["error: --prompts: 96 per task from prompt 1: task story holds 96 prompts; allowed: at most 95 "
-                     "per task"]
+    assert error == [("error: --prompts: 350 per task from prompt 1: task book_report holds 350 prompts in the "
+                      "extended pool; allowed: at most 349 per task")]
+    # Past the paper pool (story holds 96) but inside the extended one: no pool error (here: nothing collected in
+    # tmp_path, exit 2 naming that).
+    result = runner.invoke(app, ["sweep", "plan", "small-confirmed", "--repo", str(repo), "--out", str(tmp_path),
+                                 "--prompts", "96"])
+    assert result.exit_code == 2 and "holds" not in result.output
+    assert "mmw sweep collect small-confirmed first" in result.output
+    # Checked against the paper pool, the same request names that pool and its smallest task.
+    from mmw.sweep.plan import check_request
+    from mmw.tasks import pool_sizes
+
+    with pytest.raises(SpecError) as caught:
+        check_request(96, 1, pool_sizes(["book_report", "story", "fake_news"], "paper"), pool="paper")
+    assert str(caught.value) == ("--prompts: 96 per task from prompt 1: task story holds 96 prompts in the paper "
+                                 "pool; allowed: at most 95 per task")
     # A margin of 2 points over 0.9 x 100: floor ceil(log 40 / log(1 + 2 / 90)) = 168 prompts, 56 per task.
     result = runner.invoke(app, ["sweep", "plan", "small-confirmed", "--repo", str(repo), "--out", str(tmp_path),
                                  "--prompts", "50", "--margin", "2"])
     assert result.exit_code == 2
     assert "below the distribution-free floor of 168 prompts" in result.output and "at least 56 per task" in \
         result.output
-    # A margin of 1 point: floor 334 prompts, 112 per task, more than the tasks hold past prompt 1.
+    # A margin of 0.3 points: floor 1,109 prompts, 370 per task, more than the tasks hold past prompt 1.
     result = runner.invoke(app, ["sweep", "plan", "small-confirmed", "--repo", str(repo), "--out", str(tmp_path),
-                                 "--prompts", "95", "--margin", "1"])
-    assert result.exit_code == 2 and "floor of 334 prompts" in result.output
-    assert "cannot be resolved with the prompts the tasks hold (at most 95 per task past prompt 1)" in result.output
+                                 "--prompts", "95", "--margin", "0.3"])
+    assert result.exit_code == 2 and "floor of 1,109 prompts" in result.output
+    assert "cannot be resolved with the prompts the tasks hold (at most 349 per task past prompt 1)" in result.output
     # Within both, the request passes on to the plan (here: nothing collected in tmp_path, exit 2 naming that).
     result = runner.invoke(app, ["sweep", "plan", "small-confirmed", "--repo", str(repo), "--out", str(tmp_path),
                                  "--prompts", "60", "--margin", "2"])

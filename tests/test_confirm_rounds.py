@@ -108,7 +108,8 @@ def test_a_later_round_is_declared_with_its_level_and_adds_fresh_units(tmp_path:
      "confirm.extend[1].offset",
      "overlap the prompts of confirm.extend[0]"),
     ([_round(first_seed=1003)], "confirm.extend[0].first_seed", "overlap those of reevaluate"),
-    ([_round(cells=_cells({"prompts": 80}, {}))], "confirm.extend[0].cells[0].prompts", CANNOT),
+    ([_round(cells=_cells({"prompts": 340}, {}))], "confirm.extend[0].cells[0].prompts",
+     f"task book_report holds 350 prompts in the extended pool (the largest); the cell {CANNOT}"),
     ([_round(cells=_cells({"family": "kgw"}, {}))], "confirm.extend[0].cells[0]", "no configuration of family"),
     ([_round(level=0.46)], "confirm.extend[0].level", "levels add up to 0.51 per cell"),
 ])
@@ -131,6 +132,48 @@ def test_prompts_beyond_a_pool_name_the_task_and_its_count() -> None:
     check_extensions(confirmation.model_copy(update={"extend": [confirmation.extend[0].model_copy(update={
         "cells": [ExtensionCell(temperature=1.0, family="reweight", prompts=79, k=2)]})]}),
         (0, 1), (1, 16), [1000, 1001], list(pools), 1 / 3, pools)
+
+
+def test_held_out_prompts_past_the_paper_pool_run_on_the_extended_pool(tmp_path: Path, board: dict) -> None:
+    """The tuning runs take the board's pool (the paper's); a confirmation round whose prompts run past it sets
+    ``prompts.pool: extended`` on its runs (the same prompts where both pools hold them), and only those runs, so
+    every unit inside the paper pool keeps its identity. Past the extended pool the round is refused naming it; the
+    tuning prompts must fit their own pool, whose error names it and the remedy."""
+    from mmw.sweep.units import sweep_units
+
+    _write(tmp_path, [_round(cells=_cells({"prompts": 100}, {}))])  # T = 1: [17, 117); T = 0.7: [17, 96)
+    sweep = expand("r", board, tmp_path, validate=False)
+    assert (sweep.pool, sweep.task_names) == ("paper", ("book_report", "story", "fake_news"))
+    units = list(sweep_units(sweep).values())
+    past = [u for u in units if u.overrides.get("prompts.pool") == "extended"]
+    assert past and all(u.seed >= 2000 and u.overrides["model.temperature"] == 1.0 for u in past)
+    assert all(u.overrides["prompts.per_task"] == 100 for u in past)
+    assert not [u for u in units if "prompts.pool" in u.overrides and u not in past]
+    _write(tmp_path, [ROUND])  # inside the paper pool: no unit sets a pool
+    assert not any("prompts.pool" in u.overrides for u in sweep_units(expand("r", board, tmp_path, False)).values())
+    # The first confirmation past the extended pool.
+    definition = yaml.safe_load((tmp_path / "r.yaml").read_text())
+    definition["confirm"] = {**definition["confirm"], "prompts": 350, "extend": []}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(definition))
+    with pytest.raises(SpecError) as caught:
+        expand("r", board, tmp_path, validate=False)
+    assert str(caught.value).endswith("confirm.prompts: 350 per task from prompt 1: task book_report holds 350 "
+                                      "prompts in the extended pool (the largest); allowed: at most 349 per task "
+                                      "from prompt 1")
+    # Tuning prompts past the paper pool: refused naming it and the remedy; with base prompts.pool: extended, run.
+    definition["confirm"] = {**definition["confirm"], "prompts": 16}
+    definition["base"]["prompts.per_task"] = 97
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(definition))
+    with pytest.raises(SpecError) as caught:
+        expand("r", board, tmp_path, validate=False)
+    assert "base: prompts.pool: task story holds 96 prompts in the paper pool" in str(caught.value)
+    assert "allowed: prompts.pool: extended (354 prompts of story)" in str(caught.value)
+    definition["base"]["prompts.pool"] = "extended"
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(definition))
+    sweep = expand("r", board, tmp_path, validate=False)
+    assert sweep.pool == "extended" and not any(
+        "prompts.pool" in u.overrides and u.overrides["prompts.pool"] != "extended"
+        for u in sweep_units(sweep).values())
 
 
 def test_the_cli_refuses_a_bad_round_in_one_line(tmp_path: Path) -> None:

@@ -188,3 +188,27 @@ def test_no_environment_variable_chooses_a_gpu_path() -> None:
     readers = [str(path.relative_to(REPO)) for folder in ("mmw", "stages") for path in (REPO / folder).rglob("*.py")
                if any(name in path.read_text() for name in old)]
     assert readers == []
+
+
+def test_the_prompt_pool_is_validated_and_defaults_to_the_papers(board: dict[str, Any]) -> None:
+    """``prompts.pool``: paper (the default, and both committed boards': per_task null is the paper's 296 prompts)
+    or extended; anything else fails naming the key and the allowed values. A range past the pool fails on the
+    whole board (mmw.board, the key stage) naming the task, its count and the remedy."""
+    assert parse_params({"prompts": {k: v for k, v in board["prompts"].items() if k != "pool"}},
+                        ("prompts",)).prompts.pool == "paper"
+    for name in ("params.yaml", "params-full.yaml"):
+        assert yaml.safe_load((REPO / name).read_text())["prompts"]["pool"] == "paper", name
+    bad = copy.deepcopy(board)
+    bad["prompts"]["pool"] = "all"
+    with pytest.raises(SpecError) as caught:
+        parse_params(bad, ("prompts",))
+    assert str(caught.value) == "prompts.pool: unknown value 'all'; allowed: paper, extended"
+    past = copy.deepcopy(board)
+    past["prompts"].update(per_task=8, offset=90)
+    with pytest.raises(SpecError) as caught:
+        check_board(past)
+    assert str(caught.value) == ("prompts.pool: task story holds 96 prompts in the paper pool; prompts [90, 98) run "
+                                 "past them; allowed: prompts.pool: extended (354 prompts of story), or "
+                                 "prompts.offset + prompts.per_task <= 96")
+    past["prompts"]["pool"] = "extended"
+    assert check_board(past).prompts.pool == "extended"

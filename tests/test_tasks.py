@@ -1,4 +1,5 @@
-"""Task prompts: counts and formats of the paper's three tasks, stable ids, subset selection, errors, chat rendering."""
+"""Task prompts: counts and formats of the paper's three tasks, their pools (``prompts.pool``), stable ids, subset
+selection, errors, chat rendering."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from mmw.errors import SpecError
-from mmw.tasks import DATA_DIR, build_prompts, render_chat
+from mmw.tasks import DATA_DIR, build_prompts, check_range, range_pool, render_chat
 
 ALL_TASKS = ["book_report", "story", "fake_news"]
 #: Each core task's pool: the paper's prompts (ids 0 .. paper - 1), then the ones written for mmw.
@@ -29,15 +30,65 @@ def read_column(file: str, column: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def full():
-    return build_prompts(ALL_TASKS, None)
+    return build_prompts(ALL_TASKS, None, pool="extended")
 
 
 def test_counts_are_the_papers_lists_extended_to_350(full):
     counts = dict(full.group_by("task").len().iter_rows())
     assert counts == POOL and all(size >= 350 for size in counts.values())
-    assert full.height == sum(POOL.values())
+    assert full.height == sum(POOL.values()) == 1054
     assert full["prompt_id"].n_unique() == full.height
     assert full["prompt"].n_unique() == full.height  # distinct prompts, within and across tasks
+
+
+def test_the_default_pool_is_the_papers_296_prompts(full):
+    """``prompts.pool: paper`` (the default) at ``per_task: null`` is the paper's full scale: its 296 prompts, ids
+    0 .. 99 / 95, the first ones of the extended pool."""
+    paper = build_prompts(ALL_TASKS, None)
+    assert paper.equals(build_prompts(ALL_TASKS, None, pool="paper"))
+    assert dict(paper.group_by("task").len().iter_rows()) == PAPER and paper.height == 296
+    for task, size in PAPER.items():
+        assert paper.filter(task=task)["prompt_id"].to_list() == [f"{task}-{i:03d}" for i in range(size)]
+        assert paper.filter(task=task)["prompt"].to_list() == full.filter(task=task)["prompt"].to_list()[:size]
+    # The other tasks are one pool: the same prompts in both.
+    assert build_prompts(["book_report_fr", "rfc_summary"], None, pool="extended").equals(
+        build_prompts(["book_report_fr", "rfc_summary"], None))
+
+
+@pytest.mark.parametrize(("per_task", "offset", "pool", "key", "message", "remedy"), [
+    (20, 90, "paper", "prompts.pool",
+     "task book_report holds 100 prompts in the paper pool; prompts [90, 110) run past them",
+     "prompts.pool: extended (350 prompts of book_report), or prompts.offset + prompts.per_task <= 100"),
+    (None, 96, "paper", "prompts.pool", "task story holds 96 prompts in the paper pool; prompts from 96 on run past them",
+     "prompts.pool: extended (354 prompts of story), or prompts.offset < 96"),
+    (500, 0, "paper", "prompts.per_task",
+     "task book_report holds 100 prompts in the paper pool; prompts [0, 500) run past them",
+     "prompts.offset + prompts.per_task <= 100"),
+    (20, 340, "extended", "prompts.per_task",
+     "task book_report holds 350 prompts in the extended pool; prompts [340, 360) run past them",
+     "prompts.offset + prompts.per_task <= 350"),
+])
+def test_a_range_past_the_pool_fails_naming_the_task_its_count_and_the_remedy(per_task, offset, pool, key, message,
+                                                                             remedy):
+    with pytest.raises(SpecError) as caught:
+        build_prompts(ALL_TASKS, per_task, offset=offset, pool=pool)
+    assert (caught.value.key, caught.value.problem, caught.value.allowed) == (key, message, remedy)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(SpecError):
+        check_range(ALL_TASKS, per_task, offset, pool)  # what mmw.board runs before any stage
+
+
+def test_a_range_inside_the_pool_and_other_tasks_pass(full):
+    check_range(ALL_TASKS, 4, 92)  # story's last 4 of the paper's
+    check_range(ALL_TASKS, 254, 96, "extended")
+    check_range(["news_highlights", "rfc_summary"], 64, 0)  # not core tasks: they keep what they have
+    assert build_prompts(["news_highlights"], 8).height == 7
+    with pytest.raises(SpecError, match=r"^prompts\.pool: unknown value 'big'; allowed: paper, extended$"):
+        build_prompts(ALL_TASKS, 1, pool="big")
+    # A sweep's held-out prompts past the tuning runs' pool take the extended one (mmw.sweep.units.held_out).
+    assert range_pool(ALL_TASKS, 64, 32) == "paper" and range_pool(ALL_TASKS, 5, 92) == "extended"
+    assert range_pool(["book_report"], 5, 92) == "paper" and range_pool([], 5, 92) == "extended"
+    assert range_pool(ALL_TASKS, 5, 92, "extended") == "extended"
 
 
 def test_book_report_prompts_name_each_book_and_its_author(full):
@@ -115,8 +166,9 @@ def test_subset_is_deterministic_nested_spread_and_keeps_full_ids(full):
     assert len(story_tones) >= 4  # 20 stories reach most of the 6 tones (the "story" word marks tone none)
 
 
-def test_per_task_above_the_task_size_keeps_everything():
-    assert build_prompts(["story"], 500).height == 354
+def test_per_task_up_to_the_task_size_keeps_everything():
+    assert build_prompts(["story"], 96).height == 96
+    assert build_prompts(["story"], 354, pool="extended").height == 354
 
 
 # Ranges (per_task, offset) and the sha256 (first 12 hex digits) of their [(prompt_id, prompt), ...] as JSON,
@@ -150,10 +202,11 @@ def range_digest(frame: pl.DataFrame) -> str:
     return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()[:12]
 
 
+@pytest.mark.parametrize("pool", ["paper", "extended"])
 @pytest.mark.parametrize(("task", "paper"), list(PINNED))
-def test_ranges_inside_the_papers_pool_keep_their_prompts(task, paper):
+def test_ranges_inside_the_papers_pool_keep_their_prompts(task, paper, pool):
     ranges = [(per_task, offset) for per_task, offset in PINNED_RANGES if per_task + offset <= paper]
-    got = [range_digest(build_prompts([task], per_task, offset=offset)) for per_task, offset in ranges]
+    got = [range_digest(build_prompts([task], per_task, offset=offset, pool=pool)) for per_task, offset in ranges]
     assert dict(zip(ranges, got, strict=True)) == dict(zip(ranges, PINNED[task, paper].split(), strict=True))
 
 
@@ -169,12 +222,12 @@ def test_the_extension_follows_the_papers_prompts_and_ranges_stay_disjoint(full)
         # Tuning, first confirmation and later rounds (as the sweeps lay them out) are disjoint; past the paper's
         # pool they take only added prompts, and together they cover the task.
         tuning, first = build_prompts([task], 32), build_prompts([task], 64, offset=32)
-        later = build_prompts([task], size - 96, offset=96)
+        later = build_prompts([task], size - 96, offset=96, pool="extended")
         assert later.height == size - 96 >= 250
         sets = [set(frame["prompt_id"]) for frame in (tuning, first, later)]
         assert all(a.isdisjoint(b) for a, b in itertools.combinations(sets, 2))
         assert set.union(*sets) == set(full.filter(task=task)["prompt_id"])
-        beyond = build_prompts([task], 200, offset=paper)["prompt_id"].str.slice(-3).cast(int)
+        beyond = build_prompts([task], 200, offset=paper, pool="extended")["prompt_id"].str.slice(-3).cast(int)
         assert beyond.min() >= paper and beyond.len() == 200
 
 

@@ -30,7 +30,6 @@ allowed values (``sweeps/small.yaml: grids[2] (ds-sum): scheme.delta: ...``).
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import itertools
 import json
@@ -153,6 +152,17 @@ class SweepFile(Section):
         offset = self.base.get("prompts.offset", prompts_board.get("offset", 0)) or 0
         return int(offset), None if per_task is None else int(per_task)
 
+    def tasks(self, board: Mapping[str, Any]) -> list[str]:
+        """The runs' tasks: the base's ``prompts.tasks``, else the board's."""
+        return list(self.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or [])
+
+    def pool(self, board: Mapping[str, Any]) -> str:
+        """The tuning runs' prompt pool: the base's ``prompts.pool``, else the board's (default the paper's). The
+        held-out rounds past it take the extended pool (:func:`mmw.sweep.units.held_out`)."""
+        from mmw.tasks import PAPER_POOL
+
+        return str(self.base.get("prompts.pool", board.get("prompts", {}).get("pool", PAPER_POOL)))
+
     def confirmation(self, board: Mapping[str, Any]) -> Confirmation | None:
         """The ``confirm`` section against the tuning prompts, its offset resolved: K >= 2, enough prompts for an
         interval of quality and of R, disjoint from the tuning prompts (None without a ``confirm`` section)."""
@@ -160,7 +170,7 @@ class SweepFile(Section):
         if raw is None:
             return None
         tuning_offset, tuning = self.tuning(board)
-        tasks = self.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or []
+        tasks = self.tasks(board)
         if self.reevaluate.k < 2:
             raise SpecError("reevaluate.k", f"{self.reevaluate.k} confirmation run(s): an interval over runs needs "
                             "at least 2", "an integer >= 2")
@@ -183,6 +193,11 @@ class SweepFile(Section):
             raise SpecError("confirm.offset", f"confirmation prompts [{offset}, {offset + count}) overlap the "
                             f"tuning prompts [{tuning_offset}, {tuning_offset + tuning})",
                             f"an offset >= {tuning_offset + tuning}")
+        for task, size in task_pool_sizes(list(tasks)).items():
+            if offset + count > size:
+                raise SpecError("confirm.prompts", f"{count} per task from prompt {offset}: task {task} holds {size} "
+                                f"prompts in the extended pool (the largest)",
+                                f"at most {max(size - offset, 0)} per task from prompt {offset}")
         check_extensions(raw, (tuning_offset, tuning), (offset, count), self.reevaluate.seeds, list(tasks), fraction)
         return raw.model_copy(update={"offset": int(offset), "quality_losses": sorted(raw.quality_losses)})
 
@@ -207,6 +222,10 @@ class Sweep:
     uniform: bool = False
     #: Tasks per run (``prompts.tasks``): a race unit's prompts are its shard's per-task prompts times this.
     tasks: int = 0
+    #: The runs' tasks (``prompts.tasks``; empty: not known, held-out ranges are checked against every core task)
+    #: and the tuning runs' prompt pool (``prompts.pool``): held-out prompts past it run on the extended pool.
+    task_names: tuple[str, ...] = ()
+    pool: str = "paper"
     #: Configurations per unit (the definition's ``pack``, or ``mmw sweep run --pack``): 1 = one DVC experiment
     #: each (:class:`mmw.sweep.runner.LocalDvcExecutor`); k > 1 = up to k that share a baseline in one process, 0 =
     #: all that share one (:class:`mmw.sweep.pack.PackedExecutor`).
@@ -225,17 +244,13 @@ class Sweep:
         return self.schedule is not None and not self.uniform
 
 
-def task_pool_sizes(tasks: list[str]) -> dict[str, int]:
-    """Prompts each task holds (:data:`mmw.tasks.TASKS`; a task built from the pipeline's own outputs is left out:
-    its count is known only after a run)."""
-    return dict(_pool_sizes(tuple(tasks)))
+def task_pool_sizes(tasks: list[str], pool: str = "extended") -> dict[str, int]:
+    """Prompts each task holds in ``pool`` (:func:`mmw.tasks.pool_sizes`; a task built from the pipeline's own
+    outputs is left out: its count is known only after a run). Held-out prompts are checked against the extended
+    pool: a confirmation round past the tuning runs' pool runs on it (:func:`mmw.sweep.units.held_out`)."""
+    from mmw.tasks import pool_sizes
 
-
-@functools.cache
-def _pool_sizes(tasks: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    from mmw.tasks import DATA_DIR, TASKS
-
-    return tuple((task, len(TASKS[task](DATA_DIR))) for task in tasks if task in TASKS)
+    return pool_sizes(tasks, pool)
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -249,10 +264,11 @@ def check_extensions(confirmation: Confirmation, tuning: tuple[int, int], first:
     definition: fresh prompts (disjoint from the tuning prompts ``tuning``, the first rounds' ``first`` and every
     other round's, as ``(offset, per task)``), fresh seeds (disjoint from ``seeds`` and every other round's), one
     prompt range per temperature, enough prompts and attacked prompts for an interval, prompts the tasks hold
-    (``pools``: prompts per task, default :func:`task_pool_sizes`), every cell declared once, and a total level
-    below 0.5. SpecError naming ``confirm.extend[i]...``."""
+    (``pools``: prompts per task, default the extended pool's, :func:`task_pool_sizes`), every cell declared once,
+    and a total level below 0.5. SpecError naming ``confirm.extend[i]...``."""
     if not confirmation.extend:
         return
+    held = " in the extended pool (the largest)" if pools is None else ""
     pools = task_pool_sizes(tasks) if pools is None else pools
     taken = [("the tuning prompts", tuning), ("the first confirmation prompts", first)]
     used_seeds = [("reevaluate", seeds[0], len(seeds))] if seeds else []
@@ -281,7 +297,7 @@ def check_extensions(confirmation: Confirmation, tuning: tuple[int, int], first:
             for task, size in pools.items():
                 if ext.offset + cell.prompts > size:
                     raise SpecError(f"{key}.prompts", f"{cell.prompts} per task from prompt {ext.offset}: task {task} "
-                                    f"holds {size} prompts; the cell {CANNOT}",
+                                    f"holds {size} prompts{held}; the cell {CANNOT}",
                                     f"at most {max(size - ext.offset, 0)} per task from prompt {ext.offset}")
         span = (ext.offset, max(c.prompts for c in ext.cells))
         for what, other in taken:
@@ -513,7 +529,13 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
         raise SpecError(f"{path}: {err.key}", err.problem, err.allowed) from None
     tuning_offset, tuning = definition.tuning(board)
     schedule = None
-    tasks = definition.base.get("prompts.tasks", board.get("prompts", {}).get("tasks")) or []
+    tasks, pool = definition.tasks(board), definition.pool(board)
+    from mmw.tasks import check_range
+
+    try:
+        check_range(tasks, tuning, tuning_offset, pool)  # the tuning runs' prompts, in their own pool
+    except SpecError as err:
+        raise SpecError(f"{path}: base: {err.key}", err.problem, err.allowed) from None
     per_baseline = list(Counter(pack_key(board, c.overrides) for c in configs.values()).values())
     if definition.adaptive is not None:
         try:
@@ -525,5 +547,5 @@ def expand(name: str, board: Mapping[str, Any], sweeps_dir: Path = SWEEPS_DIR, v
     return Sweep(name=name, description=definition.description, configs=list(configs.values()),
                  reevaluate=definition.reevaluate, confirmation=confirmation, schedule=schedule,
                  tuning_offset=tuning_offset, tuning=tuning, tasks=len(tasks), pack=definition.pack,
-                 per_baseline=tuple(per_baseline))
+                 per_baseline=tuple(per_baseline), task_names=tuple(tasks), pool=pool)
 

@@ -36,8 +36,9 @@ baseline (``H = 100``; at ``q = 0.99`` this is ``log(1/alpha) / -log(1 - d / (d 
 proves it and gives the shipped test's own best case, a few per cent higher). The plan takes the margin at the
 measured estimate with a baseline rating of 100 (``d = (estimate - q) 100``), the most favourable case, so the
 floor it states (``floor_prompts``) is one no confirmation can go below. A cell whose floor or whose needed
-prompts exceed what the tasks hold past the confirmation offset is answered ``cannot be resolved with the prompts
-the tasks hold`` (``resolvable`` false) instead of being planned.
+prompts exceed what the tasks hold past the confirmation offset (in the extended pool, ``prompts.pool: extended``,
+which a confirmation round past the paper's prompts takes) is answered ``cannot be resolved with the prompts the
+tasks hold`` (``resolvable`` false) instead of being planned.
 
 Cost: the K confirmation runs at ``n'`` prompts, from the sweep's measured run times (a line through the tuning
 and confirmation runs' median wall times against their prompt counts: fixed per-run cost plus per-prompt cost),
@@ -92,24 +93,26 @@ def quality_floor(estimate: float | None, limit: float, alpha: float) -> float |
 
 
 def task_pools(tasks: Sequence[str]) -> dict[str, int]:
-    """Prompts each task holds (:data:`mmw.tasks.TASKS`; tasks built from the pipeline's own outputs are left
-    out: their count is known only after a run)."""
-    from mmw.tasks import DATA_DIR, TASKS
+    """Prompts each task holds for a confirmation: in the extended pool, which held-out rounds past the tuning runs'
+    pool take (:func:`mmw.sweep.units.held_out`; tasks built from the pipeline's own outputs are left out: their
+    count is known only after a run)."""
+    from mmw.tasks import EXTENDED_POOL, pool_sizes
 
-    return {task: len(TASKS[task](DATA_DIR)) for task in tasks if task in TASKS}
+    return pool_sizes(tasks, EXTENDED_POOL)
 
 
-def check_request(per_task: int, offset: int, pools: Mapping[str, int], floor_prompts: float | None = None) -> None:
-    """Refuse a confirmation of ``per_task`` prompts per task from ``offset`` that a task cannot hold, or whose
-    prompts in all lie below ``floor_prompts`` (:func:`quality_floor`).
+def check_request(per_task: int, offset: int, pools: Mapping[str, int], floor_prompts: float | None = None,
+                  pool: str = "extended") -> None:
+    """Refuse a confirmation of ``per_task`` prompts per task from ``offset`` that a task cannot hold (``pools``:
+    its prompts in ``pool``), or whose prompts in all lie below ``floor_prompts`` (:func:`quality_floor`).
 
     Raises:
-        SpecError: naming the task and its count, or the floor.
+        SpecError: naming the task, its count and the pool, or the floor.
     """
     for task, size in pools.items():
         if offset + per_task > size:
-            raise SpecError("--prompts", f"{per_task} per task from prompt {offset}: task {task} holds {size} prompts",
-                            f"at most {max(size - offset, 0)} per task")
+            raise SpecError("--prompts", f"{per_task} per task from prompt {offset}: task {task} holds {size} prompts "
+                            f"in the {pool} pool", f"at most {max(size - offset, 0)} per task")
     tasks = max(len(pools), 1)
     total = per_task * tasks
     if floor_prompts is not None and total < floor_prompts:

@@ -100,10 +100,26 @@ class Unit:
         return config_id(self.overrides)
 
 
+def held_out(sweep: Sweep, offset: int, per_task: int | None) -> dict[str, Any]:
+    """What a confirmation run sets for its held-out prompts ``[offset, offset + per_task)`` per task: the range,
+    and ``prompts.pool: extended`` where it runs past the tuning runs' pool (the paper's) in one of the sweep's
+    tasks. Both pools hold the same prompts where both hold them, so a range inside the tuning pool sets no pool
+    (and keeps its unit's identity)."""
+    from mmw.tasks import range_pool
+
+    overrides: dict[str, Any] = {"prompts.offset": offset, "prompts.per_task": per_task}
+    if per_task is not None and (pool := range_pool(sweep.task_names, per_task, offset, sweep.pool)) != sweep.pool:
+        overrides["prompts.pool"] = pool
+    return overrides
+
+
 def reevaluation_overrides(sweep: Sweep, overrides: Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """What a re-run of a config sets: its overrides, the held-out prompts (with ``confirm``) and the seed."""
-    held_out = sweep.confirmation.overrides if sweep.confirmation is not None else {}
-    return {**overrides, **held_out, "seed": seed}
+    """What a re-run of a config sets: its overrides, the held-out prompts (with ``confirm``: :func:`held_out`)
+    and the seed."""
+    confirmation = sweep.confirmation
+    held = {} if confirmation is None else held_out(sweep, confirmation.overrides["prompts.offset"],
+                                                        confirmation.overrides["prompts.per_task"])
+    return {**overrides, **held, "seed": seed}
 
 
 def sweep_units(sweep: Sweep) -> dict[str, Unit]:
@@ -151,8 +167,8 @@ def extension_runs(sweep: Sweep) -> list[tuple[Any, int, dict[str, Any]]]:
                   if c.temperature == temperature and c.family == config_family(config.overrides)]
             if not ks:
                 continue
-            held_out = {"prompts.offset": extension.offset, "prompts.per_task": extension.per_task(temperature)}
-            out += [(config, seed, {**config.overrides, **held_out, "seed": seed}) for seed in extension.seeds(max(ks))]
+            held = held_out(sweep, extension.offset, extension.per_task(temperature))
+            out += [(config, seed, {**config.overrides, **held, "seed": seed}) for seed in extension.seeds(max(ks))]
     return out
 
 
