@@ -65,6 +65,8 @@ _LOAD_TIME_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "BLIS_", "NUMBA_", "TORCH", 
 #: Programs that must never see the key.
 _SECRET = ("MMW_KEY",)
 _MAX_MESSAGE = 1 << 20
+#: Descriptors one message can pass (the kernel's SCM_MAX_FD is 253); a caller holding more runs the command itself.
+_MAX_DESCRIPTORS = 250
 
 
 def enabled(argv: list[str]) -> bool:
@@ -170,10 +172,15 @@ def forward(argv: list[str]) -> int | None:
         return None
     with conn:
         fds = _open_descriptors(conn.fileno())
+        if len(fds) > _MAX_DESCRIPTORS:
+            return None
         request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "path": sys.path, "fds": fds,
                    "umask": _umask(), "priority": os.getpriority(os.PRIO_PROCESS, 0)}
-        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
-        started = _read_message(conn)
+        try:
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
+            started = _read_message(conn)
+        except OSError:  # the server went away before it forked: nothing ran, so the caller runs the command
+            return None
         if started is None:
             return None
         pid = started["pid"]
@@ -358,7 +365,11 @@ def serve(path: Path, idle: float) -> int:
             for ready in readable:
                 if ready is listener:
                     conn, _ = listener.accept()
-                    received = _receive(conn)
+                    try:
+                        received = _receive(conn)
+                    except (OSError, ValueError) as err:  # a broken or oversized request: that caller runs it
+                        print(f"prefork: request refused: {type(err).__name__}: {err}", flush=True)
+                        received = None
                     if received is None:
                         conn.close()
                         continue
