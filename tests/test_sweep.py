@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -210,16 +211,58 @@ def test_set_args_round_trip_through_dvcs_override_parser(tmp_path: Path) -> Non
 
 # ------------------------------------------------------------------------------------------ heavy: real DVC
 
+#: The base of both real sweeps below: two of the tiny board's four cheap attacks, on every prompt (confirmation
+#: needs attacked held-out prompts for its interval of R). One base for both, so the confirmed sweep's one config is
+#: the killed sweep's first one, params for params: in the module's one repository its tuning run is restored from
+#: DVC's run-cache instead of computed a second time.
+REAL_BASE = {"attacks.fraction": 1.0, "attacks.specs": [{"name": "swap", "p": 0.1}, {"name": "lowercase"}]}
+
 #: A two-config sweep at the tiny board's scale plus one config that passes validation but fails at run time
 #: (a CUDA generator on a machine without one; it fails at its first generation): 1 prompt per task, 16 tokens,
 #: the small judge, 2 cheap attacks.
 TEST_SWEEP = {
-    "description": "test", "temperatures": [0.7], "reevaluate": {"k": 1, "first_seed": 1000},
+    "description": "test", "temperatures": [0.7], "reevaluate": {"k": 1, "first_seed": 1000}, "base": REAL_BASE,
     "grids": [
         *TWO_CONFIG_GRIDS,
         {"name": "broken", "scheme.sampler": "distribution_shift", "scheme.score": "sum",
          "scheme.randomness": "window", "scheme.window": 1, "scheme.delta": 2.5, "model.device": "cuda"},
     ]}
+
+#: One config with held-out confirmation (the smallest end-to-end case: one tuning run, K = 2 confirmation runs
+#: of the one pick): tuning on prompt 0 of each task, confirmation on prompts 1-2 of each task (6 prompts, all
+#: attacked, by two of the tiny board's four cheap attacks), one try per cell.
+CONFIRM_SWEEP = {
+    "description": "confirmed", "temperatures": [0.7], "reevaluate": {"k": 2, "first_seed": 1000},
+    "base": REAL_BASE, "confirm": {"prompts": 2, "level": 0.05, "max_tries": 1},
+    "grids": TWO_CONFIG_GRIDS[:1]}
+
+
+@dataclass
+class RealRepo:
+    """The heavy sweep tests' one pipeline repository (the tiny board; sweeps ``t`` and ``c`` committed) and the
+    sweeps run in it so far, in order."""
+
+    repo: Path
+    swept: list[str]
+    #: False once a sweep in it failed (its processes may outlive the test): a later test then builds its own.
+    sound: bool = True
+
+
+def _real_sweeps_repo(path: Path) -> Path:
+    """A copy of the checkout with its own venv, the tiny board and sweeps ``t`` and ``c``, committed."""
+    repo = make_pipeline_repo(path, tiny_board())
+    (repo / "sweeps").mkdir(exist_ok=True)
+    (repo / "sweeps/t.yaml").write_text(yaml.safe_dump(TEST_SWEEP, sort_keys=False))
+    (repo / "sweeps/c.yaml").write_text(yaml.safe_dump(CONFIRM_SWEEP, sort_keys=False))
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "pipeline")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def real_repo(tmp_path_factory: pytest.TempPathFactory) -> RealRepo:
+    """Built once for the module's real sweeps (the suite runs a file in one worker: --dist loadfile)."""
+    return RealRepo(_real_sweeps_repo(tmp_path_factory.mktemp("sweeps") / "repo"), [])
 
 
 def _kill_group(leader: subprocess.Popen) -> None:
@@ -237,6 +280,24 @@ def _kill_group(leader: subprocess.Popen) -> None:
         time.sleep(0.5)
 
 
+def _stage_running(leader: subprocess.Popen) -> bool:
+    """Whether a stage process (``mmw <stage>``, not the ``mmw sweep`` runner) runs under ``leader``."""
+    import psutil
+
+    try:
+        children = psutil.Process(leader.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return False
+    for child in children:
+        try:
+            args = child.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(Path(arg).name == "mmw" and i + 1 < len(args) and args[i + 1] != "sweep" for i, arg in enumerate(args)):
+            return True
+    return False
+
+
 def _outcomes(repo: Path) -> list[dict[str, Any]]:
     path = repo / ".dvc/tmp/sweeps/t/runs.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -244,14 +305,12 @@ def _outcomes(repo: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.heavy
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="the failing config needs a machine without CUDA")
-def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -> None:
-    board = tiny_board()
-    board["rate"]["judge"] = "embedded:smollm2-135m"
-    repo = make_pipeline_repo(tmp_path / "repo", board)
-    (repo / "sweeps").mkdir(exist_ok=True)
-    (repo / "sweeps/t.yaml").write_text(yaml.safe_dump(TEST_SWEEP, sort_keys=False))
-    run(repo, "git", "add", "-A")
-    run(repo, "git", "commit", "-qm", "pipeline")
+def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(real_repo: RealRepo, tmp_path: Path) -> None:
+    # First in the module's repository: its first config generates the baseline (nothing in the run-cache yet).
+    assert real_repo.swept == [], f"runs before {real_repo.swept} in the module's repository"
+    real_repo.swept.append("t")
+    real_repo.sound = False  # until every step below has passed
+    repo = real_repo.repo
     # From a plain shell (no venv on PATH), the environment's `mmw` by path, as a user runs it.
     mmw = [str(BIN / "mmw"), "sweep"]
     env = plain_shell_env()
@@ -264,7 +323,10 @@ def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -
     while not _outcomes(repo) and first.poll() is None and time.monotonic() < deadline:
         time.sleep(2)
     assert first.poll() is None, (tmp_path / "first.log").read_text()
-    time.sleep(15)  # well into the second config
+    # Well into the second config: one of its stage processes runs (polled, not a fixed wait).
+    while not _stage_running(first) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert first.poll() is None, (tmp_path / "first.log").read_text()
     _kill_group(first)
     done_before = [o for o in _outcomes(repo) if o["status"] == "done"]
     assert len(done_before) == 1, _outcomes(repo)
@@ -334,6 +396,7 @@ def test_a_real_sweep_survives_a_kill_resumes_and_is_collected(tmp_path: Path) -
     assert set(reevaluations["config_id"]) <= set(done["config_id"]) and (reevaluations["seed"] == 1000).all()
     # The re-evaluation runs never enter the pool: the results hold the three configs only.
     assert not any(str(n).startswith("reeval-") for n in results["experiment"])
+    real_repo.sound = True
 
 
 # ------------------------------------------------------------------------------------------ fast: the tables
@@ -416,23 +479,15 @@ def test_only_the_configured_constraints_are_confirmed() -> None:
         assert ten.select("status", "config_id").row(0) == ("confirmed", "b")
 
 
-#: One config with held-out confirmation (the smallest end-to-end case: one tuning run, K = 2 confirmation runs
-#: of the one pick): tuning on prompt 0 of each task, confirmation on prompts 1-2 of each task (6 prompts, all
-#: attacked, by two of the tiny board's four cheap attacks), one try per cell.
-CONFIRM_SWEEP = {
-    "description": "confirmed", "temperatures": [0.7], "reevaluate": {"k": 2, "first_seed": 1000},
-    "base": {"attacks.fraction": 1.0, "attacks.specs": [{"name": "swap", "p": 0.1}, {"name": "lowercase"}]},
-    "confirm": {"prompts": 2, "level": 0.05, "max_tries": 1},
-    "grids": TWO_CONFIG_GRIDS[:1]}
-
-
 @pytest.mark.heavy
-def test_a_real_sweep_is_tuned_confirmed_on_held_out_prompts_and_tabled(tmp_path: Path) -> None:
-    repo = make_pipeline_repo(tmp_path / "repo", tiny_board())
-    (repo / "sweeps").mkdir(exist_ok=True)
-    (repo / "sweeps/c.yaml").write_text(yaml.safe_dump(CONFIRM_SWEEP, sort_keys=False))
-    run(repo, "git", "add", "-A")
-    run(repo, "git", "commit", "-qm", "pipeline")
+def test_a_real_sweep_is_tuned_confirmed_on_held_out_prompts_and_tabled(real_repo: RealRepo,
+                                                                       tmp_path: Path) -> None:
+    """In the module's repository, after the killed sweep where that ran (its tuning run then comes from DVC's
+    run-cache; nothing below depends on it)."""
+    real_repo.swept.append("c")
+    # A failed sweep before it may have left processes that hold the repository's run lock: then a repository of
+    # its own.
+    repo = real_repo.repo if real_repo.sound else _real_sweeps_repo(tmp_path / "repo")
     done = subprocess.run([str(BIN / "mmw"), "sweep", "run", "c"], cwd=repo, env=plain_shell_env(),
                           capture_output=True, text=True, timeout=5400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
