@@ -171,12 +171,37 @@ class SharedHeadCache(DynamicCache):
                                          for k, v in zip(keys, values, strict=True)])
         self.head_keys, self.head_values = keys, values
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows, kv_heads, head_len + new, head_dim) keys and values: the head's, then this forward's."""
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int | torch.Tensor, *args,
+               **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, kv_heads, head_len + new, head_dim) keys and values: the head's, then this forward's.
+        ``layer_idx``: an int, or a 0-dim integer tensor (:meth:`CompiledLayers.active`; read by ``index_select``,
+        where plain indexing would read its value back to the host)."""
         rows = key_states.shape[0]
-        return (torch.cat([self.head_keys[layer_idx].expand(rows, -1, -1, -1), key_states], -2),
-                torch.cat([self.head_values[layer_idx].expand(rows, -1, -1, -1), value_states], -2))
+        if isinstance(layer_idx, torch.Tensor):
+            head_keys, head_values = (stacked.index_select(0, layer_idx.reshape(1))[0]
+                                      for stacked in (self.head_keys, self.head_values))
+        else:
+            head_keys, head_values = self.head_keys[layer_idx], self.head_values[layer_idx]
+        return (torch.cat([head_keys.expand(rows, -1, -1, -1), key_states], -2),
+                torch.cat([head_values.expand(rows, -1, -1, -1), value_states], -2))
+
+
+def layer_numbers(layers: Sequence[torch.nn.Module]) -> dict[torch.nn.Module, int] | None:
+    """``{attention module: its layer number}`` where the layers' int attributes (of every submodule) differ in
+    ``self_attn.layer_idx`` alone, so one graph traced with that number as an input serves every layer; None
+    otherwise (then :class:`CompiledLayers` traces every int attribute as symbolic)."""
+    attentions = [getattr(layer, "self_attn", None) for layer in layers]
+    if not attentions or any(not isinstance(getattr(a, "layer_idx", None), int) for a in attentions):
+        return None
+
+    def ints(layer: torch.nn.Module) -> dict[tuple[str, str], int]:
+        return {(path, name): value for path, module in layer.named_modules() for name, value in vars(module).items()
+                if type(value) is int and (path, name) != ("self_attn", "layer_idx")}
+
+    first = ints(layers[0])
+    if any(ints(layer) != first for layer in layers[1:]):
+        return None
+    return {attention: attention.layer_idx for attention in attentions}
 
 
 class CompiledLayers:
@@ -200,6 +225,18 @@ class CompiledLayers:
             warnings.warn("the judge's decoder layers could not be compiled with this torch/transformers; "
                           "it runs eagerly", stacklevel=2)
             self.calls = []
+        # Inside active() each attention's layer number is a 0-dim tensor: SharedHeadCache indexes the head's keys
+        # and values by it. As an int attribute of the module Dynamo would fix it in each layer's graph (a
+        # compilation per layer); allow_unspec_int_on_nn_module makes it symbolic, but with it every int attribute
+        # of every module (the head size too) and every size derived from it, which made tracing the layer ~2.5x
+        # slower on a CPU (the judge's set-up, bench/RESULTS.md). A tensor attribute is a graph input like the
+        # weights, so the layers share one graph and the other ints stay constants. Where the layers differ in
+        # another int (layer_numbers None) every int is made symbolic, as before. The tensors are made once: a
+        # copy from host memory in every batch would wait for the device's queue (as in Judge).
+        numbers = layer_numbers(self.layers)
+        self._numbered = None if numbers is None else [
+            (attention, number, torch.tensor(number, device=next(attention.parameters()).device))
+            for attention, number in numbers.items()]
 
     @property
     def usable(self) -> bool:
@@ -210,13 +247,19 @@ class CompiledLayers:
         """The compiled layers in place for the block (the layer number traced as an input, not a constant)."""
         for layer, call in zip(self.layers, self.calls, strict=False):
             layer._compiled_call_impl = call
+        numbered = self._numbered
         try:
             # No duck sizing: two widths that happen to be equal in one batch (the attention's query and key
             # widths, rounded) must not be traced as one symbol, or another batch recompiles the layers.
-            with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True), \
+            # The layer numbers as tensors: see __init__.
+            with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=numbered is None), \
                     torch.fx.experimental._config.patch(use_duck_shape=False):
+                for attention, _, number in numbered or ():
+                    attention.layer_idx = number
                 yield
         finally:
+            for attention, number, _ in numbered or ():
+                attention.layer_idx = number
             for layer in self.layers:
                 layer._compiled_call_impl = None
 
