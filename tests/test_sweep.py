@@ -925,7 +925,13 @@ def test_clear_interrupted_removes_only_killed_temp_runs(tmp_path: Path) -> None
 
 _TRIVIAL_STAGE = """import json, os, time, yaml
 params = yaml.safe_load(open("params.yaml"))
-time.sleep(params["sleep"])
+hold = os.environ.get("HOLD")  # the killed run's second job: say so, then wait (up to 10 min) to be killed
+if hold and params["x"] == 1:
+    open(hold + ".started", "w").close()
+    for _ in range(6000):
+        if not os.path.exists(hold):
+            break
+        time.sleep(0.1)
 os.makedirs("reports", exist_ok=True)
 json.dump({"all": {"size": float(params["x"])}}, open("reports/metrics.json", "w"))
 """
@@ -941,17 +947,18 @@ run_jobs(repo, "t", "t: configs", jobs, LocalDvcExecutor(repo))
 
 @pytest.mark.heavy
 def test_a_killed_local_run_leaves_nothing_that_a_rerun_repeats_or_lists_twice(tmp_path: Path) -> None:
-    """Real `dvc exp run --temp` on a one-stage pipeline that only sleeps (no models, ~1 min): the runner's process
-    group is killed (SIGKILL) inside the second job. DVC then lists that job as running, from the scratch copy it
-    left; the rerun clears it, runs only the second job, and afterwards every experiment is listed once."""
+    """Real `dvc exp run --temp` on a one-stage pipeline that only writes its metric (no models): the runner's
+    process group is killed (SIGKILL) inside the second job, once its stage has started (in the killed run that
+    stage waits to be killed, polled, not a fixed sleep). DVC then lists that job as running, from the scratch copy
+    it left; the rerun clears it, runs only the second job, and afterwards every experiment is listed once."""
     import dvc.api
 
     repo = tmp_path / "repo"
     repo.mkdir()
-    (repo / "params.yaml").write_text("x: 0\nsleep: 8\n")
+    (repo / "params.yaml").write_text("x: 0\n")
     (repo / "stage.py").write_text(_TRIVIAL_STAGE)
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"work": {
-        "cmd": "python stage.py", "deps": ["stage.py"], "params": ["x", "sleep"],
+        "cmd": "python stage.py", "deps": ["stage.py"], "params": ["x"],
         "metrics": [{"reports/metrics.json": {"cache": False}}]}}}))
     run(repo, "git", "init", "-q")
     run(repo, "dvc", "init", "-q")
@@ -964,14 +971,17 @@ def test_a_killed_local_run_leaves_nothing_that_a_rerun_repeats_or_lists_twice(t
     env = plain_shell_env()
     log = repo / ".dvc/tmp/sweeps/t/runs.jsonl"
 
-    first = subprocess.Popen([sys.executable, str(driver), str(repo)], env=env, start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hold = tmp_path / "hold"
+    hold.touch()
+    first = subprocess.Popen([sys.executable, str(driver), str(repo)], env={**env, "HOLD": str(hold)},
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = tmp_path / "hold.started"
     deadline = time.monotonic() + 600
-    while not log.is_file() and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert first.poll() is None and log.is_file()
-    time.sleep(4)  # inside the second job's 8-second stage
+    while not started.is_file() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.poll() is None and log.is_file() and started.is_file()  # the first job done, inside the second
     _kill_group(first)
+    hold.unlink()
     listed = [(r.get("Experiment"), r.get("State")) for r in dvc.api.exp_show(repo=str(repo))]
     assert ("t-1", "Running") in listed, listed  # the left-over DVC reports
 
