@@ -148,7 +148,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from mmw.engines.models import load_model
-    from mmw.judge import Judge
+    from mmw.judge.judge import Judge
     from mmw.tasks import build_prompts, render_chat
 
     torch.set_num_threads(2)
