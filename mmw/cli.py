@@ -88,7 +88,9 @@ def _stage(module: str, *args: Any) -> None:
 def main() -> None:
     """The ``mmw`` script and ``python -m mmw``: the app, in a process of its own."""
     global _OWN_PROCESS
-    if os.environ.get("MMW_PREFORK") == "1":  # a stage in a warm copy of a server (mmw.prefork), if one serves
+    # A stage in a warm copy of a server (mmw.prefork), if one serves; never under per-process hooks (PYTHONPATH:
+    # the tests' tracers), which must see the stage's own imports.
+    if os.environ.get("MMW_PREFORK") == "1" and not os.environ.get("PYTHONPATH"):
         from mmw import prefork
 
         if prefork.enabled(sys.argv) and (code := prefork.forward(sys.argv)) is not None:
