@@ -93,7 +93,7 @@ def main() -> None:
     if os.environ.get("MMW_PREFORK") == "1" and not os.environ.get("PYTHONPATH"):
         from mmw import prefork
 
-        if prefork.enabled(sys.argv) and (code := prefork.forward(sys.argv)) is not None:
+        if prefork.enabled(sys.argv) and (code := prefork.forward(sys.argv, f"{__name__}:main")) is not None:
             sys.exit(code)
     _OWN_PROCESS = True
     app(prog_name="mmw")

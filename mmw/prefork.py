@@ -167,10 +167,10 @@ def _read_message(conn: socket.socket) -> dict[str, Any] | None:
     return json.loads(data)
 
 
-def forward(argv: list[str]) -> int | None:
-    """Run ``argv`` (``mmw <stage> ...``) in a copy forked by the server; return its exit code, or None when no
-    server can serve (the caller then runs the command itself). Ends this process by the copy's signal if one
-    killed it."""
+def forward(argv: list[str], entry: str) -> int | None:
+    """Run ``argv`` (``mmw <stage> ...``) in a copy forked by the server, through ``entry`` (``module:function``,
+    the caller's own entry point, imported fresh in the copy); return its exit code, or None when no server can
+    serve (the caller then runs the command itself). Ends this process by the copy's signal if one killed it."""
     path = _folder() / f"{_server_key()}.sock"
     conn = _connect(path) or _start_server(path)
     if conn is None:
@@ -179,7 +179,7 @@ def forward(argv: list[str]) -> int | None:
         fds = _open_descriptors(conn.fileno())
         if len(fds) > _MAX_DESCRIPTORS:
             return None
-        request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "path": sys.path, "fds": fds,
+        request = {"argv": argv, "entry": entry, "cwd": os.getcwd(), "env": dict(os.environ), "path": sys.path, "fds": fds,
                    "umask": _umask(), "priority": os.getpriority(os.PRIO_PROCESS, 0)}
         try:
             socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
@@ -309,9 +309,9 @@ def _run_copy(request: dict[str, Any], received: list[int], preloaded: list[str]
         sys.stdin = open(0, closefd=False) if 0 in targets else sys.stdin  # noqa: SIM115 - the process's own
         sys.stdout = open(1, "w", closefd=False) if 1 in targets else sys.stdout  # noqa: SIM115
         sys.stderr = open(2, "w", closefd=False, buffering=1) if 2 in targets else sys.stderr  # noqa: SIM115
-        cli = importlib.import_module("mmw.cli")
+        module, function = request["entry"].split(":")
         try:
-            cli.main()
+            getattr(importlib.import_module(module), function)()
             code = 0
         except SystemExit as done:
             code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
