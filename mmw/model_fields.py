@@ -21,6 +21,10 @@ Engine = Literal["transformers", "vllm"]
 #: detect.device (mmw.watermark.detector.DEVICES reads it).
 DetectDevice = Literal["auto", "cpu", "cuda", "reference"]
 RateMode = Literal["auto", "greedy", "expected"]
+#: ``prompts.pool``: which prompts the core tasks (book_report, story, fake_news) draw from. ``paper``: the paper's
+#: lists only (100 / 96 / 100); ``extended``: those first, then the ones written for mmw (350 / 354 / 350;
+#: mmw.tasks). A range inside the paper's pool is the same prompts in both.
+PromptPool = Literal["paper", "extended"]
 JudgeBackend = Literal["transformers", "vllm", "openai"]
 #: engine.decode_attention (mmw.engines.attention): a decoding step's attention on CUDA.
 DecodeAttention = Literal["flex", "efficient", "sdpa"]

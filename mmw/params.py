@@ -20,20 +20,30 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import yaml
 
 from mmw.errors import SpecError
 from mmw.model_fields import (  # noqa: F401  (some re-exported: callers read the field types from mmw.params)
-    DETECT_DEVICES, DEVICES, DTYPES, MODEL_SPECS, RATE_MODES, CompileMode, DecodeAttention, DetectDevice, Device,
-    Dtype, Engine, JudgeBackend, ModelName, RateMode, choices)
+    DETECT_DEVICES,
+    DEVICES,
+    DTYPES,
+    MODEL_SPECS,
+    RATE_MODES,
+    CompileMode,
+    DecodeAttention,
+    DetectDevice,
+    Device,
+    Dtype,
+    Engine,
+    JudgeBackend,
+    ModelName,
+    PromptPool,
+    RateMode,
+    choices,
+)
 from mmw.validation import Integer, Section, allowed, validate
-
-#: ``prompts.pool``: which prompts the core tasks (book_report, story, fake_news) draw from. ``paper``: the paper's
-#: lists only (100 / 96 / 100); ``extended``: those first, then the ones written for mmw (350 / 354 / 350;
-#: mmw.tasks). A range inside the paper's pool is the same prompts in both.
-PromptPool = Literal["paper", "extended"]
 
 if TYPE_CHECKING:
     from mmw.quality.params import LowEntropyParams, QualityParams

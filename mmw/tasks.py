@@ -50,7 +50,7 @@ import polars as pl
 
 from mmw.errors import SpecError
 from mmw.io import LOW_ENTROPY_INPUTS, InputError, read_table
-from mmw.params import PromptPool
+from mmw.model_fields import PromptPool
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "tasks"
 #: The paper's cap on fake-news combinations, and mmw's over the extended lists (the paper's picks come first).
