@@ -204,6 +204,9 @@ def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw
         result["process_wall_s"] = round(time.perf_counter() - t0, 1)  # imports, loads, stages, exit
         result["process_rc"] = rc
         for line in log.read_text(errors="replace").splitlines():
+            if line.startswith('{"split"'):  # bench/warm_stages.py under MMW_BENCH_SPLIT=1
+                result.setdefault("splits", []).append(json.loads(line))
+                print("  split " + line, flush=True)
             if line.startswith('{"stage"'):
                 entry = json.loads(line)
                 timing = workdir / "reports" / "timings" / f"{entry['stage']}.json"

@@ -16,7 +16,12 @@ plain sampling on the same card in the same process, back to back.
   batch runs all its steps unless every row draws its end of text. One warm-up run each, then ``--rounds`` rounds,
   every configuration once a round in that order (A B A B ...); each ratio is taken within a round against that
   round's baseline, and the median and range over rounds are reported. The graph loop's GPU ms a step come from
-  CUDA events around each step.
+  CUDA events around each step. Every run also records the process's CPU seconds (``time.process_time``).
+  ``--host-rounds N``: N more interleaved rounds with the host seconds inside the calls that differ between the
+  ``generate`` configurations timed (``HostTimers``: mmw's processor, transformers' softmax / multinomial /
+  argmax), and each run's wall with the baseline's calls put in place of its own over its wall (the ratio of a
+  host-bound path, the rest of the run being common code). ``--profile-rounds N``: N more interleaved rounds under
+  a CUDA-only profiler, each run's kernels and copies summed (GPU ms a step through ``generate``).
 
     PYTHONPATH=. python3 bench/gpu_tournament.py --out DIR          (bench/gpu_tournament_h200.sh on the H200)
 
@@ -347,7 +352,47 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
     return xs[k], xs[n - 1 - k]
 
 
-def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: str = "") -> None:
+class HostTimers:
+    """Host seconds spent inside the calls that differ between the ``generate`` configurations, accumulated per
+    run with ``time.perf_counter`` (no device sync): mmw's processor call (``WatermarkProcessor.__call__``) and
+    transformers' own choice of the token (``softmax`` + ``multinomial`` when sampling, ``argmax`` when greedy).
+    Everything else in a run (generate's loop, the forward's ~1,500 launches) is the same code on both sides."""
+
+    NAMES = ("processor", "softmax", "multinomial", "argmax")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.NAMES, 0.0)
+        self._saved: list = []
+
+    def _wrap(self, owner, attr: str, name: str) -> None:
+        fn = getattr(owner, attr)
+        seconds = self.seconds
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[name] += time.perf_counter() - t0
+
+        self._saved.append((owner, attr, fn))
+        setattr(owner, attr, timed)
+
+    def __enter__(self) -> "HostTimers":
+        self._wrap(WatermarkProcessor, "__call__", "processor")
+        self._wrap(torch.nn.functional, "softmax", "softmax")
+        self._wrap(torch, "multinomial", "multinomial")
+        self._wrap(torch, "argmax", "argmax")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, attr, fn in reversed(self._saved):
+            setattr(owner, attr, fn)
+        self._saved.clear()
+
+
+def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: str = "",
+                profile_rounds: int = 0, host_rounds: int = 0) -> None:
     model, cfg = build_model(32, 4096, "cuda", "llama3-8b")
     tok = word_tokenizer(cfg.vocab_size)
     torch.manual_seed(batch)
@@ -356,7 +401,7 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: st
     install_before(None)
     install_before("default")
 
-    def run(static: bool, scheme: SchemeSpec | None, key: int, hf_plain: bool = False) -> float:
+    def run(static: bool, scheme: SchemeSpec | None, key: int, hf_plain: bool = False) -> tuple[float, float]:
         settings = EngineParams(static_decode=static, graph_decode=True)  # params engine:
         if hf_plain:  # transformers' own sampling, no processor, in generate_batch's own generate call
             batch_ids = ids.cuda()
@@ -365,22 +410,22 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: st
             config.disable_compile = not engine.COMPILE_DECODING
             config.do_sample, config.top_k, config.top_p, config.temperature = True, 0, 1.0, 1.0
             sync()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with torch.inference_mode(), engine.neutral_model_defaults(model), grouped_query_sdpa(model):
                 model.generate(input_ids=batch_ids, attention_mask=torch.ones_like(batch_ids),
                                generation_config=config)
             sync()
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             free(model)
-            return wall
+            return wall, cpu
         proc = WatermarkProcessor(scheme, key, cfg.vocab_size, list(range(batch)), 1.0)
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         engine.generate_batch(model, tok, prompts, proc, new_tokens, settings)
         sync()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         free(model)
-        return wall
+        return wall, cpu
 
     configs = {
         "graph loop: mmw plain": (True, None, KEY),
@@ -394,12 +439,12 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: st
     if only:  # one path's after configurations and that path's baseline: more rounds in the same time
         path = {"graph": "graph loop", "generate": "generate"}[only]
         configs = {n: a for n, a in configs.items() if n.split(":")[0] == path and "before" not in n}
-    walls = {}
+    walls, cpus = {}, {}
     for name, args in configs.items():
         t0 = time.perf_counter()
         run(*args)
         print(f"decode warm-up {name}: {time.perf_counter() - t0:.1f} s", flush=True)
-        walls[name] = []
+        walls[name], cpus[name] = [], []
     gpu_ms = {}
     for r in range(rounds):
         for name, args in configs.items():
@@ -410,26 +455,79 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: st
             gc.collect()
             gc.disable()
             try:
-                walls[name].append(run(*args))
+                wall, cpu = run(*args)
             finally:
                 gc.enable()
+            walls[name].append(wall)
+            cpus[name].append(cpu)
             if timed:
                 sync()
                 ms = [s.elapsed_time(e) for s, e in graph_decode.STEP_EVENTS[4:]]
                 gpu_ms.setdefault(name, []).append(statistics.median(ms))
             graph_decode.STEP_EVENTS = None
-        print(f"round {r}: " + ", ".join(f"{n} {w[-1]:.3f} s" for n, w in walls.items()), flush=True)
+        print(f"round {r}: " + ", ".join(f"{n} {w[-1]:.3f} s (CPU {cpus[n][-1]:.3f} s)" for n, w in walls.items()),
+              flush=True)
+    # GPU time through a path with no events of its own (generate): every kernel's and copy's duration on the
+    # device, summed from a CUDA-only profiler trace of one whole run, in further interleaved rounds (the trace's
+    # host cost moves the wall, not the kernels' durations).
+    # Host seconds inside the calls that differ (HostTimers), per run, in further interleaved rounds: within a run
+    # they drift with the run's own pace, so "the rest" of a run (same code on every side) cancels.
+    host = {}
+    for r in range(host_rounds):
+        for name, args in configs.items():
+            gc.collect()
+            gc.disable()
+            try:
+                with HostTimers() as timers:
+                    wall, cpu = run(*args)
+            finally:
+                gc.enable()
+            host.setdefault(name, []).append(dict(wall_s=wall, cpu_s=cpu, **timers.seconds))
+        print(f"host round {r}: " + ", ".join(
+            f"{n} {v[-1]['wall_s']:.3f} s, in the calls " + "/".join(f"{1e3 * v[-1][k] / new_tokens:.3f}"
+                                                                      for k in HostTimers.NAMES) + " ms/step"
+            for n, v in host.items()), flush=True)
+    kernel_ms = {}
+    for r in range(profile_rounds):
+        for name, args in configs.items():
+            gc.collect()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                run(*args)
+            kernel_ms.setdefault(name, []).append(device_ms(prof))
+        print(f"profiled round {r}: " + ", ".join(f"{n} {v[-1] / new_tokens:.3f} GPU ms/step"
+                                                  for n, v in kernel_ms.items()), flush=True)
     baselines = {"graph loop": "graph loop: mmw plain", "generate": "generate: HF plain sampling"}
     rows = {}
     for name, w in walls.items():
-        base = walls[baselines[name.split(":")[0]]]
+        base_name = baselines[name.split(":")[0]]
+        base = walls[base_name]
         ratios = [b / x for b, x in zip(base, w)]
         lo, hi = median_interval(ratios)
+        cpu_ratios = [b / x for b, x in zip(cpus[base_name], cpus[name])]
+        clo, chi = median_interval(cpu_ratios)
         rows[name] = dict(walls_s=w, wall_median_s=statistics.median(w), ratio_rounds=ratios,
                           ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
                           ratio_median_ci95=[lo, hi],
                           step_ms_median=1e3 * statistics.median(w) / new_tokens,
-                          gpu_ms_per_step_rounds=gpu_ms.get(name))
+                          gpu_ms_per_step_rounds=gpu_ms.get(name),
+                          cpu_s=cpus[name], cpu_median_s=statistics.median(cpus[name]),
+                          cpu_ratio_rounds=cpu_ratios, cpu_ratio_median=statistics.median(cpu_ratios),
+                          cpu_ratio_min=min(cpu_ratios), cpu_ratio_max=max(cpu_ratios),
+                          cpu_ratio_median_ci95=[clo, chi])
+        if name in kernel_ms:
+            kr = [b / x for b, x in zip(kernel_ms[base_name], kernel_ms[name])]
+            rows[name].update(kernel_ms_runs=kernel_ms[name],
+                              kernel_ms_per_step_median=statistics.median(kernel_ms[name]) / new_tokens,
+                              kernel_ratio_rounds=kr, kernel_ratio_median=statistics.median(kr))
+        if name in host:
+            # The run's wall with the baseline's own choice of the token put in place of this run's calls that
+            # differ, over the run's wall: the ratio a host-bound path gives, with the rest of the run common.
+            differ = [sum(h[k] for k in HostTimers.NAMES) for h in host[name]]
+            base_differ = [sum(h[k] for k in HostTimers.NAMES) for h in host[base_name]]
+            est = [(h["wall_s"] - d + bd) / h["wall_s"] for h, d, bd in zip(host[name], differ, base_differ)]
+            rows[name].update(host_runs=host[name], host_differ_ms_per_step=[1e3 * d / new_tokens for d in differ],
+                              host_ratio_rounds=est, host_ratio_median=statistics.median(est),
+                              host_ratio_min=min(est), host_ratio_max=max(est))
     result["decode"] = dict(batch=batch, new_tokens=new_tokens, prompt_len=64, rounds=rounds, rows=rows)
     print(f"\nB={batch}, {new_tokens} new tokens, {rounds} interleaved rounds; ratio = baseline wall / wall, "
           "same round")
@@ -438,12 +536,29 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: st
         print(f"{name:32s} wall {row['wall_median_s']:6.3f} s  x{row['ratio_median']:.3f} "
               f"[{row['ratio_min']:.3f}, {row['ratio_max']:.3f}] median CI95 [{row['ratio_median_ci95'][0]:.3f}, "
               f"{row['ratio_median_ci95'][1]:.3f}]  {row['step_ms_median']:6.2f} ms/step"
-              + (f"  GPU {statistics.median(gpu):6.2f} ms/step {[round(g, 2) for g in gpu]}" if gpu else ""),
+              + (f"  GPU {statistics.median(gpu):6.2f} ms/step {[round(g, 2) for g in gpu]}" if gpu else "")
+              + f"\n{'':32s} CPU {row['cpu_median_s']:6.3f} s  x{row['cpu_ratio_median']:.3f} "
+              f"[{row['cpu_ratio_min']:.3f}, {row['cpu_ratio_max']:.3f}] median CI95 "
+              f"[{row['cpu_ratio_median_ci95'][0]:.3f}, {row['cpu_ratio_median_ci95'][1]:.3f}]"
+              + (f"  kernels {row['kernel_ms_per_step_median']:6.3f} GPU ms/step x{row['kernel_ratio_median']:.4f} "
+                 f"{[round(k, 4) for k in row['kernel_ratio_rounds']]}"
+                 if "kernel_ms_runs" in row else "")
+              + (f"\n{'':32s} host: the calls that differ {statistics.median(row['host_differ_ms_per_step']):.3f} "
+                 f"ms/step; wall with the baseline's calls instead x{row['host_ratio_median']:.4f} "
+                 f"[{row['host_ratio_min']:.4f}, {row['host_ratio_max']:.4f}]" if "host_runs" in row else ""),
               flush=True)
 
 
+def device_ms(prof) -> float:
+    """Milliseconds of device activity (kernels, copies, sets) in a CUDA-only profiler trace, summed from the raw
+    Kineto events (no parse into function events, which takes minutes for a run's ~10^5 kernels)."""
+    cuda = torch.autograd.DeviceType.CUDA
+    return sum(e.duration_ns() for e in prof.profiler.kineto_results.events() if e.device_type() == cuda) / 1e6
+
+
 def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, new_tokens: int = 128, rounds: int = 3,
-         calls: int = 30, before: str = "histogram", decode_only: str = "") -> None:
+         calls: int = 30, before: str = "histogram", decode_only: str = "", profile_rounds: int = 0,
+         host_rounds: int = 0) -> None:
     """``--decode-only graph|generate``: the decode part's configurations on that path only, after sampler only
     (with that path's baseline), for more rounds in the same time."""
     global BEFORE
@@ -477,7 +592,7 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
         step_part(batch, calls, rounds, out_dir, result)
         save()
     if "decode" in parts:
-        decode_part(batch, new_tokens, rounds, result, decode_only)
+        decode_part(batch, new_tokens, rounds, result, decode_only, profile_rounds, host_rounds)
         save()
 
 

@@ -12,10 +12,68 @@ loads of the models it uses.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
 from pathlib import Path
+
+
+class Split:
+    """``MMW_BENCH_SPLIT=1``: where a stage's time goes, from timers wrapped around a few calls (no profiler): the
+    decode loop (``static_decode``, synchronised at both ends) and its parts (the prefill, the eager steps, which
+    compile the watermark step and the decoding attention, and the CUDA-graph captures), model loads, and Dynamo's
+    own compile-time metrics (``torch._dynamo.utils.compilation_time_metrics``). One JSON line a stage:
+    ``{"split": STAGE, ...seconds, calls}``. Built before the stage modules are imported (which bind ``load_model``
+    by name); a timer that never ran is absent from the line."""
+
+    def __init__(self) -> None:
+        import torch
+        from mmw.engines import generate, graph_decode, models
+
+        self.torch = torch
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+        self._wrap(graph_decode, "static_decode", "decode_loop", sync)
+        generate.static_decode = graph_decode.static_decode  # imported by name there
+        self._wrap(graph_decode._Decoder, "prefill_scores", "prefill", sync)
+        self._wrap(graph_decode._Decoder, "step", "eager_steps", None)  # also runs under capture: never sync
+        self._wrap(graph_decode, "_capture", "captures", None)  # synchronises itself
+        self._wrap(models, "load_model", "load_model", None)
+
+    def _wrap(self, owner, attr: str, name: str, sync) -> None:
+        fn = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            if sync is not None:
+                sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if sync is not None:
+                    sync()
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+                self.calls[name] = self.calls.get(name, 0) + 1
+
+        setattr(owner, attr, timed)
+
+    def dynamo_s(self) -> float:
+        try:
+            metrics = self.torch._dynamo.utils.compilation_time_metrics
+        except AttributeError:
+            return float("nan")
+        return sum(sum(v) for k, v in metrics.items() if k.startswith("_compile") or k == "entire_frame_compile")
+
+    def begin(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+        self._dynamo0 = self.dynamo_s()
+
+    def line(self, stage: str) -> str:
+        return json.dumps({"split": stage, **{k: round(v, 3) for k, v in self.seconds.items()},
+                           "calls": dict(self.calls), "dynamo_compile_s": round(self.dynamo_s() - self._dynamo0, 3)})
 
 
 def main(repo: str, stages: str) -> int:
@@ -25,8 +83,11 @@ def main(repo: str, stages: str) -> int:
     wanted = stages.split(",")
     plan = [stage for stage in stage_plan(Path(repo))[0] if stage.name in wanted]
     failed = 0
+    split = Split() if os.environ.get("MMW_BENCH_SPLIT") else None
     with shared_loads():
         for stage in plan:
+            if split is not None:
+                split.begin()
             t0 = time.perf_counter()
             error = None
             try:
@@ -38,6 +99,8 @@ def main(repo: str, stages: str) -> int:
             print(json.dumps({"stage": stage.name, "wall_s": round(time.perf_counter() - t0, 1),
                               "rc": 0 if error is None else 1, **({"error": error[:400]} if error else {})}),
                   flush=True)
+            if split is not None:
+                print(split.line(stage.name), flush=True)
     return 1 if failed else 0
 
 

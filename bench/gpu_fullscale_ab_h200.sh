@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Full configurations of two code trees back to back on one lent H200, cold and warm:
+#   bash bench/gpu_fullscale_ab_h200.sh TREE:LABEL:CACHE [TREE:LABEL:CACHE ...]
+# Each SPEC runs `bash bench/gpu_fullscale_h200.sh LABEL "" --in-process` inside .gpu/TREE (a `git archive` of the
+# commit to measure, with this bench/ folder copied in) under MMW_BENCH_SPLIT=1 (bench/warm_stages.py: where each
+# stage's time goes), with the compiler caches (Inductor, Triton, the driver's PTX cache) in /tmp/cache-CACHE: a
+# CACHE name not used before on the machine is a cold run, one used before a warm run. Every run reads the same
+# random-init generator folder (built by the first). .gpu/ holds whl/, prt.tar.xz and tok.tar.xz as
+# bench/gpu_fullscale_h200.sh says; the results land in $OUT/LABEL/gpu_fullscale.json.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+root=$PWD
+for spec in "$@"; do
+  IFS=: read -r tree label cache <<< "$spec"
+  cd "$root/.gpu/$tree" || exit 1
+  [ -e .gpu ] || ln -sfn .. .gpu
+  mkdir -p "/tmp/mmw-full-$label/models"
+  [ -d /tmp/models/llama3-8b ] && ln -sfn /tmp/models/llama3-8b "/tmp/mmw-full-$label/models/llama3-8b"
+  state=$([ -d "/tmp/cache-$cache" ] && echo warm || echo cold)
+  echo "== $(date +%T) tree $tree, label $label, caches /tmp/cache-$cache ($state)"
+  TORCHINDUCTOR_CACHE_DIR=/tmp/cache-$cache/inductor TRITON_CACHE_DIR=/tmp/cache-$cache/triton \
+    CUDA_CACHE_PATH=/tmp/cache-$cache/nv MMW_BENCH_SPLIT=1 bash bench/gpu_fullscale_h200.sh "$label" "" --in-process
+  if [ ! -d /tmp/models/llama3-8b ] && [ -d "/tmp/mmw-full-$label/models/llama3-8b" ]; then
+    mkdir -p /tmp/models && mv "/tmp/mmw-full-$label/models/llama3-8b" /tmp/models/ \
+      && ln -s /tmp/models/llama3-8b "/tmp/mmw-full-$label/models/llama3-8b"
+  fi
+  rm -f "$OUT/$label/summary.md" "$OUT/$label/metrics.json"  # at most 8 files come back a call
+done
+echo "== $(date +%T) done"
