@@ -369,6 +369,25 @@ def test_sweep_plan_never_plans_below_the_smallest_confirmation_set() -> None:
     assert min_confirm_prompts(1 / 3, 3) == 4 and wide["prompts_per_task"].to_list() == [4]
 
 
+def test_sweep_plan_counts_the_tasks_of_the_runs_not_of_a_cell_a_later_round_grew() -> None:
+    """A later round judges its cells on more prompts (here 48 + 3 x 79 = 285) than rounds 1-2's 16 per task of
+    3 tasks: the planner divides a cell's needed prompts by 3 tasks whichever cell comes first, with the runs' task
+    list or without it (the smallest judged cell then). Dividing by 285 / 16 ~ 18 tasks planned KGW's later round
+    at a sixth of what it needs and priced every prompt at a sixth of its measured time."""
+    from mmw.sweep.plan import sweep_plan
+
+    confirmation = Confirmation(prompts=16, offset=1)
+    grown = _unresolved_cell(0.96, 0.90, n=285)
+    table = pl.concat([grown.with_columns(pl.lit("b").alias("config_id")), _unresolved_cell(0.96, 0.85)])
+    for results in (pl.DataFrame({"config_id": ["a"], "attacks.fraction": [1 / 3], "wall_s": [60.0],
+                                  "prompts.tasks": ["['book_report', 'story', 'fake_news']"]}),
+                    pl.DataFrame({"config_id": ["a"], "attacks.fraction": [1 / 3], "wall_s": [60.0]})):
+        plan = sweep_plan(table, results, pl.DataFrame(), confirmation, tuning=1, k=5)
+        row = plan.filter(pl.col("config_id") == "a").row(0, named=True)
+        needs = max(row["quality_prompts"], row["floor_prompts"])
+        assert needs > 48 and row["prompts_per_task"] == math.ceil(round(needs / 3, 9))
+
+
 def _unresolved_cell(quality: float, low: float, n: int = 48, k: int = 5) -> pl.DataFrame:
     """One unresolved 10 % cell measured on ``n`` prompts of 3 tasks, ``k`` runs."""
     return pl.DataFrame({

@@ -310,3 +310,14 @@ def test_the_plan_shows_a_declared_cell_as_its_round_until_the_round_judges_it()
     assert shown.filter(pl.col("min_tamper_resistance") == 0.2)["note"].to_list() == [CANNOT]  # not declared
     judged = with_declared_rounds(plan, table.with_columns(pl.lit("round 3").alias("round")), confirmation, 1, None)
     assert judged["note"].to_list() == [CANNOT, CANNOT]
+    # A need the planner put at its own K is shown at the round's K (the column beside it), not left at the
+    # planner's: 100 prompts at K = 8 of a cell measured at K = 5 are 100 / rv(8, 5) x rv(2, 5) at K = 2.
+    from mmw.sweep.plan import relative_variance
+
+    k_now = table.filter((pl.col("family") == "distribution_shift") & (pl.col("min_tamper_resistance") == 0.0)
+                         )["k"][0]
+    planned = plan.with_columns(pl.lit(100.0).alias("quality_prompts"), pl.lit(8, dtype=pl.Int64).alias("k"))
+    at_round = with_declared_rounds(planned, table, confirmation, 1, None).filter(
+        pl.col("min_tamper_resistance") == 0.0).row(0, named=True)
+    assert at_round["k"] == 2 and at_round["quality_prompts"] == pytest.approx(
+        100 / relative_variance(8, k_now) * relative_variance(2, k_now))

@@ -445,6 +445,24 @@ def test_dvc_plots_show_renders_offline(tmp_path: Path) -> None:
     assert coloured_share(image) > 0.0003  # the curve, in Vega's colours (a blank page: 0)
 
 
+def test_the_confirmation_scale_gives_a_range_when_later_rounds_grew_some_cells() -> None:
+    """Rounds 1-2 judge every cell on the same prompts and K; a later round (confirm.extend) judges some on more
+    prompts at another K. The scale line then gives both ranges, never the largest count beside the first rounds'
+    per-task figure (which read as 237 prompts at 16 per task)."""
+    from types import SimpleNamespace
+
+    from mmw.reporting.data import confirmation_scale
+
+    def scale(n: list[int], k: list[int]) -> str | None:
+        table = pl.DataFrame({"n_prompts": n, "k": k})
+        return confirmation_scale(SimpleNamespace(confirmed=True, table=table,
+                                                  meta={"confirm_prompts_per_task": 16}))
+
+    assert scale([48, 48], [5, 5]) == "48 held-out prompts (16 per task) × K = 5 runs with fresh keys and seeds"
+    assert scale([48, 285, 207], [5, 2, 2]) == ("48-285 held-out prompts a cell (16 per task in the first rounds, "
+                                                "more in later ones) × K = 2-5 runs with fresh keys and seeds")
+
+
 def test_confirmed_table_shows_statuses_and_the_headline_only_confirmed_cells(tmp_path: Path) -> None:
     directory = tmp_path / "reports/sweeps/confirmed"
     make_sweep(directory, seed=3)

@@ -578,10 +578,17 @@ def confirmation_scale(sweep: Sweep) -> str | None:
     if judged.height == 0:
         per_task = sweep.meta.get("confirm_prompts_per_task")
         return f"{per_task} held-out prompts per task, no confirmation runs yet" if per_task else None
-    prompts, k = int(judged["n_prompts"].max()), int(judged["k"].max() or 0)
+    fewest, most = int(judged["n_prompts"].min()), int(judged["n_prompts"].max())
+    ks = judged["k"].drop_nulls()
+    k = int(ks.max()) if len(ks) else 0
     per_task = sweep.meta.get("confirm_prompts_per_task")
-    return (f"{prompts} held-out prompts" + (f" ({per_task} per task)" if per_task else "")
-            + f" × K = {k} runs with fresh keys and seeds")
+    if fewest == most:
+        return (f"{most} held-out prompts" + (f" ({per_task} per task)" if per_task else "")
+                + f" × K = {k} runs with fresh keys and seeds")
+    # Later rounds (confirm.extend) judge some cells on more prompts at another K: give the range, not a mix.
+    runs = f"K = {int(ks.min())}-{k}" if len(ks) and int(ks.min()) != k else f"K = {k}"
+    return (f"{fewest}-{most} held-out prompts a cell" + (f" ({per_task} per task in the first rounds, more in "
+            "later ones)" if per_task else "") + f" × {runs} runs with fresh keys and seeds")
 
 
 def sweep_provenance(sweep: Sweep, commit: str | None, generated: str) -> list[tuple[str, str]]:

@@ -354,7 +354,10 @@ def sweep_plan(table: pl.DataFrame, results: pl.DataFrame, reevaluations: pl.Dat
         table = pl.concat([table, cells.select([c for c in table.columns if c in cells.columns])],
                           how="diagonal_relaxed")
     measured = table.filter(pl.col("n_prompts").is_not_null() & (pl.col("n_prompts") > 0))
-    tasks = max(1, round(measured["n_prompts"][0] / confirmation.prompts)) if measured.height else 1
+    # The runs' own task list; else the smallest judged cell (a cell a later round judged holds more prompts than
+    # rounds 1-2's ``confirmation.prompts`` per task, so any other cell would count too many tasks).
+    tasks = len(run_tasks(results)) or (
+        max(1, round(int(measured["n_prompts"].min()) / confirmation.prompts)) if measured.height else 1)
     share = float((measured["n_attacked"] / measured["n_prompts"]).median()) if measured.height else 1 / 3
     walls = []
     if "wall_s" in reevaluations.columns:
@@ -392,9 +395,12 @@ def with_declared_rounds(plan: pl.DataFrame, table: pl.DataFrame, confirmation: 
             if cell is None or judged.get(key) == extension.name:
                 continue
             prompts = cell.prompts * tasks
-            if row["k"] is None and row["quality_prompts"] is not None and math.isfinite(row["quality_prompts"]):
-                k_now = judged_k.get(key) or GENERATION_K  # no K fitted: the need is at the measured K; at the round's
-                row["quality_prompts"] = max(row["quality_prompts"] * relative_variance(cell.k, k_now), 1.0)
+            if row["quality_prompts"] is not None and math.isfinite(row["quality_prompts"]):
+                # The need at the round's K: from the plan's K back to the measured one (none fitted: the need is
+                # already at the measured K), then to the round's.
+                k_now = judged_k.get(key) or GENERATION_K
+                at_measured = row["quality_prompts"] / (1.0 if row["k"] is None else relative_variance(row["k"], k_now))
+                row["quality_prompts"] = max(at_measured * relative_variance(cell.k, k_now), 1.0)
             row.update(k=cell.k, prompts_per_task=cell.prompts, resolvable=None,
                        note=f"{extension.name}: {cell.prompts} per task, K = {cell.k} (its runs pending)",
                        cpu_s=None if model is None else cell.k * (model[0] + model[1] * prompts),
