@@ -145,13 +145,14 @@ def main() -> None:
     parser.add_argument("--gamma", type=float, default=0.5)
     parser.add_argument("--q", type=float, default=0.9)
     parser.add_argument("--out", type=Path, default=Path("bench/results/coupling_pilot.json"))
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 beside other work on 2 cores)")
     args = parser.parse_args()
 
     from mmw.engines.models import load_model
     from mmw.judge.judge import Judge
     from mmw.tasks import build_prompts, render_chat
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     started = time.time()
     prompts = build_prompts(list(TASKS), per_task=args.prompts, offset=args.offset)
     tokenizer, model = load_model("embedded:smollm2-135m", "cpu", "auto")
