@@ -372,8 +372,8 @@ def test_sweep_plan_never_plans_below_the_smallest_confirmation_set() -> None:
 def test_sweep_plan_counts_the_tasks_of_the_runs_not_of_a_cell_a_later_round_grew() -> None:
     """A later round judges its cells on more prompts (here 48 + 3 x 79 = 285) than rounds 1-2's 16 per task of
     3 tasks: the planner divides a cell's needed prompts by 3 tasks whichever cell comes first, with the runs' task
-    list or without it (the smallest judged cell then). Dividing by 285 / 16 ~ 18 tasks planned KGW's later round
-    at a sixth of what it needs and priced every prompt at a sixth of its measured time."""
+    list or without it (the smallest judged cell then). Counting tasks from the first cell read (a round-3 cell of
+    237 prompts: 15 tasks) planned KGW's later round at a fifth of what it needs."""
     from mmw.sweep.plan import sweep_plan
 
     confirmation = Confirmation(prompts=16, offset=1)
