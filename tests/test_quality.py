@@ -171,6 +171,12 @@ def test_batched_perplexity_matches_an_unbatched_forward_pass(tiny_model, pad_mu
     expected = [_reference_perplexity(tokenizer, model, p, t) for p, t in zip(prompts, texts, strict=True)]
     assert scores.perplexity == pytest.approx(expected, rel=1e-4)
     assert scores.features.shape == (3, 32) and np.isfinite(scores.features).all()
+    if pad_multiple:  # CUDA's queued loop, here on the CPU: the same numbers
+        queued = score_texts(tokenizer, model, prompts + ["write"], texts + [""], max_tokens=64, batch_size=2,
+                             pad_multiple=pad_multiple, queued=True)
+        assert queued.perplexity[:3] == pytest.approx(scores.perplexity, rel=1e-6) and np.isnan(queued.perplexity[3])
+        assert np.allclose(queued.features[:3], scores.features, rtol=1e-5, atol=1e-6)
+        assert not queued.features[3].any()
     truncated = score_texts(tokenizer, model, prompts[:1], texts[:1], max_tokens=3, batch_size=1)
     assert truncated.perplexity[0] == pytest.approx(_reference_perplexity(tokenizer, model, prompts[0], "the cat sat"),
                                                     rel=1e-4)
