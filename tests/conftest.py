@@ -26,9 +26,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # has torch, transformers, numba and scipy imported (mmw.prefork): ~6 s less a stage on the 2-core machine. The
 # shared tiny pipeline run (tests/pipeline_repo.py: traced, PYTHONPATH set) and the fault injection run plain stage
 # processes, and tests/test_prefork.py holds a run through the server equal to the plain one byte for byte. An idle
-# server ends after a minute.
+# server (~0.5 GB) ends after four minutes: long enough to outlive the gaps between one file's runs (starting one
+# takes ~10 s on the 2-core machine, more under load), short enough that few linger.
 os.environ.setdefault("MMW_PREFORK", "1")
-os.environ.setdefault("MMW_PREFORK_IDLE", "60")
+os.environ.setdefault("MMW_PREFORK_IDLE", "240")
 
 # Research code that is no part of the library (the sweep's simulation study, bench/sweep_simulation.py) lives in
 # bench/; its tests import it from there.

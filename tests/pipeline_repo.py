@@ -29,6 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 #: PYTHONPATH entry whose sitecustomize records what each stage imports and reads (tests/test_deps.py).
 DEPTRACE = Path(__file__).resolve().parent / "deptrace"
+#: PYTHONPATH entry whose sitecustomize counts (or, planned, kills at) each stage's atomic moves (tests/test_faults.py);
+#: it runs the next sitecustomize on the path too, so the shared run is traced and counted at once.
+FAULTINJECT = Path(__file__).resolve().parent / "faultinject"
 #: Left out of the copy: the committed run of the default board (the copy runs its own board from scratch).
 NOT_COPIED = ("dvc.lock", "reports/metrics.json")
 
@@ -47,6 +50,14 @@ def tiny_board() -> dict[str, Any]:
     # The plumbing tests need a judge, not a good one: SmolLM2 rates ~10x faster than the default Qwen judge
     # (the judge's discrimination is tested in test_judge.py and measured on every default run).
     board["rate"].update(batch_size=4, judge="embedded:smollm2-135m", dtype="float32")
+    return board
+
+
+def traced_board() -> dict[str, Any]:
+    """The shared traced run's board (:func:`traced_tiny_pipeline`): the tiny board with one generation batch per
+    prompt, so that tests/test_faults.py's kills land between stored batches and the shared run is its clean run."""
+    board = tiny_board()
+    board["model"]["batch_size"] = 1
     return board
 
 
@@ -101,10 +112,28 @@ def copy_checkout(repo: Path, venv: bool = True) -> Path:
         target = repo / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target)
+    _copy_kernel_cache(repo)
     if venv:
         make_venv(repo)
     run(repo, "git", "init", "-q")
     return repo
+
+
+def _copy_kernel_cache(repo: Path) -> None:
+    """numba's compiled CPU kernels, where this checkout has them, into the copy: a fresh copy's first detect stage
+    otherwise compiles them again (~8 s on the 2-core machine). They stay valid there: numba checks each against
+    kernels/cpu.py's mtime and size (``copy2`` keeps both), and kernels/cpu.py drops them unless its stamp matches
+    the sources they were compiled from."""
+    cache = REPO / "kernels/__pycache__"
+    files = [*cache.glob("cpu.*.nbi"), *cache.glob("cpu.*.nbc"), *cache.glob("cpu.sources.sha256")]
+    if not files:
+        return
+    (repo / "kernels/__pycache__").mkdir(parents=True, exist_ok=True)
+    for path in files:
+        try:
+            shutil.copy2(path, repo / "kernels/__pycache__" / path.name)
+        except OSError:  # being replaced by another process's compile: that kernel compiles in the copy
+            pass
 
 
 def make_venv(repo: Path) -> Path:
@@ -140,14 +169,17 @@ class TracedRun:
 
     repo: Path
     traces: Path  # <stage>-<pid>.json per stage process (tests/deptrace)
+    counts: Path  # <stage>.count: each stage process's atomic moves (tests/faultinject, MMW_FAULT_COUNT)
     pristine: Path  # a copy of ``repo`` (no venv) taken right after the commit, which nothing changes
     output: str  # dvc repro's stdout + stderr
     seconds: float  # wall time of the dvc repro
 
 
 def traced_tiny_pipeline(base: Path) -> TracedRun:
-    """The tiny pipeline after one traced ``.venv/bin/dvc repro`` from scratch, committed (the run experiments
-    compare with), built once per test session and shared by test_dvc, test_deps, test_selection and test_plugins.
+    """The tiny pipeline (:func:`traced_board`) after one traced ``.venv/bin/dvc repro`` from scratch, committed (the
+    run experiments compare with), built once per test session and shared by test_dvc, test_deps, test_prefork,
+    test_plugins and test_faults (its clean run: the stages' atomic moves are counted, and the judge starts from a
+    judgement cache of its own, so the run makes every judgement it records).
 
     ``base`` is a folder in the process's temporary root (``getbasetemp() / name``). Under pytest-xdist every worker
     gets the one run, built by the first to ask, in the session's shared root (the parent of the workers' roots),
@@ -161,14 +193,16 @@ def traced_tiny_pipeline(base: Path) -> TracedRun:
     record = base / "run.json"
     with FileLock(base / "build.lock"):
         if not record.is_file():
-            for partial in (base / "pipeline", base / "traces", base / "pristine"):  # left by a build that failed
-                shutil.rmtree(partial, ignore_errors=True)
-            repo = make_pipeline_repo(base / "pipeline", tiny_board())
-            traces = base / "traces"
+            for partial in ("pipeline", "traces", "counts", "judgements", "pristine"):  # left by a failed build
+                shutil.rmtree(base / partial, ignore_errors=True)
+            repo = make_pipeline_repo(base / "pipeline", traced_board())
+            traces, counts = base / "traces", base / "counts"
             traces.mkdir()
+            counts.mkdir()
             started = time.perf_counter()
             completed = run(repo, ".venv/bin/dvc", "repro",
-                            env={"PYTHONPATH": str(DEPTRACE), "MMW_DEPTRACE": str(traces)})
+                            env={"PYTHONPATH": f"{FAULTINJECT}{os.pathsep}{DEPTRACE}", "MMW_DEPTRACE": str(traces),
+                                 "MMW_FAULT_COUNT": str(counts), "MMW_JUDGE_CACHE": str(base / "judgements")})
             seconds = time.perf_counter() - started
             run(repo, "git", "add", "-A")
             run(repo, "git", "commit", "-qm", "baseline run")
@@ -177,7 +211,8 @@ def traced_tiny_pipeline(base: Path) -> TracedRun:
             made.write_text(json.dumps({"output": completed.stdout + completed.stderr, "seconds": seconds}))
             os.replace(made, record)
     saved = json.loads(record.read_text())
-    return TracedRun(base / "pipeline", base / "traces", base / "pristine", saved["output"], saved["seconds"])
+    return TracedRun(base / "pipeline", base / "traces", base / "counts", base / "pristine", saved["output"],
+                     saved["seconds"])
 
 
 def clone_pipeline(source: Path, dest: Path) -> Path:

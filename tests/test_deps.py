@@ -310,8 +310,8 @@ def stage_traces(traces: Path, copy: Path) -> dict[str, dict[str, set[str]]]:
             for path in paths:
                 relative = _repo_relative(path, roots)
                 if relative is None or IGNORED_PARTS & set(Path(relative).parts) \
-                        or relative.startswith((".venv/", ".git/", ".dvc/", "tests/deptrace/")):
-                    continue  # outside the repository, or the environment, git, DVC or the tracer itself
+                        or relative.startswith((".venv/", ".git/", ".dvc/", "tests/deptrace/", "tests/faultinject/")):
+                    continue  # outside the repository, or the environment, git, DVC or the tracer and counter
                 # A module's __file__ may be a pseudo-path (torch's "_classes.py"); opened files were checked by the
                 # tracer (later stages may since have replaced them).
                 if kind == "read" or any((root / relative).exists() for root in roots):

@@ -19,11 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-from pipeline_repo import make_pipeline_repo, run, tiny_board
+from pipeline_repo import FAULTINJECT, make_pipeline_repo, run, traced_board, traced_tiny_pipeline
 
 pytestmark = pytest.mark.heavy
 
-FAULTINJECT = Path(__file__).resolve().parent / "faultinject"
 SEED = 20261127
 #: The parts store of each resumable stage (mmw.io.PartsStore); the rate stages resume from the judgement cache.
 PARTS = {"generate_baseline": "data/generations/baseline.parquet.parts",
@@ -32,11 +31,6 @@ PARTS = {"generate_baseline": "data/generations/baseline.parquet.parts",
 RESUMED = re.compile(r"resuming from (\S+): (\d+) rows \((\d+) \w+\) stored")
 #: DVC's closing error line after a repro with failed stages, naming them ('a', 'b' and 'c').
 FAILED = re.compile(r"failed to reproduce(?: stages:)? (.+)")
-
-def _board() -> dict[str, Any]:
-    board = tiny_board()
-    board["model"]["batch_size"] = 1  # one generation batch per prompt: kills land between stored batches
-    return board
 
 def _outs(repo: Path) -> dict[str, Any]:
     """Every stage's outputs as dvc.lock records them (path, md5, size): equal records = equal bytes."""
@@ -48,15 +42,14 @@ def _timing(repo: Path, stage: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def killed_and_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One uninterrupted run and one run killed once inside each stage (then rerun until it finishes)."""
+    """One uninterrupted run (the session's shared traced run, whose stages' moves are counted: its committed copy
+    ``pristine``) and one run killed once inside each stage (then rerun until it finishes)."""
     tmp_path = tmp_path_factory.mktemp("faults")
-    board = _board()
-    counts = tmp_path / "counts"
-    counts.mkdir()
-    clean = make_pipeline_repo(tmp_path / "clean", board)
-    run(clean, ".venv/bin/dvc", "repro", env={"PYTHONPATH": str(FAULTINJECT), "MMW_FAULT_COUNT": str(counts),
-                                               "MMW_JUDGE_CACHE": str(tmp_path / "clean-judgements")})
-    moves = {path.stem: int(path.read_text()) for path in counts.glob("*.count")}
+    board = traced_board()
+    traced = traced_tiny_pipeline(tmp_path_factory.getbasetemp() / "tiny-pipeline")
+    clean = traced.pristine
+    assert yaml.safe_load((clean / "params.yaml").read_text()) == board
+    moves = {path.stem: int(path.read_text()) for path in traced.counts.glob("*.count")}
     stages = set(yaml.safe_load((clean / "dvc.yaml").read_text())["stages"])
     assert set(moves) == stages and all(n >= 1 for n in moves.values()), moves
     # Never the last move of a stage that has several (its timing record, after every output is in place).
