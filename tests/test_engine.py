@@ -355,6 +355,57 @@ def test_the_light_tokenizer_path_is_taken_only_for_the_generic_fast_tokenizer(t
     assert _light_tokenizer(str(tmp_path / "absent")) is None
 
 
+def test_the_light_tokenizer_builds_from_its_files_what_from_pretrained_builds(tiny, tmp_path):
+    """The generic fast tokenizer is built from tokenizer.json and tokenizer_config.json directly (from_pretrained
+    deep-copies every added token: seconds for a vocabulary widened by added tokens): the same backend, special
+    tokens, settings, chat template, ids, decodes and padding; a folder with another file from_pretrained reads
+    (or its added tokens listed in tokenizer_config.json) goes through from_pretrained."""
+    import json
+
+    from mmw.engines.models import _direct_tokenizer, _light_tokenizer
+
+    tokenizer, model = tiny
+    widened = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()),
+                                      unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>",
+                                      additional_special_tokens=["<|im_start|>"])
+    widened.add_tokens([f"<x{i}>" for i in range(50)])
+    widened.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}")
+    reference = PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
+    light = _light_tokenizer(str(tmp_path))[0]
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    direct = _direct_tokenizer(PreTrainedTokenizerFast, str(tmp_path), config)
+    assert direct is not None and type(direct) is type(reference)
+    assert direct.backend_tokenizer.to_str() == reference.backend_tokenizer.to_str()
+    text = "<|im_start|>the cat <x3> sat<x49>on the mat <|im_end|> zebra"
+    chat = [{"role": "system", "content": "rate"}, {"role": "user", "content": "the dog ran"}]
+    for built in (direct, light):
+        assert len(built) == len(reference) == len(WORDS) + len(SPECIALS) + 50
+        for attribute in ("all_special_tokens", "all_special_ids", "pad_token", "pad_token_id", "eos_token_id",
+                          "bos_token_id", "unk_token_id", "model_max_length", "truncation_side",
+                          "clean_up_tokenization_spaces", "chat_template", "name_or_path"):
+            assert getattr(built, attribute) == getattr(reference, attribute), attribute
+        assert built.get_added_vocab() == reference.get_added_vocab()
+        assert built(text)["input_ids"] == reference(text)["input_ids"]
+        ids = reference(text)["input_ids"]
+        assert built.decode(ids) == reference.decode(ids)
+        assert built.decode(ids, skip_special_tokens=True) == reference.decode(ids, skip_special_tokens=True)
+        assert built.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+            reference.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        padded, expected = (t.pad({"input_ids": [[4, 5, 6], [7]]}, padding=True, padding_side="left",
+                                  return_tensors="pt") for t in (built, reference))
+        assert all(torch.equal(padded[key], expected[key]) for key in expected)
+    # anything else from_pretrained would read: the long way
+    (tmp_path / "special_tokens_map.json").write_text("{}")
+    assert _direct_tokenizer(PreTrainedTokenizerFast, str(tmp_path), config) is None
+    (tmp_path / "special_tokens_map.json").unlink()
+    assert _direct_tokenizer(PreTrainedTokenizerFast, str(tmp_path), {**config, "added_tokens_decoder": {}}) is None
+    assert _direct_tokenizer(PreTrainedTokenizerFast, str(tmp_path), {**config, "chat_template": "x"}) is None
+
+
 @pytest.mark.heavy
 def test_light_tokenizer_of_the_embedded_generator_is_load_models_without_torch(embedded):
     """The prompts and detect stages (and load_model) read the generator's tokenizer without
