@@ -63,9 +63,11 @@ def categories(profile) -> dict:
             continue
         name = event.key
         low = name.lower()
-        kind = ("gemm" if any(k in low for k in ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "matmul"))
+        # attention first: cuDNN's fused attention kernel's name holds "sm90_" too
+        kind = ("triton" if name.startswith("triton")
                 else "attention" if any(k in low for k in ("sdpa", "fmha", "flash", "attention"))
-                and not name.startswith("triton") else "triton" if name.startswith("triton") else "other")
+                else "gemm" if any(k in low for k in ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "matmul"))
+                else "other")
         kinds[kind] += ms
         top[name] = top.get(name, 0.0) + ms
     return {"ms": {k: round(v, 2) for k, v in kinds.items()},
