@@ -100,6 +100,12 @@ def main() -> None:
 
 
 @app.command()
+def code(params: ParamsOption = Path("params.yaml")) -> None:
+    """Fingerprint the code each stage runs (data/code/<stage>.md5, from meta.code in the dvc.yaml beside params)."""
+    _stage("code", params)
+
+
+@app.command()
 def key(params: ParamsOption = Path("params.yaml")) -> None:
     """Validate the params and write data/key.fingerprint (a one-way tag of the key; the key is never written)."""
     _stage("key", params)

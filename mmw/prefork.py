@@ -44,14 +44,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: The stage commands (mmw.cli) a copy runs; every other command runs in the caller's own process. Not `detect`:
-#: its numba kernels run OpenMP before the stage first asks torch for its threads, and a fresh process's torch then
-#: settles on OMP_NUM_THREADS while a copy's (initialised in the server) reports numba's count (measured with
-#: OMP_NUM_THREADS=1: torch_intra_op 1 in a process, 2 in a copy, in reports/provenance/detect_*.json). Library
-#: state set up before the fork is the one thing a copy cannot reset, so a stage whose record depends on it stays a
-#: process of its own; tests/test_prefork.py compares every other stage's outputs and records.
-STAGE_COMMANDS = frozenset({"key", "low-entropy-inputs", "prompts", "generate", "perturb", "rate", "quality",
-                            "aggregate"})
+#: The stage commands (mmw.cli) a copy runs; every other command runs in the caller's own process. Library state
+#: set up before the fork is the one thing a copy cannot reset: torch sets its thread count at the fork, where a
+#: fresh process sets it at its first parallel call, so the detect stage (numba's OpenMP kernels, which change that
+#: count) asks torch first (mmw.provenance.settle_threads) and computes and records the same counts either way.
+#: tests/test_prefork.py compares every stage's outputs and records with plain processes byte for byte.
+STAGE_COMMANDS = frozenset({"code", "key", "low-entropy-inputs", "prompts", "generate", "perturb", "detect", "rate",
+                            "quality", "aggregate"})
 #: What the server imports: the libraries the stages import, heaviest first. A missing one is skipped.
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers.generation.utils",
            "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",

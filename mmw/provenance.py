@@ -99,6 +99,20 @@ def gpus() -> list[dict[str, str]]:
             for i in range(torch.cuda.device_count())]
 
 
+def settle_threads() -> None:
+    """Have torch set its intra-op thread count now, if this process imported torch: call before numba's parallel
+    kernels first run.
+
+    torch sets its OpenMP thread count at its first parallel call, and numba's OpenMP kernels change that count
+    when they run. A stage process whose numba kernels run before torch's first call would compute with, and
+    record, the count torch sets after them (OMP_NUM_THREADS); a warm copy of the prefork server (mmw.prefork),
+    whose torch set its count at the fork, the count numba's kernels left. Asking torch first gives a stage the
+    same count either way (measured under OMP_NUM_THREADS=1 MKL_NUM_THREADS=1: 1 in a process against 2 in a copy
+    without this call, 2 in both with it)."""
+    if (torch := sys.modules.get("torch")) is not None:
+        torch.get_num_threads()
+
+
 def threads() -> dict[str, int | str]:
     """Thread counts of the numeric libraries this process imported (torch intra-op, numba's parallel kernels), and
     the instruction set torch dispatches its own CPU kernels to (``ATEN_CPU_CAPABILITY`` can lower it)."""

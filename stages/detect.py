@@ -11,6 +11,7 @@ import polars as pl
 from mmw.stages.common import generator_model, load_generator_vocabulary
 from mmw.stages.timing import timed
 
+from mmw import provenance
 from mmw.audit import audit_keys
 from mmw.io import (
     DETECTION_SCHEMA,
@@ -78,6 +79,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         if params.scheme.is_plugin:
             preflight_detector(params.scheme, key, vocab_size)  # a misbehaving detector fails before any text
         detector = build_detector(params.scheme, key, vocab_size, params.detect.device, detection_model(params))
+        provenance.settle_threads()  # before the first kernel: the same thread counts in a process or a warm copy
         stored = [np.asarray(tokens, dtype=np.int64) for tokens in generations["tokens"].to_list()]
         audit = audit_pvalues(params, vocab_size, key, stored) if which == "baseline" else None
         frames = [detection_rows(generations, which, detector.detect(stored), audit)]

@@ -1,6 +1,8 @@
 """Every DVC stage depends on exactly the repository files it executes or reads.
 
-Two derivations of what a stage runs, checked against its ``deps`` in dvc.yaml:
+A stage's code is listed in stages/code.yaml (the ``code`` stage fingerprints each list into ``data/code/<stage>.md5``,
+the one code dependency the stage has in dvc.yaml); its data, upstream outputs and the key fingerprint are its
+``deps`` in dvc.yaml. Two derivations of what a stage runs, checked against those lists:
 
 * static (fast): the import closure of ``stages/<cmd>.py`` over the AST of every module it reaches, imports inside
   functions included (they run when the function does), ``if TYPE_CHECKING:`` blocks excluded (they never run),
@@ -15,7 +17,8 @@ Two derivations of what a stage runs, checked against its ``deps`` in dvc.yaml:
 A dep is needed when it is in the static closure (a code directory only when every file in it is), is an upstream
 output the stage reads, is ``data/key.fingerprint`` of a stage that loads the key, or is committed data (which a
 stage may read only for some params: it must exist, and what is read must be a dep). Run this file as a script
-to print each stage's static closure (what its deps should list).
+to print each stage's static closure (what its list should hold); ``--write`` rewrites stages/code.yaml, ``--relock``
+refreshes dvc.lock's code entries for the current code (the fingerprints and the code stage).
 """
 
 from __future__ import annotations
@@ -38,6 +41,22 @@ LAUNCHER = "scripts/mmw"
 #: The stage command's module per dvc.yaml stage (``mmw generate baseline`` -> stages/generate.py).
 KEY_FINGERPRINT = "data/key.fingerprint"
 IGNORED_PARTS = {"__pycache__"}
+#: The stage that fingerprints every other stage's code (stages/code.py), and where its lists live.
+CODE_STAGE = "code"
+CODE_MAP = REPO / "stages/code.yaml"
+
+
+def code_map() -> dict[str, list[str]]:
+    return yaml.safe_load(CODE_MAP.read_text())
+
+
+def fingerprint_dep(name: str) -> str:
+    return f"data/code/{name}.md5"
+
+
+def stage_code(name: str) -> list[str]:
+    """The code a stage depends on: its list in stages/code.yaml (the code stage: the folders it fingerprints)."""
+    return pipeline_stages()[name]["deps"] if name == CODE_STAGE else code_map()[name]
 
 
 def _package_dirs() -> dict[str, Path]:
@@ -171,10 +190,9 @@ def covered(path: str, deps: list[str]) -> bool:
     return any(path == dep or path.startswith(dep.rstrip("/") + "/") for dep in deps)
 
 
-def code_deps(stage: dict) -> list[str]:
-    """The deps that are code: not data, not an output of a stage."""
-    outputs = all_outputs()
-    return [dep for dep in stage.get("deps", []) if not dep.startswith("data/") and dep not in outputs]
+def is_output(path: str) -> bool:
+    """Whether ``path`` is a stage's output or inside one (``data/code/key.md5`` in ``data/code``)."""
+    return covered(path, list(all_outputs()))
 
 
 STAGES = sorted(pipeline_stages())
@@ -183,16 +201,17 @@ STAGES = sorted(pipeline_stages())
 @pytest.mark.parametrize("name", STAGES)
 def test_deps_list_every_file_of_the_static_closure(name: str) -> None:
     stage = pipeline_stages()[name]
-    deps = stage.get("deps", [])
-    missing = sorted(f for f in static_closure(stage_module(stage)) | {LAUNCHER} if not covered(f, deps))
+    missing = sorted(f for f in static_closure(stage_module(stage)) | {LAUNCHER} if not covered(f, stage_code(name)))
     assert not missing, f"stage {name} runs these files but does not depend on them: {missing}"
 
 
-@pytest.mark.parametrize("name", STAGES)
+@pytest.mark.parametrize("name", sorted(set(STAGES) - {CODE_STAGE}))
 def test_code_deps_are_all_run(name: str) -> None:
+    """The code stage is the exception: it depends on whole code folders (any edit reruns it, in well under a
+    second; a stage after it reruns only when its own fingerprint changes)."""
     stage = pipeline_stages()[name]
     closure = static_closure(stage_module(stage)) | {LAUNCHER}
-    for dep in code_deps(stage):
+    for dep in stage_code(name):
         unused = sorted(repo_files(dep) - closure)
         assert repo_files(dep), f"stage {name}: dep {dep} does not exist"
         assert not unused, f"stage {name}: dep {dep} holds files the stage never runs: {unused}"
@@ -201,12 +220,29 @@ def test_code_deps_are_all_run(name: str) -> None:
 @pytest.mark.parametrize("name", STAGES)
 def test_data_deps_exist_and_are_produced_or_committed(name: str) -> None:
     stage = pipeline_stages()[name]
-    outputs = all_outputs()
     for dep in stage.get("deps", []):
-        if dep in outputs:
-            assert dep not in stage_outputs(stage), f"stage {name} depends on its own output {dep}"
+        if is_output(dep):
+            assert not covered(dep, list(stage_outputs(stage))), f"stage {name} depends on its own output {dep}"
         elif dep.startswith("data/"):
             assert repo_files(dep), f"stage {name}: data dep {dep} is neither committed nor a stage output"
+
+
+def test_each_stage_depends_on_its_code_through_its_fingerprint_only() -> None:
+    """Every stage but the code stage has a list in stages/code.yaml and depends on its fingerprint file, on no code
+    file directly (dvc.lock stays one code entry a stage), and the code stage watches every listed file: an edit of
+    any of them reruns it, and so the stages whose fingerprint it changes."""
+    stages = pipeline_stages()
+    assert set(code_map()) == set(stages) - {CODE_STAGE}
+    watched = stages[CODE_STAGE]["deps"]
+    for name, stage in stages.items():
+        if name == CODE_STAGE:
+            continue
+        deps = stage.get("deps", [])
+        assert fingerprint_dep(name) in deps, f"stage {name} does not depend on {fingerprint_dep(name)}"
+        code = [d for d in deps if not (d.startswith(("data/", "reports/")) or is_output(d))]
+        assert not code, f"stage {name} lists code in dvc.yaml (it belongs in stages/code.yaml): {code}"
+        unwatched = [f for entry in code_map()[name] for f in repo_files(entry) if not covered(f, watched)]
+        assert not unwatched, f"the code stage does not watch {unwatched} ({name} runs them)"
 
 
 def test_static_closure_follows_imports_inside_functions_and_registries() -> None:
@@ -329,7 +365,7 @@ def test_each_stage_run_depends_on_what_it_imported_and_read_and_on_nothing_else
     outputs = all_outputs()
     for name, stage in pipeline_stages().items():
         assert name in seen, f"stage {name} left no trace: did it run?"
-        deps, trace = stage.get("deps", []), seen[name]
+        deps, trace = [*stage.get("deps", []), *stage_code(name)], seen[name]
         # Every module it imported is in the static closure (the static derivation has no hole) and in its deps.
         code = {f for f in trace["modules"] if f.endswith(".py")}
         assert code <= static_closure(stage_module(stage)), sorted(code - static_closure(stage_module(stage)))
@@ -340,10 +376,12 @@ def test_each_stage_run_depends_on_what_it_imported_and_read_and_on_nothing_else
         assert not missing, f"stage {name} ran or read these files without depending on them: {missing}"
         # Every upstream output it depends on is read (the key fingerprint: by the stages that load the key).
         # Committed data may be read only for some params (data/tasks: only the selected tasks' files).
-        for dep in deps:
+        for dep in stage.get("deps", []):
+            if dep == fingerprint_dep(name):
+                continue  # the fingerprint of its code, which the stage itself never reads
             if dep == KEY_FINGERPRINT:
                 assert "key" in trace["sections"], f"stage {name} depends on the key but never loads it"
-            elif dep in outputs and (name, dep) not in READ_FOR_SOME_PARAMS:
+            elif is_output(dep) and (name, dep) not in READ_FOR_SOME_PARAMS:
                 assert any(covered(f, [dep]) for f in read), f"stage {name} depends on {dep} but never reads it"
         if "key" in trace["sections"] and name != "key":
             assert KEY_FINGERPRINT in deps, f"stage {name} uses the key but would not notice a new one"
@@ -361,8 +399,9 @@ def test_each_stage_run_depends_on_what_it_imported_and_read_and_on_nothing_else
 def test_committed_lock_is_current_for_the_code_and_params(tmp_path: Path) -> None:
     """dvc.lock (committed with reports/metrics.json) must be the lock of the current code and params.yaml.
 
-    ``dvc status`` in a copy of the checkout (outputs absent: they live in a DVC cache, not in git) must report
-    no changed code, data, params or command; absent upstream outputs are expected and ignored.
+    ``dvc status`` in a copy of the checkout (outputs absent: they live in a DVC cache, not in git; the code
+    fingerprints written, as the code stage would) must report no changed code, data, params or command; absent
+    upstream outputs are expected and ignored.
     """
     if not (REPO / "dvc.lock").is_file():
         pytest.skip("no committed dvc.lock yet: run the default `dvc repro` and commit dvc.lock and "
@@ -370,16 +409,20 @@ def test_committed_lock_is_current_for_the_code_and_params(tmp_path: Path) -> No
     from pipeline_repo import copy_checkout
 
     stale = stale_lock_entries(copy_checkout(tmp_path / "clone", venv=False))
-    assert not stale, "dvc.lock is stale (rerun the default `dvc repro`, commit dvc.lock and reports/metrics.json):" \
-                      + "".join(f"\n  {line}" for line in stale)
+    assert not stale, "dvc.lock is stale: after a code change `.venv/bin/python tests/test_deps.py --relock`; after " \
+                      "a change of what the default run computes, rerun the default `dvc repro` and commit dvc.lock " \
+                      "and reports/metrics.json:" + "".join(f"\n  {line}" for line in stale)
 
 
 def stale_lock_entries(repo: Path) -> list[str]:
-    """What ``dvc status`` in ``repo`` reports beyond absent outputs and the always-run key stage."""
+    """What ``dvc status`` in ``repo`` reports beyond absent outputs and the always-run key stage, once the code
+    stage's fingerprints are written there."""
     from pipeline_repo import run
 
+    from mmw.stages import code
+
+    code.run(repo / "params.yaml")
     status = json.loads(run(repo, "dvc", "status", "--json").stdout.strip().splitlines()[-1] or "{}")
-    outputs = all_outputs()
     stale: list[str] = []
     for stage, changes in status.items():
         for change in changes:
@@ -391,13 +434,34 @@ def stale_lock_entries(repo: Path) -> list[str]:
             for kind, paths in change.items():
                 for path, what in (paths.items() if isinstance(paths, dict) else [(str(paths), "")]):
                     # A clone has no outputs and no DVC cache: "deleted" / "not in cache" are expected there.
-                    if not (what in ("deleted", "not in cache") and (path in outputs or kind == "changed outs")):
+                    if not (what in ("deleted", "not in cache") and (is_output(path) or kind == "changed outs")):
                         stale.append(f"{stage}: {kind} {path} {what}".strip())
     return stale
 
 
-def code_deps_for(stage: dict) -> list[str]:
-    """The code deps a stage should list: its static closure and the launcher, a folder where all of it runs."""
+def relock() -> None:
+    """Refresh dvc.lock's code entries for the current code, touching nothing else: write the fingerprints,
+    record the code stage (``dvc commit``), and set each stage's fingerprint dependency to its file's md5 and size.
+    The stages' outputs stay those of the committed run (a change of what a stage computes needs a real rerun)."""
+    import hashlib
+    import subprocess
+
+    from mmw.stages import code
+
+    code.run(REPO / "params.yaml")
+    subprocess.run([str(Path(sys.executable).parent / "dvc"), "commit", "-f", "-q", CODE_STAGE], cwd=REPO, check=True)
+    text = (REPO / "dvc.lock").read_text()
+    for name in code_map():
+        data = (REPO / fingerprint_dep(name)).read_bytes()
+        entry = rf"\n  {re.escape(name)}:\n(?:    .*\n|\n)*?    - path: {re.escape(fingerprint_dep(name))}\n"
+        pattern = re.compile(rf"({entry}      hash: md5\n      md5: )'?\w+'?(\n      size: )\d+")
+        text, n = pattern.subn(rf"\g<1>{hashlib.md5(data).hexdigest()}\g<2>{len(data)}", text)
+        assert n == 1, f"dvc.lock: no entry of {fingerprint_dep(name)} under stage {name}"
+    (REPO / "dvc.lock").write_text(text)
+
+
+def code_list_for(stage: dict) -> list[str]:
+    """The code a stage should list: its static closure and the launcher, a folder where all of it runs."""
     files = set(static_closure(stage_module(stage))) | {LAUNCHER}
     folders: list[str] = []
     for folder in sorted({Path(f).parent.as_posix() for f in files}, key=lambda d: d.count("/")):
@@ -407,40 +471,24 @@ def code_deps_for(stage: dict) -> list[str]:
     return sorted([f for f in files if not covered(f, folders)] + folders)
 
 
-def rewrite_code_deps(text: str) -> str:
-    """dvc.yaml's text with each stage's code deps replaced by :func:`code_deps_for` (data deps and comments kept)."""
-    stages = yaml.safe_load(text)["stages"]
-    outputs = all_outputs()
-    lines = text.splitlines(keepends=True)
-    result: list[str] = []
-    stage_name: str | None = None
-    in_deps = False
-    for line in lines:
-        header = re.match(r"^  ([\w-]+):\s*(#.*)?$", line)
-        if header and header.group(1) in stages:
-            stage_name = header.group(1)
-        if stage_name and line.rstrip() == "    deps:":
-            in_deps = True
-            result.append(line)
-            continue
-        if in_deps:
-            if line.startswith("      - "):
-                dep = line.strip()[2:].split("#")[0].strip()
-                if dep.startswith("data/") or dep in outputs or dep.startswith("reports/"):
-                    result.append(line)
-                continue
-            result += [f"      - {dep}\n" for dep in code_deps_for(stages[stage_name])]
-            in_deps = False
-        result.append(line)
-    return "".join(result)
+def rewrite_code_map(text: str) -> str:
+    """stages/code.yaml's text with each stage's list replaced by :func:`code_list_for` (its header kept)."""
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    stages = pipeline_stages()
+    return header + "".join(f"{name}:\n" + "".join(f"  - {f}\n" for f in code_list_for(stages[name]))
+                            for name in stages if name != CODE_STAGE)
 
 
-if __name__ == "__main__":  # print each stage's code deps; --write puts them into dvc.yaml
+if __name__ == "__main__":  # print each stage's code; --write rewrites stages/code.yaml; --relock refreshes dvc.lock
     if sys.argv[1:] == ["--write"]:
-        (REPO / "dvc.yaml").write_text(rewrite_code_deps((REPO / "dvc.yaml").read_text()))
+        CODE_MAP.write_text(rewrite_code_map(CODE_MAP.read_text()))
+        sys.exit(0)
+    if sys.argv[1:] == ["--relock"]:
+        relock()
         sys.exit(0)
     for stage_name, definition in pipeline_stages().items():
-        print(f"{stage_name}:")
-        for file in code_deps_for(definition):
-            print(f"  - {file}")
+        if stage_name != CODE_STAGE:
+            print(f"{stage_name}:")
+            for file in code_list_for(definition):
+                print(f"  - {file}")
     sys.exit(0)

@@ -29,6 +29,9 @@ DVC_YAML, DVC_LOCK = "dvc.yaml", "dvc.lock"
 
 #: ``dvc.yaml`` commands whose stage module is not named like the command.
 MODULES = {"low-entropy-inputs": "low_entropy"}
+#: Stage commands that serve DVC alone: the code fingerprints (stages/code.py) tell DVC which stages an edit reaches;
+#: a pack runs this process's code, whatever it is, so it has nothing to fingerprint.
+DVC_ONLY = frozenset({"code"})
 #: The params file a stage reads, relative to its workspace.
 PARAMS = Path("params.yaml")
 
@@ -49,6 +52,11 @@ def _paths(entries: Sequence[Any]) -> list[str]:
     return [str(next(iter(e))) if isinstance(e, Mapping) else str(e) for e in entries or []]
 
 
+def _inside(path: str, folders: set[str]) -> bool:
+    """Whether ``path`` is one of ``folders`` or inside one (``data/code/key.md5`` in the output ``data/code``)."""
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
 def stage_plan(repo: Path) -> tuple[list[Stage], list[str]]:
     """The stages of ``repo``'s pipeline in ``dvc.yaml`` order (each after its inputs) and the source data paths
     its stages read (``data/...`` deps no stage writes). A stage is per configuration when it always runs (the
@@ -66,6 +74,8 @@ def stage_plan(repo: Path) -> tuple[list[Stage], list[str]]:
             raise SpecError("dvc.yaml", f"stage {name} runs {stage['cmd']!r}, not an mmw stage command",
                             "`scripts/mmw <command> [args]` commands (a pack runs them in one process)")
         command, args = words[1], tuple(words[2:])
+        if command in DVC_ONLY:
+            continue
         module = MODULES.get(command, command)
         params = [p if isinstance(p, str) else str(next(iter(p))) for p in stage.get("params", []) or []]
         deps = _paths(stage.get("deps", []))
@@ -74,7 +84,7 @@ def stage_plan(repo: Path) -> tuple[list[Stage], list[str]]:
                       or any(d in per_config for d in deps))
         if not shared:
             per_config.update(outs)
-        sources += [d for d in deps if d.startswith("data/") and d not in written and d not in sources]
+        sources += [d for d in deps if d.startswith("data/") and not _inside(d, written) and d not in sources]
         plan.append(Stage(name, module, args, outs, shared))
     return plan, sources
 
