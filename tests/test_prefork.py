@@ -103,6 +103,17 @@ def _copy_of(server: psutil.Process, earlier: set[int], deadline: float = 120) -
     raise AssertionError("no copy started")
 
 
+def _settled(copy: psutil.Process, repo: Path, deadline: float = 120) -> None:
+    """Wait until ``copy`` has become its caller: it moves into the caller's folder right after it puts the
+    caller's descriptors in place, so before that its descriptor table is still the server's."""
+    stop = time.monotonic() + deadline
+    while time.monotonic() < stop:
+        if Path(copy.cwd()).resolve() == repo.resolve():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"copy {copy.pid} never moved into {repo}")
+
+
 @pytest.mark.heavy
 def test_exit_status_and_error_of_a_bad_command_are_the_processs_own(warm: dict[str, Any], tmp_path: Path) -> None:
     missing = str(tmp_path / "missing.yaml")
@@ -125,6 +136,7 @@ def test_a_copy_holds_the_callers_descriptors_and_dies_with_its_caller(warm: dic
         earlier = {child.pid for child in server.children()}
         caller = _client(repo, env, "quality", pass_fds=(write_end,))
         copy = _copy_of(server, earlier)
+        _settled(copy, repo)
         assert os.readlink(f"/proc/{copy.pid}/fd/{write_end}") == os.readlink(f"/proc/self/fd/{write_end}")
         os.close(write_end)
         write_end = -1
