@@ -27,6 +27,13 @@ def main(repo: str, order: str, out: str) -> int:
     from mmw.engines.models import shared_loads
     from mmw.sweep.pipeline import run_stage, stage_plan
 
+    cuda = torch.cuda.is_available()
+    if not cuda:  # a CPU dry run of the harness
+        torch.cuda.synchronize = lambda *a: None
+        torch.cuda.memory_stats = lambda *a: {}
+        torch.cuda.get_device_name = lambda *a: "cpu"
+        torch.cuda.is_current_stream_capturing = lambda: False
+        generate.CACHE_DEVICES = ("cpu", "cuda")
     parts: dict[str, float] = {}
     calls: dict[str, int] = {}
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The generation stages of the full configuration in one process, in given orders, one process an order, on the
-# lent H200:  bash bench/gpu_gen_order_h200.sh LABEL ORDER [ORDER ...]   (ORDER e.g. b,w,b,w; b: generate_baseline)
+# lent H200:  bash bench/gpu_gen_order_h200.sh LABEL ORDER [ORDER ...]   (ORDER e.g. b,w,b,w; b: generate_baseline;
+# ORDER@noexp: that process without expandable segments)
 # Prepared as bench/gpu_fullscale_h200.sh says (.gpu/whl, .gpu/prt.tar.xz, .gpu/tok.tar.xz). The workspace is made
 # and key, low_entropy_inputs and prompts run by bench/gpu_fullscale.py; then each ORDER runs in a fresh process
 # (bench/gpu_gen_order.py), all with the compiler caches in /tmp/cache-LABEL (the first process fills them).
@@ -24,11 +25,12 @@ export PYTHONPATH=$w/site:$PYTHONPATH MMW_CACHE_DIR=$w/cache HF_HUB_OFFLINE=1 \
   PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} PYTHONPYCACHEPREFIX=$w/pycache
 unset PYTHONDONTWRITEBYTECODE
 n=0
-for order in "$@"; do
-  n=$((n + 1))
-  echo "== $(date +%T) process $n, order $order"
-  python3 "$repo/bench/gpu_gen_order.py" "$repo" "$order" "$OUT/gen_order_${label}_$n.json" 2>&1 \
-    | grep -v -E "it/s\]|s/it\]|row/s\]"
+for spec in "$@"; do  # ORDER, or ORDER@noexp: that process without expandable segments
+  n=$((n + 1)); order=${spec%@*}; alloc=$PYTORCH_CUDA_ALLOC_CONF
+  [ "$spec" != "$order" ] && alloc=""
+  echo "== $(date +%T) process $n, order $order, PYTORCH_CUDA_ALLOC_CONF='$alloc'"
+  PYTORCH_CUDA_ALLOC_CONF=$alloc python3 "$repo/bench/gpu_gen_order.py" "$repo" "$order" \
+    "$OUT/gen_order_${label}_$n.json" 2>&1 | grep -v -E "it/s\]|s/it\]|row/s\]"
 done
 kill "$smi"
 rm -f "$OUT/gpu_fullscale.json"
