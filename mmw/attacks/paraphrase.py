@@ -44,7 +44,7 @@ import numpy as np
 from mmw.attacks.base import Attack, AttackError, AttackOutcome, Param
 from mmw.attacks.chunks import ChunkedText, split_text
 from mmw.engines.attention import grouped_query_sdpa
-from mmw.engines.models import default_cache_dir, load_model, resolve_source
+from mmw.engines.models import default_cache_dir, load_model, resolve_source, vllm_enforce_eager
 from mmw.errors import SpecError
 from mmw.judge.openai_replies import DECODE_ERRORS, Malformed, model_ids, reply_text
 
@@ -150,7 +150,8 @@ def _vllm_engine(spec: str) -> Any:
                                           "(scripts/setup-vllm.sh)", BACKENDS) from None
     # No prefix caching: a cached prefix changes the numerics, so the same request could get another paraphrase
     # (the llama.cpp server runs without prompt cache for the same reason).
-    return LLM(model=resolve_source(spec, default_cache_dir()), seed=0, enable_prefix_caching=False)
+    return LLM(model=resolve_source(spec, default_cache_dir()), seed=0, enable_prefix_caching=False,
+               enforce_eager=vllm_enforce_eager())
 
 
 def _generate_vllm(engine: Any, chunks: Sequence[str], lengths: Sequence[int]) -> list[str]:

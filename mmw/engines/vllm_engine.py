@@ -21,7 +21,7 @@ import polars as pl
 
 from mmw import provenance
 from mmw.engines.generate import GENERATION_SCHEMA, parts_dir_of, row_seed
-from mmw.engines.models import default_cache_dir, resolve_dtype, resolve_source
+from mmw.engines.models import default_cache_dir, resolve_dtype, resolve_source, vllm_enforce_eager
 from mmw.errors import SpecError
 from mmw.io import PartsStore, plan_units, row_key, write_table
 from mmw.watermark.scheme import SchemeSpec
@@ -84,7 +84,7 @@ class VllmGenerator:
         self.name, self.dtype = name, vllm_dtype
         self.llm = LLM(model=folder, tokenizer=folder, dtype=vllm_dtype, seed=0, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, logits_processors=[vllm_processor.WatermarkLogitsProcessor],
-                       enable_prefix_caching=False, enforce_eager=on_cpu)  # CPU: skip minutes of model compile
+                       enable_prefix_caching=False, enforce_eager=vllm_enforce_eager(device))
         provenance.note(name, vllm_dtype, f"vllm on {'cpu' if on_cpu else 'cuda'}")
 
     def generate_ids(self, prompts: list[list[int]], seeds: list[int], spec: SchemeSpec | None, temperature: float,

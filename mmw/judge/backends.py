@@ -42,7 +42,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from mmw import provenance
-from mmw.engines.models import default_cache_dir, resolve_device, resolve_dtype, resolve_source
+from mmw.engines.models import (
+    default_cache_dir,
+    resolve_device,
+    resolve_dtype,
+    resolve_source,
+    vllm_enforce_eager,
+)
 from mmw.errors import SpecError
 from mmw.io import plan_units, write_json
 from mmw.judge.judge import GRADE_PREFILL, MAX_GRADE, MODES, parse_grade, rating_messages
@@ -512,6 +518,7 @@ class VLLMBackend:
         if dtype == "fast":  # vLLM has no "fast": the in-process judge's rule, as a dtype name
             dtype = str(resolve_dtype(dtype, resolve_device("auto"))).removeprefix("torch.")
         self.spec, self.dtype, self.max_new_tokens, self.chunk = spec, dtype, max_new_tokens, chunk
+        engine_args.setdefault("enforce_eager", vllm_enforce_eager())
         self.llm = LLM(model=resolve_source(spec, default_cache_dir()), dtype=dtype, seed=0,
                        max_logprobs=TOP_LOGPROBS, **engine_args)
         provenance.note(spec, dtype, f"vllm on {resolve_device('auto').type}")
