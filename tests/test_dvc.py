@@ -155,6 +155,32 @@ def test_select_on_the_real_pipeline(pipeline: Path, scheme_experiment: dict[str
             (pipeline / name).unlink(missing_ok=True)
 
 
+def test_sweep_evidence_reads_an_experiments_tables_from_the_cache_as_dvc_opens_them(
+        pipeline: Path, scheme_experiment: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-prompt rows of an experiment commit (what a sweep's evidence file holds) come straight from the local
+    DVC cache, by the md5s of that commit's dvc.lock, without DVC's API; and they equal what DVC's API opens at
+    that revision."""
+    import dvc.api
+
+    from mmw.sweep import evidence
+
+    refs = run(pipeline, "git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps/").stdout.split("\n")
+    shas = [line.split()[1] for line in refs if line and "/exec/" not in line]
+    assert shas
+    for sha in shas:
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError(f"dvc.api.open{args} at {sha[:7]}: the table was not read from the cache")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(dvc.api, "open", refuse)
+            direct = evidence.prompt_rows(pipeline, sha)
+        with monkeypatch.context() as patch:
+            patch.setattr(evidence, "cached_file", lambda *_: None)
+            through_dvc = evidence.prompt_rows(pipeline, sha)
+        assert direct is not None and through_dvc is not None and direct.height > 0
+        assert direct.equals(through_dvc, null_equal=True)
+
+
 #: Code no stage runs: the sweep (a module and its command line), the other commands, report code aggregate does
 #: not use. Editing it must leave every cached stage valid.
 NOT_STAGE_CODE = ("mmw/sweep/confirm.py", "mmw/sweep/tables.py", "mmw/sweep/cli.py", "mmw/commands.py",

@@ -27,6 +27,7 @@ import polars as pl
 
 from mmw.io import DETECTIONS, PERTURBED, RATINGS
 from mmw.sweep.confirm import AttackEvidence, Evidence
+from mmw.sweep.pipeline import cached_file, locked_outputs
 from mmw.sweep.race_bounds import ratio_bounds, median_bounds, race_bounds, tuning_arrays
 
 KEYS = ["prompt_id", "task", "source", "attack"]
@@ -35,7 +36,14 @@ DETECTION_COLUMNS = ("detected", "size", "size_valid", "size_anytime")
 COLUMNS = [*KEYS, *DETECTION_COLUMNS, "rating", "in_R", "ok"]
 
 
-def _read(repo: Path, path: Path, rev: str | None) -> pl.DataFrame:
+def _read(repo: Path, path: Path, rev: str | None, locked: dict[str, str | None]) -> pl.DataFrame:
+    """The table ``path`` of the run at ``rev``: straight from the local DVC cache by the md5 that the revision's
+    dvc.lock records (``locked``: output path -> md5), else through DVC's API (the workspace, or a table only a
+    remote holds). Each ``dvc.api.open`` builds the repository's index at that revision (~1 s a table on a 2-core
+    machine; bench/RESULTS.md, "Sweep evidence read from the DVC cache"); the cache file is what it would open."""
+    cached = cached_file(repo, locked.get(str(path)))
+    if cached is not None:
+        return pl.read_parquet(cached)
     import dvc.api
 
     with dvc.api.open(str(path), repo=str(repo), rev=rev, mode="rb") as handle:
@@ -73,7 +81,9 @@ def prompt_rows(repo: Path, rev: str | None) -> pl.DataFrame | None:
     """The per-prompt rows of the run at ``rev`` (:func:`join_rows`), or None when its tables are not in this
     repository's DVC cache (a sweep collected on another machine)."""
     try:
-        return run_rows(lambda path: _read(repo, path, rev))
+        locked = {} if rev is None else {path: digest for outs in locked_outputs(repo, rev).values()
+                                         for path, digest in outs.items()}
+        return run_rows(lambda path: _read(repo, path, rev, locked))
     except Exception:  # noqa: BLE001 - dvc raises many kinds (missing cache, missing rev): all mean "not here"
         return None
 

@@ -94,6 +94,15 @@ def run_stage(stage: Stage) -> None:
     importlib.import_module(f"mmw.stages.{stage.module}").run(*stage.args, PARAMS)
 
 
+def cached_file(repo: Path, digest: str | None) -> Path | None:
+    """The file of md5 ``digest`` in ``repo``'s local DVC cache (DVC 3's layout, ``.dvc/cache/files/md5/ab/cdef..``),
+    or None when it is not there (a directory's digest, another cache folder, a file only a remote holds)."""
+    if not digest or digest.endswith(".dir"):
+        return None
+    path = repo / ".dvc" / "cache" / "files" / "md5" / digest[:2] / digest[2:]
+    return path if path.is_file() else None
+
+
 def locked_outputs(repo: Path, sha: str) -> dict[str, dict[str, str | None]]:
     """Per stage, the md5 of each output in the ``dvc.lock`` committed at ``sha`` (empty when there is none)."""
     shown = subprocess.run(["git", "show", f"{sha}:{DVC_LOCK}"], cwd=repo, capture_output=True, text=True)

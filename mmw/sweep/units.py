@@ -43,7 +43,7 @@ from mmw.selection.reading import column, read_revision
 from mmw.selection.reeval import REEVAL_PREFIX
 from mmw.sweep.definition import SINGLE_VALUED, Sweep, config_id
 from mmw.sweep.evidence import COLUMNS, KEYS, pooled_metrics, prompt_rows
-from mmw.sweep.pipeline import locked_outputs
+from mmw.sweep.pipeline import cached_file, locked_outputs
 from mmw.sweep.runner import (
     LOG_DIR,
     Executor,
@@ -186,12 +186,10 @@ def stage_timings(repo: Path, sha: str, ran: list[str]) -> dict[str, float]:
     if not ran:
         return {}
     locked = locked_outputs(repo, sha)
-    cache = repo / ".dvc" / "cache" / "files" / "md5"
     found: dict[str, float] = {}
     for stage in ran:
-        digest = locked.get(stage, {}).get(f"reports/timings/{stage}.json")
-        path = cache / digest[:2] / digest[2:] if digest else None
-        if path is not None and path.is_file():  # not in this cache: only that number is lost
+        path = cached_file(repo, locked.get(stage, {}).get(f"reports/timings/{stage}.json"))
+        if path is not None:  # not in this cache: only that number is lost
             found[stage] = float(json.loads(path.read_text()).get("wall_s", math.nan))
     return found
 
