@@ -39,8 +39,9 @@ COLUMNS = [*KEYS, *DETECTION_COLUMNS, "rating", "in_R", "ok"]
 def _read(repo: Path, path: Path, rev: str | None, locked: dict[str, str | None]) -> pl.DataFrame:
     """The table ``path`` of the run at ``rev``: straight from the local DVC cache by the md5 that the revision's
     dvc.lock records (``locked``: output path -> md5), else through DVC's API (the workspace, or a table only a
-    remote holds). Each ``dvc.api.open`` builds the repository's index at that revision (~1 s a table on a 2-core
-    machine; bench/RESULTS.md, "Sweep evidence read from the DVC cache"); the cache file is what it would open."""
+    remote holds). Each ``dvc.api.open`` builds the repository's index at that revision (the five tables of a run:
+    3.47 s through it against 1.29 s here on a 2-core machine; bench/RESULTS.md, "Sweep evidence read from the DVC
+    cache"); the cache file is what it would open."""
     cached = cached_file(repo, locked.get(str(path)))
     if cached is not None:
         return pl.read_parquet(cached)
