@@ -56,7 +56,10 @@ PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers
            "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
            "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
            "tokenizers", "numba", "numba.core.typed_passes", "scipy.stats", "scipy.special", "scipy.optimize",
-           "numpy", "yaml", "typer", "pydantic", "filelock")
+           "numpy", "yaml", "typer", "pydantic", "filelock",
+           # The aggregate stage's figures: ~1 s of its ~2.5 s copy on the 2-core VM. Matplotlib reads its rc file
+           # at import (the working folder's matplotlibrc first), so a caller in a folder with one runs itself.
+           "matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg")
 #: Libraries whose thread pools start when they load and do not survive a fork (a copy's first parallel call would
 #: wait forever on threads it does not have): never preloaded; a server that finds one loaded refuses to serve.
 #: (BLAS pools, which numpy and torch start, re-create their threads after a fork.)
@@ -65,7 +68,8 @@ FORK_UNSAFE = ("polars", "pyarrow")
 #: whose values of these equal its own.
 _LOAD_TIME_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "BLIS_", "NUMBA_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_",
                        "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "POLARS_", "PYTHON", "LD_",
-                       "KMP_", "GOMP_", "VECLIB_", "TRITON_", "XLA_", "TF_")
+                       "KMP_", "GOMP_", "VECLIB_", "TRITON_", "XLA_", "TF_", "MPL", "MATPLOTLIB", "HOME",
+                       "XDG_CONFIG_HOME", "XDG_CACHE_HOME")
 #: Programs that must never see the key.
 _SECRET = ("MMW_KEY",)
 _MAX_MESSAGE = 1 << 20
@@ -78,6 +82,7 @@ def enabled(argv: list[str]) -> bool:
     ``PYTHONPATH`` (per-process hooks), and not already inside a copy."""
     return (os.environ.get("MMW_PREFORK") == "1" and len(argv) > 1 and argv[1] in STAGE_COMMANDS
             and not os.environ.get("PYTHONPATH") and not os.environ.get("_MMW_PREFORK_COPY")
+            and not os.path.exists("matplotlibrc")  # read by matplotlib's import, which the server did elsewhere
             and hasattr(socket, "send_fds") and hasattr(os, "fork"))
 
 
@@ -335,6 +340,19 @@ def _run_copy(request: dict[str, Any], received: list[int], preloaded: list[str]
             os._exit(code)
 
 
+def _warm() -> None:
+    """Set-up that every copy would otherwise repeat and that computes nothing: numba's CPU typing and target
+    contexts, which a process builds at its first compiled call or cached-kernel load (~0.5 s of each detect
+    stage's copy on the 2-core VM); the kernels themselves still load in the copy, from the caller's path."""
+    try:
+        from numba.core.registry import cpu_target
+
+        cpu_target.typing_context.refresh()
+        cpu_target.target_context.refresh()
+    except Exception as err:  # noqa: BLE001 - a copy then builds them itself, as a fresh process does
+        print(f"prefork: numba's contexts not built: {type(err).__name__}: {err}", flush=True)
+
+
 def serve(path: Path, idle: float) -> int:
     """Import the libraries, then fork a copy per request until ``idle`` seconds pass with nothing to do."""
     os.chdir("/")
@@ -344,6 +362,7 @@ def serve(path: Path, idle: float) -> int:
             __import__(name)
         except Exception as err:  # noqa: BLE001 - a library the stages may not need: they import it themselves
             print(f"prefork: not preloaded {name}: {type(err).__name__}: {err}", flush=True)
+    _warm()
     preloaded = sorted(name for name in set(sys.modules) - before
                        if "." not in name and name not in sys.stdlib_module_names)
     unsafe = [name for name in FORK_UNSAFE if name in sys.modules]
