@@ -8,6 +8,7 @@ its seed and its logits only, never on the batch it shares.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -553,6 +554,30 @@ def test_conversion_into_an_empty_cache_keeps_every_weight(tmp_path, direct_gguf
     ids = torch.tensor([[1, 504, 3058, 314, 253, 1345]])
     with torch.inference_mode():
         assert loaded(input_ids=ids).logits.equal(direct(input_ids=ids).logits)
+
+
+def test_a_model_files_digest_is_remembered_until_the_file_changes(tmp_path):
+    """The GGUF's sha256 names its converted folder; a stage reads it back from the cache instead of hashing the
+    file again, and a rewritten file (new size or times) is hashed afresh."""
+    import hashlib
+
+    from mmw.engines.models import _file_digest
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(range(256)) * 64)
+    cache = tmp_path / "cache"
+    first = _file_digest(model, cache)
+    assert first == hashlib.sha256(model.read_bytes()).hexdigest()
+    (stamp,) = (cache / "models" / ".digests").iterdir()
+    # The stamp is what a second load reads: a forged digest under the same identity comes back unhashed.
+    identity = stamp.read_text().rsplit(" ", 1)[0]
+    stamp.write_text(f"{identity} {'0' * 64}\n")
+    assert _file_digest(model, cache) == "0" * 64
+    model.write_bytes(b"GGUF" + bytes(range(255, -1, -1)) * 64)  # same size, new content and times
+    os.utime(model, ns=(model.stat().st_mtime_ns + 10**9,) * 2)  # times a clock tick apart, even on a coarse clock
+    assert _file_digest(model, cache) == hashlib.sha256(model.read_bytes()).hexdigest() != first
+    stamp.write_text("garbage")
+    assert _file_digest(model, cache) == hashlib.sha256(model.read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
