@@ -212,3 +212,15 @@ def test_the_prompt_pool_is_validated_and_defaults_to_the_papers(board: dict[str
                                  "prompts.offset + prompts.per_task <= 96")
     past["prompts"]["pool"] = "extended"
     assert check_board(past).prompts.pool == "extended"
+
+
+def test_dvc_reads_a_flow_mapping_whose_model_name_holds_a_colon():
+    """DVC parses params.yaml with ruamel's safe loader. With ruamel.yaml.clib installed that loader is libyaml
+    (YAML 1.1), which rejects a plain scalar with a colon inside a flow mapping, so `dvc repro` failed on such a
+    params file ("YAML file structure is corrupted"; bench/RESULTS.md, "What the warm server sets up"): the
+    environment must keep DVC's YAML 1.2 parse."""
+    from dvc.utils.serialize import parse_yaml
+
+    text = "model: {name: embedded:smollm2-135m, temperature: 0.7}\nscheme: {sampler: plugin, delta: null}\n"
+    assert parse_yaml(text, "params.yaml") == {"model": {"name": "embedded:smollm2-135m", "temperature": 0.7},
+                                               "scheme": {"sampler": "plugin", "delta": None}}
