@@ -211,6 +211,18 @@ def test_only_stage_commands_without_process_hooks_go_to_the_server(argv: list[s
     assert prefork.enabled(argv) is expected
 
 
+def test_a_stage_in_a_folder_with_a_matplotlibrc_runs_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server imported matplotlib in another folder, and matplotlib reads the working folder's matplotlibrc at
+    import: a copy would draw without it."""
+    for name in ("PYTHONPATH", "_MMW_PREFORK_COPY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MMW_PREFORK", "1")
+    monkeypatch.chdir(tmp_path)
+    assert prefork.enabled(["mmw", "aggregate"])
+    (tmp_path / "matplotlibrc").write_text("font.size: 20\n")
+    assert not prefork.enabled(["mmw", "aggregate"])
+
+
 def test_the_server_key_follows_load_time_variables_but_not_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
     base = prefork._server_key()
     monkeypatch.setenv("MMW_KEY", "a" * 32)
