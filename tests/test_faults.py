@@ -5,8 +5,9 @@ not depend on it run, and may be killed in the same repro, so the run takes one 
 per stage.
 
 The kill comes from outside the product code (tests/faultinject/sitecustomize.py wraps ``os.replace`` in the
-stage processes): a clean run counts each stage's atomic moves (parts, tables, JSON, judgements), then each stage
-dies once at a seeded one of them, just before that file moves into place, leaving its temporary file behind.
+stage processes, which run as copies of the warm stage server, as in the suite's other runs): a clean run counts
+each stage's atomic moves (parts, tables, JSON, judgements), then each stage dies once at a seeded one of them,
+just before that file moves into place, leaving its temporary file behind.
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ def _outs(repo: Path) -> dict[str, Any]:
 def _timing(repo: Path, stage: str) -> dict[str, Any]:
     return json.loads((repo / "reports/timings" / f"{stage}.json").read_text())
 
+def _inject_faults(repo: Path) -> None:
+    """Load tests/faultinject in every Python process of ``repo``'s own venv, through a ``.pth`` file of it. Unlike
+    PYTHONPATH (which keeps a stage out of the warm server), this lets the stages run as copies of the server
+    (mmw.prefork), as the suite's other runs do: the server loads the hook once and every copy inherits it."""
+    site = next((repo / ".venv/lib").glob("python*/site-packages"))
+    hook = FAULTINJECT / "sitecustomize.py"
+    (site / "_mmw_faultinject.pth").write_text(f"import runpy; runpy.run_path({str(hook)!r})\n")
+
+
 @pytest.fixture(scope="module")
 def killed_and_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One uninterrupted run (the session's shared traced run, whose stages' moves are counted: its committed copy
@@ -59,7 +69,8 @@ def killed_and_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
     state = tmp_path / "state"
     state.mkdir()
     faulty = make_pipeline_repo(tmp_path / "faulty", board)
-    env = {"PYTHONPATH": str(FAULTINJECT), "MMW_FAULT_PLAN": str(tmp_path / "plan.json"),
+    _inject_faults(faulty)
+    env = {"MMW_FAULT_PLAN": str(tmp_path / "plan.json"),
            "MMW_FAULT_STATE": str(state), "MMW_JUDGE_CACHE": str(tmp_path / "faulty-judgements")}
     outputs: list[str] = []  # each repro's output, in order
     killed_in: dict[str, int] = {}  # killed stage -> index of the repro that killed it
@@ -79,6 +90,9 @@ def killed_and_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]
         pytest.fail("dvc repro --keep-going still failing after one kill per stage")
     markers = {p.stem: json.loads(p.read_text()) for p in state.glob("*.killed")}
     assert set(markers) == stages, set(stages) - set(markers)
+    # Each kill hit a copy of the warm server (the path of the suite's other runs and of MMW_PREFORK=1 sweeps),
+    # whose caller then died of the same signal; a plain stage process dies the same way, with less in between.
+    assert all(marker["warm_copy"] for marker in markers.values()), markers
     # What every repro after a stage's kill printed. DVC's order among independent stages is not fixed (it may
     # differ between two invocations), so the killed stage's rerun need not come in the very next repro: another
     # stage may be killed first. Resume lines name their parts store, so they are attributed by that name.

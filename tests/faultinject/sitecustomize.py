@@ -1,8 +1,14 @@
-"""Kill-and-resume fault injection for a real `dvc repro` (tests/test_faults.py): put this folder on PYTHONPATH.
+"""Kill-and-resume fault injection for a real `dvc repro` (tests/test_faults.py).
 
-Only in a stage's own process (DVC sets $DVC_STAGE; the process is the `mmw` command, not a child it starts),
-every ``os.replace`` (how ``mmw.io`` moves a finished file into place: parts, tables, JSON, the judgement cache) is
-counted:
+Loaded in one of two ways: this folder on ``PYTHONPATH`` (the shared traced run: every stage is a plain process that
+runs this file when it starts), or :func:`install` from a ``.pth`` file of the run's own venv (the faulty run: its
+stages run as copies of the warm stage server, mmw.prefork, which runs this file once when it starts, and every copy
+it forks inherits the wrapper). So nothing is read when this file runs: the stage, the plan and the state folder
+are read from the environment of the process that moves a file (a copy gets its caller's environment).
+
+Only in a stage's own process (DVC sets $DVC_STAGE; the process is the `mmw` command, not a child it starts, nor
+the server), every ``os.replace`` (how ``mmw.io`` moves a finished file into place: parts, tables, JSON, the
+judgement cache) is counted:
 
 * ``MMW_FAULT_COUNT=<dir>``: at exit, write ``<dir>/<stage>.count`` (the number of replaces of a clean run);
 * ``MMW_FAULT_PLAN=<file>`` (JSON ``{stage: n}``) and ``MMW_FAULT_STATE=<dir>``: at the n-th replace, before the
@@ -21,14 +27,14 @@ import signal
 import sys
 from pathlib import Path
 
-_STAGE = os.environ.get("DVC_STAGE")
-_COUNT_DIR = os.environ.get("MMW_FAULT_COUNT")
-_PLAN = os.environ.get("MMW_FAULT_PLAN")
-_STATE = os.environ.get("MMW_FAULT_STATE")
+_VARIABLES = ("MMW_FAULT_COUNT", "MMW_FAULT_PLAN")
 
 
-def _stage_process() -> bool:
-    return bool(sys.argv) and Path(sys.argv[0]).name == "mmw"
+def _stage() -> str | None:
+    """The stage this process runs, if it is a stage's own `mmw` process."""
+    if sys.argv and Path(sys.argv[0]).name == "mmw":
+        return os.environ.get("DVC_STAGE") or None
+    return None
 
 
 def _snapshot() -> dict[str, object]:
@@ -39,32 +45,43 @@ def _snapshot() -> dict[str, object]:
     return {"parts": parts, "judgements": judgements}
 
 
-if _STAGE and (_COUNT_DIR or (_PLAN and _STATE)):
-    _real_replace = os.replace
-    _calls = [0]
-    _first: dict[str, object] = {}
-    _target = json.loads(Path(_PLAN).read_text()).get(_STAGE) if _PLAN else None
+def install() -> None:
+    """Wrap ``os.replace`` (once a process; a forked copy inherits the wrapper and counts from zero)."""
+    if getattr(os.replace, "_mmw_fault", False):
+        return
+    real_replace = os.replace
+    counted = {"pid": os.getpid(), "calls": 0, "first": {}}
 
-    def _replace(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if _stage_process():
-            if _calls[0] == 0:
-                _first.update(_snapshot())
-            _calls[0] += 1
-            marker = Path(_STATE, f"{_STAGE}.killed") if _STATE else None
-            if _target is not None and _calls[0] == _target and marker is not None and not marker.exists():
-                marker.write_text(json.dumps({"replace": _calls[0], "dst": str(dst), **_snapshot(),
-                                              "first_judgements": _first["judgements"]}))
+    def calls() -> dict[str, object]:
+        if counted["pid"] != os.getpid():  # a copy forked from a process that counted: its own count
+            counted.update(pid=os.getpid(), calls=0, first={})
+        return counted
+
+    def replace(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
+        stage = _stage()
+        if stage:
+            state = calls()
+            if state["calls"] == 0:
+                state["first"] = _snapshot()
+            state["calls"] += 1
+            plan, folder = os.environ.get("MMW_FAULT_PLAN"), os.environ.get("MMW_FAULT_STATE")
+            target = json.loads(Path(plan).read_text()).get(stage) if plan and folder else None
+            marker = Path(folder, f"{stage}.killed") if folder else None
+            if target is not None and state["calls"] == target and marker is not None and not marker.exists():
+                marker.write_text(json.dumps({"replace": state["calls"], "dst": str(dst), **_snapshot(),
+                                              "first_judgements": state["first"]["judgements"],
+                                              "warm_copy": os.environ.get("_MMW_PREFORK_COPY") == "1"}))
                 os.kill(os.getpid(), signal.SIGKILL)
-        return _real_replace(src, dst, *args, **kwargs)
+        return real_replace(src, dst, *args, **kwargs)
 
-    os.replace = _replace
+    def write_count() -> None:
+        stage, folder = _stage(), os.environ.get("MMW_FAULT_COUNT")
+        if stage and folder:
+            Path(folder, f"{stage}.count").write_text(str(calls()["calls"]))
 
-    if _COUNT_DIR:
-        def _write_count() -> None:
-            if _stage_process():
-                Path(_COUNT_DIR, f"{_STAGE}.count").write_text(str(_calls[0]))
-
-        atexit.register(_write_count)
+    replace._mmw_fault = True  # type: ignore[attr-defined]
+    os.replace = replace
+    atexit.register(write_count)
 
 
 def _run_the_next_sitecustomize() -> None:
@@ -86,4 +103,6 @@ def _run_the_next_sitecustomize() -> None:
             return
 
 
+if any(os.environ.get(name) for name in _VARIABLES):
+    install()
 _run_the_next_sitecustomize()
