@@ -49,7 +49,6 @@ def _inject_faults(repo: Path) -> None:
     hook = FAULTINJECT / "sitecustomize.py"
     (site / "_mmw_faultinject.pth").write_text(f"import runpy; runpy.run_path({str(hook)!r})\n")
 
-
 @pytest.fixture(scope="module")
 def killed_and_clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One uninterrupted run (the session's shared traced run, whose stages' moves are counted: its committed copy

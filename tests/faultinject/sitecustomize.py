@@ -50,24 +50,25 @@ def install() -> None:
     if getattr(os.replace, "_mmw_fault", False):
         return
     real_replace = os.replace
-    counted = {"pid": os.getpid(), "calls": 0, "first": {}}
+    counted = {"pid": os.getpid(), "calls": 0, "first": {}, "target": None}
 
     def calls() -> dict[str, object]:
         if counted["pid"] != os.getpid():  # a copy forked from a process that counted: its own count
-            counted.update(pid=os.getpid(), calls=0, first={})
+            counted.update(pid=os.getpid(), calls=0, first={}, target=None)
         return counted
 
     def replace(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
         stage = _stage()
         if stage:
             state = calls()
-            if state["calls"] == 0:
+            folder = os.environ.get("MMW_FAULT_STATE")
+            if state["calls"] == 0:  # the process's first move: what was stored before it, and its planned kill
+                plan = os.environ.get("MMW_FAULT_PLAN")
                 state["first"] = _snapshot()
+                state["target"] = json.loads(Path(plan).read_text()).get(stage) if plan and folder else None
             state["calls"] += 1
-            plan, folder = os.environ.get("MMW_FAULT_PLAN"), os.environ.get("MMW_FAULT_STATE")
-            target = json.loads(Path(plan).read_text()).get(stage) if plan and folder else None
-            marker = Path(folder, f"{stage}.killed") if folder else None
-            if target is not None and state["calls"] == target and marker is not None and not marker.exists():
+            marker = Path(folder, f"{stage}.killed") if state["calls"] == state["target"] else None  # once a stage
+            if marker is not None and not marker.exists():
                 marker.write_text(json.dumps({"replace": state["calls"], "dst": str(dst), **_snapshot(),
                                               "first_judgements": state["first"]["judgements"],
                                               "warm_copy": os.environ.get("_MMW_PREFORK_COPY") == "1"}))
