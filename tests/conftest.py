@@ -19,10 +19,17 @@ from filelock import FileLock
 # One process (`-n 0`) gets the same setting: without it a warm copy of the prefork server (whose torch set its thread
 # count at the fork) and a plain stage process judged with different counts, and test_prefork's byte-for-byte
 # comparison failed on the ratings (relative differences ~1e-7).
-for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+# numba's parallel kernels (kernels/cpu.py) likewise: their OpenMP pool of two threads spun at every region's end
+# while the other worker held the second core (test_statistics, test_power and test_size in two workers: 469 CPU-s
+# with two numba threads, 365 with one). tests/test_kernels.py runs the CPU twin on two threads in a process of its
+# own, so a race between the kernels' threads still fails a test.
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 if "torch" in sys.modules:  # a plugin loaded it first: the environment came too late for this process
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+if "numba" in sys.modules:
+    sys.modules["numba"].set_num_threads(min(int(os.environ["NUMBA_NUM_THREADS"]),
+                                             sys.modules["numba"].config.NUMBA_NUM_THREADS))
 
 # The stage processes the tests' real pipelines start (DVC runs, sweeps, kills) run as warm copies of a server that
 # has torch, transformers, numba and scipy imported (mmw.prefork): ~6 s less a stage on the 2-core machine. The

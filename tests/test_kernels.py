@@ -19,6 +19,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -42,6 +43,8 @@ import make_kat  # noqa: E402
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 TWIN = "cuda" if SIMULATOR else "cpu"
+#: This file re-run by ``test_cpu_twin_on_two_threads``.
+TWO_THREAD_RUN = os.environ.get("MMW_TEST_TWO_THREADS") == "1"
 KAT = json.loads(make_kat.PATH.read_text())
 VOCAB = 1000
 KEY = prf.key_from_string("kernel tests")
@@ -512,6 +515,23 @@ def test_cuda_twin_in_simulator():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+
+
+@pytest.mark.skipif(SIMULATOR or TWO_THREAD_RUN or numba.config.NUMBA_NUM_THREADS > 1,
+                    reason="the tests above already run the CPU twin on several threads")
+def test_cpu_twin_on_two_threads():
+    """The suite runs numba on one thread a worker (tests/conftest.py); re-run this file's CPU tests with two, so a
+    race between the parallel kernels' threads (a shared write inside a ``prange``) still fails."""
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2", "MMW_TEST_TWO_THREADS": "1"}
+    parallel = "(twin or dedup or detector_cpu or pack_and_empty or two_thread_run) and not in_simulator"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
+                             "-k", parallel, __file__], env=env, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+
+
+@pytest.mark.skipif(not TWO_THREAD_RUN, reason="checks the two-thread run of this file")
+def test_the_two_thread_run_computes_on_two_threads():
+    assert numba.get_num_threads() == 2
 
 
 @pytest.mark.cuda
