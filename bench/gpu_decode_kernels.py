@@ -53,27 +53,26 @@ SWEEP = {
     "b64st3": (64, {"num_stages": 3}),
     "b64s2st3": (64, {"SPLIT_KV": 2, "num_stages": 3}),
     "tma": (128, {"USE_TMA": True}),
+    # Around the stage's setting (4 warps, 3 stages; mmw.engines.attention.FLEX_DECODE_OPTIONS on Hopper):
+    "w4st2": (128, {"num_warps": 4, "num_stages": 2}),
+    "w4st4": (128, {"num_warps": 4, "num_stages": 4}),
+    "w8st3": (128, {"num_warps": 8, "num_stages": 3}),
+    "b64w4st3": (64, {"num_warps": 4, "num_stages": 3}),
+    "s2w4st3": (128, {"SPLIT_KV": 2, "num_warps": 4, "num_stages": 3}),
+    "n32w4st3": (128, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 3}),
 }
 #: The kernel_options ``set_flex_options`` installed last ({}: torch's own choice).
 FLEX_OPTIONS: dict = {}
-_COMPILED: list = []
 
 
 def set_flex_options(options: dict) -> None:
-    """Make the stage's ``attention.flex_decode`` (which calls ``attention._compiled_flex``, compiled as it compiles
-    it) pass ``options`` as flex_attention's ``kernel_options``; {}: none, the stage's own call."""
-    import functools
-
-    from torch.nn.attention.flex_attention import flex_attention
-
+    """Make the stage's ``attention.flex_decode`` pass ``options`` as flex_attention's ``kernel_options`` on this
+    card ({}: torch's own choice), through the stage's own table ``attention.FLEX_DECODE_OPTIONS``."""
     from mmw.engines import attention
 
-    if not _COMPILED:
-        _COMPILED.append(torch.compile(flex_attention, dynamic=attention.FLEX_DYNAMIC))
     FLEX_OPTIONS.clear()
     FLEX_OPTIONS.update(options)
-    attention._compiled_flex = functools.partial(_COMPILED[0], kernel_options=dict(options)) if options \
-        else _COMPILED[0]
+    attention.FLEX_DECODE_OPTIONS = {torch.cuda.get_device_capability(): dict(options)}
 
 
 CHOSEN_KEYS = ("SPLIT_KV", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "USE_TMA", "GQA_SHARED_HEADS")
@@ -137,7 +136,7 @@ def kernels(written: int):
         block, options = SWEEP[name]
 
         def run(q, k, v, valid):
-            saved, saved_options = attention.FLEX_BLOCK, dict(FLEX_OPTIONS)
+            saved, saved_options, saved_table = attention.FLEX_BLOCK, dict(FLEX_OPTIONS), attention.FLEX_DECODE_OPTIONS
             attention.FLEX_BLOCK = block
             set_flex_options(options)
             try:
@@ -147,9 +146,11 @@ def kernels(written: int):
                     masks[key] = attention.decode_blocks(valid, listed)
                 CHOOSING[0] = name
                 return attention.flex_decode(q, k, v, masks[key], None)
-            finally:
+            finally:  # the stage's own table back (``flex-cut`` runs the stage's choice)
                 attention.FLEX_BLOCK = saved
-                set_flex_options(saved_options)
+                FLEX_OPTIONS.clear()
+                FLEX_OPTIONS.update(saved_options)
+                attention.FLEX_DECODE_OPTIONS = saved_table
         run.read_positions = min(-(-written // block) * block, L)
         return run
 

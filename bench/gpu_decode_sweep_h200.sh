@@ -8,6 +8,11 @@
 #                                               bit with at most 1.5x the default's error, 4 interleaved rounds in one
 #                                               process (ABBA); round 0, which compiles, also profiles one decode step
 #                                               of each at 576 written positions (--profile-at 512 --profile-first)
+#   SWEEP=w4st3,w4st4,... BASE=w4st3 ROUNDS=3 FULL=1 bash bench/gpu_decode_sweep_h200.sh all
+#                                               the same over the named settings only, the generations under BASE and
+#                                               the fastest other setting; FULL=1 then runs the full configuration
+#                                               (bench/gpu_fullscale_h200.sh, stage code as committed) cold, then warm,
+#                                               in the call's remaining time
 #   bash bench/gpu_decode_sweep_h200.sh ab SETTINGS_JSON [ROUNDS]
 #                                               the generations alone, under the settings given
 # The torch source that picks the kernel's options comes back as torch_flex_source.txt.
@@ -34,11 +39,11 @@ for word in ("BLOCK_M", "SPLIT_KV", "num_stages", "USE_TMA"):
 EOF
 echo "== setup $(( $(date +%s) - start )) s"
 if [ "$mode" = all ]; then
-  timeout 240 python3 bench/gpu_decode_kernels.py --only flex-cut --sweep all --out "$OUT" 2>&1 \
+  timeout 240 python3 bench/gpu_decode_kernels.py --only flex-cut --sweep "${SWEEP:-all}" --out "$OUT" 2>&1 \
     | grep -v -E "Warning|warn" | tee "$OUT/sweep.log" | tail -16
   echo "== sweep done $(( $(date +%s) - start )) s"
   settings=$(python3 - "$OUT/gpu_decode_kernels.json" <<'EOF'
-import json, sys
+import json, os, sys
 r = json.load(open(sys.argv[1]))
 rows = {k[len("flex-cut["):-1]: v for k, v in r["kernels"].items() if k.startswith("flex-cut[")}
 lengths = [w for w in rows.get("default", {}) if "graph_ms" in rows["default"][w]]
@@ -46,15 +51,15 @@ def ok(name):
     return all(w in rows[name] and "graph_ms" in rows[name][w] and rows[name][w]["rows_differing"] == 0
                and rows[name][w]["max_error"] <= 1.5 * rows["default"][w]["max_error"] for w in lengths)
 cost = {n: sum(rows[n][w]["graph_ms"] for w in lengths) for n in rows if ok(n)}
-best = min(cost, key=cost.get)
-print(f"picked {best}: {cost[best]:.4f} ms against default {cost['default']:.4f} ms over {lengths}", file=sys.stderr)
-picked = {"default": {"block": 128, "options": {}}}
-if best != "default":
-    picked[best] = {"block": r["sweep"][best]["block"], "options": r["sweep"][best]["kernel_options"]}
+base = os.environ.get("BASE", "default")
+best = min((n for n in cost if n != base), key=cost.get)
+print(f"picked {best}: {cost[best]:.4f} ms against {base} {cost[base]:.4f} ms over {lengths}", file=sys.stderr)
+picked = {name: {"block": r["sweep"][name]["block"], "options": r["sweep"][name]["kernel_options"]}
+          for name in (base, best)}
 print(json.dumps(picked))
 EOF
 )
-  rounds=4
+  rounds=${ROUNDS:-4}
 else
   settings=$2; rounds=${3:-4}
 fi
@@ -64,3 +69,11 @@ timeout $(( 590 - ($(date +%s) - start) )) python3 bench/gpu_repeat.py --label a
   --out "$OUT" 2>&1 | grep -v -E "it/s\]|Warning" | tee "$OUT/ab.log" | grep -v -E "^profile|^\{" | tail -12
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader
 echo "== $(( $(date +%s) - start )) s"
+if [ "${FULL:-0}" = 1 ]; then
+  for run in cold warm; do
+    left=$(( 585 - ($(date +%s) - start) ))
+    [ "$left" -lt 160 ] && { echo "== full $run: not started, ${left} s left"; break; }
+    timeout "$left" bash bench/gpu_fullscale_h200.sh "full_$run" "" --in-process 2>&1 | tail -25
+    echo "== full $run done $(( $(date +%s) - start )) s"
+  done
+fi

@@ -78,6 +78,15 @@ FLEX_DYNAMIC = False
 #: eagerly, with other rounding than a fresh process gives the same batch (texts depending on the process's
 #: history); so the limit is raised, and reaching it raises instead of falling back.
 FLEX_SHAPES = 64
+#: ``flex_attention``'s kernel options for a decoding step, by the GPU's compute capability ({} or absent: torch's
+#: own choice). For this step on Hopper torch 2.11 picks BLOCK_N 64, 2 warps and one pipeline stage, one program per
+#: (row, K/V head) walking its blocks without overlapping loads; 4 warps and 3 stages keep the same split (SPLIT_KV
+#: 1, so the same summation order per block) and prefetch. On one H200 (bench/gpu_decode_kernels.py --sweep, 296
+#: rows, CUDA-graph replays of one layer): 0.120 / 0.275 / 0.453 -> 0.095 / 0.197 / 0.315 ms at 192 / 576 / 1,087
+#: written positions, bit-for-bit repeatable over 20 runs, the same largest error against float32 attention; whole
+#: 296 x 1,024 generations (bench/gpu_repeat.py, 4 interleaved rounds each): 22.18 -> 19.65-19.93 ms of GPU time a
+#: step. Three stages need ~96 KB of shared memory a program: measured on Hopper only, so other cards keep torch's.
+FLEX_DECODE_OPTIONS: dict[tuple[int, int], dict[str, Any]] = {(9, 0): {"num_warps": 4, "num_stages": 3}}
 #: The kernels a decoding step may use: both repeat bit for bit; cuDNN's did not.
 DECODE_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 #: Query and key widths a prompt forward's attention is rounded up to by ``rounded_width`` (cuDNN
@@ -112,8 +121,10 @@ def flex_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blo
     limits = {name: setting for name, setting in (("recompile_limit", FLEX_SHAPES),
                                                   ("fail_on_recompile_limit_hit", True))
               if hasattr(torch._dynamo.config, name)}  # the names of torch >= 2.7
+    options = FLEX_DECODE_OPTIONS.get(torch.cuda.get_device_capability(query.device)) or None
     with torch._dynamo.config.patch(**limits):
-        return _compiled_flex(query, key, value, block_mask=blocks, enable_gqa=True, scale=scaling)
+        return _compiled_flex(query, key, value, block_mask=blocks, enable_gqa=True, scale=scaling,
+                              kernel_options=options)
 
 
 def decode_blocks(mask2d: torch.Tensor, listed: torch.Tensor) -> Any:
