@@ -13,9 +13,10 @@ Prints and writes one SHA-256 per variant and repeat over every row's tokens; ru
 compare the digests across the files. Each generation's decode steps are timed on the device (CUDA events around
 every step, ``graph_decode.STEP_EVENTS``): their median ms and their sum.
 
-``--flex-settings '{"NAME": {"block": 128, "options": {...}}, ...}'`` runs every variant under each flex setting in
+``--flex-settings '{"NAME": {"block": 128, "options": {...}, "fuse": true}, ...}'`` runs every variant under each flex setting in
 turn within each repeat (interleaved rounds; ``attention.FLEX_BLOCK``, ``gpu_decode_kernels.set_flex_options``),
-recorded as ``VARIANT@NAME`` (odd repeats run the settings in reverse order). ``--profile-at N``: torch.profiler over
+recorded as ``VARIANT@NAME``; ``"fuse"`` is params ``engine.fuse_layers`` (default true)
+(odd repeats run the settings in reverse order). ``--profile-at N``: torch.profiler over
 ``--profile-steps`` replayed decode steps from the one that has chosen N tokens (prompts of 64 tokens: 64 + N cache
 positions written), every kernel of each step in order, summed by kind (``step_split``) into ``profile``
 (``--profile-first``: in the first repeat only, a warm-up round).
@@ -216,10 +217,11 @@ def main(label: str = "A", rows: int = 296, new_tokens: int = 128, repeats: int 
                 if setting is not None:
                     attention.FLEX_BLOCK = setting.get("block", 128)
                     set_flex_options(setting.get("options", {}))
+                run_settings = settings.model_copy(update={"fuse_layers": bool((setting or {}).get("fuse", True))})
                 proc = WatermarkProcessor(spec, KEY, cfg.vocab_size, list(range(rows)), 1.0, compiled)
                 graph_decode.STEP_EVENTS = [] if not smoke else None
                 t0 = time.perf_counter()
-                cols = engine.generate_batch(model, tok, prompts, proc, new_tokens, settings)
+                cols = engine.generate_batch(model, tok, prompts, proc, new_tokens, run_settings)
                 digest = hashlib.sha256(json.dumps(cols["tokens"]).encode()).hexdigest()[:16]
                 if hasattr(model, "_cache"):
                     del model._cache

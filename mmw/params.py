@@ -135,6 +135,9 @@ class EngineParams(Section):
     compile_step: bool = allowed("true or false", default=True)
     # torch.compile's mode for the step outside the captured loop (the loop's capture uses "default").
     compile_mode: CompileMode = allowed(choices(CompileMode), default="reduce-overhead")
+    # The generator's norms, rotary embedding and gated activation through torch.compile inside that loop
+    # (mmw.engines.fused_layers; false: transformers' eager code).
+    fuse_layers: bool = allowed("true or false", default=True)
     # The judge's decoder layers through torch.compile for its expected-mode forward (false: eager).
     compile_judge: bool = allowed("true or false", default=True)
 

@@ -160,3 +160,66 @@ def test_flex_decoding_reads_the_written_blocks_and_gives_the_same_tokens(tiny, 
     assert len({listed for listed, _, _ in steps}) >= 3  # the count grew over the generation
     assert all(listed == -(-written // 8) for listed, written, _ in steps), steps[:5]
     assert all(past == 0 for _, _, past in steps), "a position past the listed blocks was attendable"
+
+
+# ------------------------------------------------------------------------------------- fused elementwise layers
+
+
+def test_fused_layers_compute_the_same_forward_with_one_graph_for_every_layer_and_put_the_code_back(tiny):
+    """mmw.engines.fused_layers (params engine.fuse_layers; CUDA by default, forced here on the CPU): inside the
+    block the model's norms, gated MLP and rotary function run compiled by Inductor, the forward's logits equal the
+    eager ones within float32 rounding, one graph a piece serves both layers (a graph per layer would mean a
+    compile per layer on an 8B model's 32), and on exit transformers' own functions are back, bit for bit."""
+    from torch._dynamo.utils import counters
+    from transformers.models.llama import modeling_llama
+
+    from mmw.engines.fused_layers import fusable, fused_layers
+
+    tokenizer, model = tiny
+    assert len(model.model.layers) >= 2
+    originals = (modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaMLP.forward,
+                 modeling_llama.apply_rotary_pos_emb)
+    assert set(fusable(model)) == {(modeling_llama.LlamaRMSNorm, "forward"), (modeling_llama.LlamaMLP, "forward"),
+                                   (modeling_llama, "apply_rotary_pos_emb")}
+    ids = torch.randint(3, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager = model(ids).logits
+        graphs = counters["stats"]["unique_graphs"]
+        with fused_layers(model) as replaced:
+            assert len(replaced) == 3
+            assert modeling_llama.LlamaRMSNorm.forward is not originals[0]
+            fused = model(ids).logits
+            assert counters["stats"]["unique_graphs"] - graphs == 3  # norm, MLP, rotary: not 3 per layer
+        assert (modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaMLP.forward,
+                modeling_llama.apply_rotary_pos_emb) == originals
+        after = model(ids).logits
+    torch.testing.assert_close(fused, eager, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(fused, torch.zeros_like(fused))
+    assert torch.equal(after, eager)
+
+
+def test_fusing_is_cuda_only_and_a_compiler_failure_decodes_unfused_with_a_warning(tiny, monkeypatch):
+    """On the CPU nothing is fused by default; where fusing is on and the compiled code fails (a compiler bug),
+    the batch is decoded again with transformers' code: the same tokens as with engine.fuse_layers false, a warning
+    naming the error, and transformers' functions back in place."""
+    from transformers.models.llama import modeling_llama
+
+    from mmw.engines import fused_layers as fusing
+
+    assert fusing.fuse_default(torch.device("cuda")) and not fusing.fuse_default(torch.device("cuda"), False)
+    assert not fusing.fuse_default(torch.device("cpu"))
+    tokenizer, model = tiny
+    chats, _ = tiny_chats(4)
+    chats = [c + " the" * 3 for c in chats]
+    plain = run(tokenizer, model, chats, SPECS["c4"], True, monkeypatch)
+
+    def broken(self, hidden_states):
+        raise torch._dynamo.exc.TorchDynamoException("inductor broke")
+
+    original = modeling_llama.LlamaRMSNorm.forward
+    monkeypatch.setattr(engine, "fuse_default", lambda device, on=True: on)
+    monkeypatch.setitem(fusing._COMPILED, (modeling_llama.LlamaRMSNorm, "forward"), broken)
+    with pytest.warns(UserWarning, match="compiling the layers' elementwise code failed.*inductor broke"):
+        fallback = run(tokenizer, model, chats, SPECS["c4"], True, monkeypatch)
+    assert fallback["tokens"] == plain["tokens"] and fallback["text"] == plain["text"]
+    assert modeling_llama.LlamaRMSNorm.forward is original

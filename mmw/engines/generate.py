@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from mmw.engines.attention import grouped_query_sdpa
+from mmw.engines.fused_layers import fuse_default, fused_layers
 from mmw.engines.graph_decode import graph_default, static_decode
 from mmw.io import PartsStore, plan_units, row_key, write_table
 from mmw.params import EngineParams
@@ -170,10 +172,23 @@ def generate_batch(
         config.disable_compile = not COMPILE_DECODING
     decode = settings.decode_attention
     if use_static_decode(model, processor, batch["input_ids"].shape[1], settings):
-        with torch.inference_mode(), grouped_query_sdpa(model, decode):
-            generated = static_decode(model, batch["input_ids"], batch["attention_mask"], processor, max_new_tokens,
-                                      config.eos_token_id, config.pad_token_id,
-                                      graph=graph_default(model.device, settings.graph_decode), decode=decode)
+        fuse = fuse_default(model.device, settings.fuse_layers)
+
+        def decode_batch(fused: bool) -> torch.Tensor:
+            with torch.inference_mode(), grouped_query_sdpa(model, decode), fused_layers(model, fused):
+                return static_decode(model, batch["input_ids"], batch["attention_mask"], processor, max_new_tokens,
+                                     config.eos_token_id, config.pad_token_id,
+                                     graph=graph_default(model.device, settings.graph_decode), decode=decode)
+
+        try:
+            generated = decode_batch(fuse)
+        except torch._dynamo.exc.TorchDynamoException as err:
+            if not fuse:
+                raise
+            # a compiler bug must not cost a run: unfused is the same computation (the batch starts over)
+            warnings.warn(f"compiling the layers' elementwise code failed ({type(err).__name__}: {str(err)[:500]}); "
+                          "decoding with transformers' own code", stacklevel=2)
+            generated = decode_batch(False)
     else:
         with torch.inference_mode(), neutral_model_defaults(model), grouped_query_sdpa(model, decode):
             output = model.generate(**batch, generation_config=config,

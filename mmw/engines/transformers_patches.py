@@ -12,7 +12,12 @@ mmw's CUDA paths (:mod:`mmw.engines.attention`) need three things transformers d
    per-step state as :data:`DECODE_WINDOW_KWARG` (``mmw.engines.graph_decode``), which transformers forwards through
    every decoder layer to the attention function.
 
-Each was read and tested against the transformers versions in :data:`PATCHED_VERSIONS` (5.17.0: the GPU image the
+A fourth change needs no version check: inside the static decode loop on CUDA, :mod:`mmw.engines.fused_layers`
+swaps the model's RMS-norm and gated-MLP ``forward`` and its modeling module's ``apply_rotary_pos_emb`` for
+``torch.compile``d versions of those same functions (params ``engine.fuse_layers``), and puts them back after; it
+reads no internal name beyond those it replaces, and a model without them is left as it is.
+
+Each of the three was read and tested against the transformers versions in :data:`PATCHED_VERSIONS` (5.17.0: the GPU image the
 CUDA numbers in docs/GPU.md were measured on; 5.19.0: the CPU setup's pin, tests/test_attention.py). Another version
 may have moved any of them, silently: then the patch would change nothing, or the wrong thing. So every patch
 calls :func:`require_patched_version` when it is applied, which raises :class:`TransformersVersionError` naming the
