@@ -41,6 +41,14 @@ class Split:
         self._wrap(graph_decode._Decoder, "step", "eager_steps", None)  # also runs under capture: never sync
         self._wrap(graph_decode, "_capture", "captures", None)  # synchronises itself
         self._wrap(models, "load_model", "load_model", None)
+        fused_layers = generate.fused_layers  # imported by name there: what each batch fused, if anything
+        self.fused: list[int] = []
+
+        def recorded(model, enabled=True):
+            context = fused_layers(model, enabled)
+            return _Recording(context, self.fused)
+
+        generate.fused_layers = recorded
 
     def _wrap(self, owner, attr: str, name: str, sync) -> None:
         fn = getattr(owner, attr)
@@ -70,10 +78,30 @@ class Split:
         self.seconds.clear()
         self.calls.clear()
         self._dynamo0 = self.dynamo_s()
+        self._graphs0 = self.torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        self.fused.clear()
 
     def line(self, stage: str) -> str:
-        return json.dumps({"split": stage, **{k: round(v, 3) for k, v in self.seconds.items()},
-                           "calls": dict(self.calls), "dynamo_compile_s": round(self.dynamo_s() - self._dynamo0, 3)})
+        graphs = self.torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        line = json.dumps({"split": stage, **{k: round(v, 3) for k, v in self.seconds.items()},
+                           "calls": dict(self.calls), "dynamo_compile_s": round(self.dynamo_s() - self._dynamo0, 3),
+                           "fused_pieces": list(self.fused), "dynamo_graphs": graphs - self._graphs0})
+        return line
+
+
+class _Recording:
+    """A ``fused_layers`` context that appends how many pieces it replaced to ``sink``."""
+
+    def __init__(self, context, sink: list) -> None:
+        self.context, self.sink = context, sink
+
+    def __enter__(self):
+        replaced = self.context.__enter__()
+        self.sink.append(len(replaced))
+        return replaced
+
+    def __exit__(self, *exc):
+        return self.context.__exit__(*exc)
 
 
 def main(repo: str, stages: str) -> int:

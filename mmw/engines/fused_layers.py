@@ -56,11 +56,9 @@ def fusable(model: torch.nn.Module) -> list[tuple[Any, str]]:
         if cls in seen:
             continue
         seen.add(cls)
-        if cls.__name__.endswith("RMSNorm") and "forward" in cls.__dict__:
-            targets.append((cls, "forward"))
-        elif all(hasattr(module, part) for part in ("gate_proj", "up_proj", "down_proj", "act_fn")) \
-                and "forward" in cls.__dict__:
-            targets.append((cls, "forward"))
+        if cls.__name__.endswith("RMSNorm") or all(hasattr(module, part)
+                                                    for part in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            targets.append((cls, "forward"))  # its own or an inherited forward: set on the class itself
     modeling = sys.modules.get(type(model).__module__)
     if modeling is not None and callable(getattr(modeling, "apply_rotary_pos_emb", None)):
         targets.append((modeling, "apply_rotary_pos_emb"))
@@ -71,17 +69,19 @@ def fusable(model: torch.nn.Module) -> list[tuple[Any, str]]:
 def fused_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[list[tuple[Any, str]]]:
     """Inside the block, the pieces :func:`fusable` names run compiled (``enabled``; else nothing changes); yields
     the replaced (owner, attribute) pairs. Put back on exit, whatever happens inside."""
-    replaced: list[tuple[Any, str, Any]] = []
+    replaced: list[tuple[Any, str, Any]] = []  # (owner, name, its own attribute before, or None: inherited)
     try:
         if enabled:
             for owner, name in fusable(model):
-                original = owner.__dict__[name]
                 compiled = _COMPILED.get((owner, name))
                 if compiled is None:
-                    compiled = _COMPILED[(owner, name)] = torch.compile(original)
+                    compiled = _COMPILED[(owner, name)] = torch.compile(getattr(owner, name))
+                replaced.append((owner, name, vars(owner).get(name)))
                 setattr(owner, name, compiled)
-                replaced.append((owner, name, original))
         yield [(owner, name) for owner, name, _ in replaced]
     finally:
-        for owner, name, original in reversed(replaced):
-            setattr(owner, name, original)
+        for owner, name, own in reversed(replaced):
+            if own is None:
+                delattr(owner, name)  # inherited before: inherited again
+            else:
+                setattr(owner, name, own)
