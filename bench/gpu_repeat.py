@@ -13,10 +13,10 @@ Prints and writes one SHA-256 per variant and repeat over every row's tokens; ru
 compare the digests across the files. Each generation's decode steps are timed on the device (CUDA events around
 every step, ``graph_decode.STEP_EVENTS``): their median ms and their sum.
 
-``--flex-settings '{"NAME": {"block": 128, "options": {...}, "fuse": true}, ...}'`` runs every variant under each flex setting in
-turn within each repeat (interleaved rounds; ``attention.FLEX_BLOCK``, ``gpu_decode_kernels.set_flex_options``),
-recorded as ``VARIANT@NAME``; ``"fuse"`` is params ``engine.fuse_layers`` (default true)
-(odd repeats run the settings in reverse order). ``--profile-at N``: torch.profiler over
+``--flex-settings '{"NAME": {"block": 128, "options": {...}, "fuse": true}, ...}'`` runs every variant under each
+flex setting in turn within each repeat (interleaved rounds; ``attention.FLEX_BLOCK``,
+``gpu_decode_kernels.set_flex_options``; ``"fuse"`` is params ``engine.fuse_layers``, default true), recorded as
+``VARIANT@NAME`` (odd repeats run the settings in reverse order). ``--profile-at N``: torch.profiler over
 ``--profile-steps`` replayed decode steps from the one that has chosen N tokens (prompts of 64 tokens: 64 + N cache
 positions written), every kernel of each step in order, summed by kind (``step_split``) into ``profile``
 (``--profile-first``: in the first repeat only, a warm-up round).

@@ -11,6 +11,7 @@ loads of the models it uses.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -44,9 +45,11 @@ class Split:
         fused_layers = generate.fused_layers  # imported by name there: what each batch fused, if anything
         self.fused: list[int] = []
 
+        @contextlib.contextmanager
         def recorded(model, enabled=True):
-            context = fused_layers(model, enabled)
-            return _Recording(context, self.fused)
+            with fused_layers(model, enabled) as replaced:
+                self.fused.append(len(replaced))
+                yield replaced
 
         generate.fused_layers = recorded
 
@@ -83,25 +86,9 @@ class Split:
 
     def line(self, stage: str) -> str:
         graphs = self.torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        line = json.dumps({"split": stage, **{k: round(v, 3) for k, v in self.seconds.items()},
+        return json.dumps({"split": stage, **{k: round(v, 3) for k, v in self.seconds.items()},
                            "calls": dict(self.calls), "dynamo_compile_s": round(self.dynamo_s() - self._dynamo0, 3),
                            "fused_pieces": list(self.fused), "dynamo_graphs": graphs - self._graphs0})
-        return line
-
-
-class _Recording:
-    """A ``fused_layers`` context that appends how many pieces it replaced to ``sink``."""
-
-    def __init__(self, context, sink: list) -> None:
-        self.context, self.sink = context, sink
-
-    def __enter__(self):
-        replaced = self.context.__enter__()
-        self.sink.append(len(replaced))
-        return replaced
-
-    def __exit__(self, *exc):
-        return self.context.__exit__(*exc)
 
 
 def main(repo: str, stages: str) -> int:
