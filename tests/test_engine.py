@@ -537,12 +537,24 @@ def test_cached_hf_folder_equals_the_gguf_model(embedded, direct_gguf):
 
 
 @pytest.mark.heavy
-def test_conversion_into_an_empty_cache_keeps_every_weight(tmp_path, direct_gguf):
-    """The one-time GGUF -> HF folder conversion (built on the meta device, tensors assigned, not copied) stores
-    exactly the dequantized weights: every tensor equal to transformers' own GGUF load, tied head included."""
+def test_conversion_into_an_empty_cache_keeps_every_weight(tmp_path, direct_gguf, monkeypatch):
+    """The one-time GGUF -> HF folder conversion (built on the meta device, tensors assigned, not copied, the file
+    parsed once for config, tokenizer and weights) stores exactly the dequantized weights: every tensor equal to
+    transformers' own GGUF load, tied head included."""
+    import gguf as gguf_py
+
     from mmw.engines.models import resolve_source
 
+    parsed, parse = [], gguf_py.GGUFReader.__init__
+
+    def counted_parse(self, *args, **kwargs):
+        parsed.append(args)
+        parse(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf_py.GGUFReader, "__init__", counted_parse)
+    reader_class = gguf_py.GGUFReader
     folder = Path(resolve_source("embedded:smollm2-135m", tmp_path))
+    assert len(parsed) == 1 and gguf_py.GGUFReader is reader_class, parsed
     assert folder.parent == tmp_path / "models" and (folder / "config.json").is_file()
     _, direct = direct_gguf
     loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
