@@ -37,8 +37,9 @@ LABEL=${REV:-worktree}
 OUT="$ROOT/bench/results/mutation/$LABEL"
 mkdir -p "$OUT"
 
+# The samplers added later (tournament, parts, permute_flip, reweight) have their tests in the last three files.
 FAST_TESTS="tests/test_prf.py tests/test_randomness.py tests/test_scheme.py tests/test_statistics.py tests/test_power.py tests/test_kernels.py
-tests/test_metrics.py tests/test_size.py"
+tests/test_metrics.py tests/test_size.py tests/test_tournament.py tests/test_permute_flip.py tests/test_blocks_kat.py"
 # test_validation_imports_no_torch imports the checkout's top-level `stages` package, which the copy below moves into
 # mmw/ (it checks import hygiene, not statistics).
 DESELECT="not false_positive_rate and not cuda_twin_in_simulator and not gpu_matches and not validation_imports_no_torch"
