@@ -19,11 +19,10 @@ reads no internal name beyond those it replaces, and a model without them is lef
 
 Each of the three was read and tested against the transformers versions in :data:`PATCHED_VERSIONS` (5.17.0: the
 GPU image the CUDA numbers in docs/GPU.md were measured on; 5.19.0: the CPU setup's pin, tests/test_attention.py).
-Another version
-may have moved any of them, silently: then the patch would change nothing, or the wrong thing. So every patch
-calls :func:`require_patched_version` when it is applied, which raises :class:`TransformersVersionError` naming the
-installed and the supported versions. Nothing here runs on a CPU path (the patches apply to CUDA models only),
-so a CPU run works with any transformers the package accepts.
+Another version may have moved any of them, silently: then the patch would change nothing, or the wrong thing. So
+every patch calls :func:`require_patched_version` when it is applied, which raises :class:`TransformersVersionError`
+naming the installed and the supported versions. Nothing here runs on a CPU path (the patches apply to CUDA models
+only), so a CPU run works with any transformers the package accepts.
 """
 
 from __future__ import annotations
