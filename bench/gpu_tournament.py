@@ -30,6 +30,8 @@ The GPU image has no polars: ``generate_batch`` does not use it, so a placeholde
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import importlib.util
 import json
@@ -119,7 +121,33 @@ class ThreeHistograms(Tournament):
     fused_draw = False
 
 
-#: The "before" sampler: ``--before layer`` (the layer-by-layer law) or ``histogram`` (``ThreeHistograms``).
+class OneReadInFlight(Tournament):
+    """The fused draw as launched before the histogram passes kept several reads in flight: one read a thread at a
+    time, the segment scanned by 256 threads. The numba launches happen while the step is traced or captured, so
+    the launch settings are swapped in around those calls only."""
+
+    @contextlib.contextmanager
+    def _launches(self):
+        from mmw.kernels import tournament as kt
+
+        saved = kt.HISTOGRAM_UNROLL, kt.PICK_THREADS, kt.PICK_RUN
+        kt.HISTOGRAM_UNROLL, kt.PICK_THREADS, kt.PICK_RUN = 1, 256, 8
+        try:
+            yield
+        finally:
+            kt.HISTOGRAM_UNROLL, kt.PICK_THREADS, kt.PICK_RUN = saved
+
+    def choose(self, *args, **kwargs):
+        with self._launches():
+            return super().choose(*args, **kwargs)
+
+    def choose_or_plain(self, *args, **kwargs):
+        with self._launches():
+            return super().choose_or_plain(*args, **kwargs)
+
+
+#: The "before" sampler: ``--before layer`` (the layer-by-layer law), ``histogram`` (``ThreeHistograms``) or
+#: ``launch`` (``OneReadInFlight``).
 BEFORE: type = ThreeHistograms
 
 
@@ -213,10 +241,10 @@ def kernel_part(batch: int, result: dict) -> None:
     variants = {
         "histogram cas64, 0 tables": lambda: kt.histogram(probs, seeds, tables, 0, CHUNK_BITS, 0, 10, FIXED_POINT),
         "histogram cas64, 2 tables": lambda: kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT),
-        "histogram split32, 0 tables": lambda: kt._histogram32_kernel[(kt.PARTS, batch), kt.THREADS, stream()](
-            p, s_, t_, 0, CHUNK_BITS, 0, 10, FIXED_POINT, pa, to),
-        "histogram split32, 2 tables": lambda: kt._histogram32_kernel[(kt.PARTS, batch), kt.THREADS, stream()](
-            p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT, pa, to),
+        **{f"histogram split32, {n} tables, {unroll} reads in flight": functools.partial(
+            lambda n, unroll: kt.histogram32_kernel(unroll)[(kt.PARTS, batch), kt.THREADS, stream()](
+                p, s_, t_, n, CHUNK_BITS, 10 * n, 10, FIXED_POINT, pa, to), n, unroll)
+           for n in (0, 2) for unroll in (1, 2, 4, 8)},
         "table kernel": lambda: kt._table_kernel[batch, 1024, stream()](pa, 10, 2, FIXED_POINT, t_, 1, False, to,
                                                                         pl, su),
         "table kernel, last (segment masses)": lambda: kt._table_kernel[batch, 1024, stream()](
@@ -224,8 +252,10 @@ def kernel_part(batch: int, result: dict) -> None:
         "torch chunk_table": lambda: st.chunk_table(partial.sum(1), 10, 2),
         "apply, 3 tables": lambda: kt.apply_tables(probs, seeds, tables, CHUNK_BITS, CHUNK_BITS),
         "inverse_cdf of a law": lambda: st.inverse_cdf(probs, u),
-        "pick, 3 tables": lambda: kt._pick_kernel[batch, kt._PICK_THREADS, stream()](
-            p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, su, uu, o),
+        **{f"pick, 3 tables, {threads} threads x {run}": functools.partial(
+            lambda threads, run: kt.pick_kernel(threads, run)[batch, threads, stream()](
+                p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, su, uu, o), threads, run)
+           for threads, run in ((256, 8), (512, 8), (1024, 8), (1024, 4))},
         "draw before (3 cas64 passes, torch tables, apply, inverse_cdf)": before_draw,
         "draw after (mmw::tournament_choose)": lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2),
         "softmax float32 -> float64 (the plain step's)": lambda: torch.softmax(probs.float().double(), -1),
@@ -240,10 +270,17 @@ def kernel_part(batch: int, result: dict) -> None:
         times[f"draw after, {parts} segments a row"] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
         print(f"kernels: draw after, {parts} segments a row {times[list(times)[-1]]:.3f} ms", flush=True)
     kt.PARTS = 8
+    defaults = kt.HISTOGRAM_UNROLL, kt.PICK_THREADS
+    for unroll, threads in ((1, 256), (4, 256), (8, 256), (4, 1024), (8, 1024)):  # the whole draw, other launches
+        kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = unroll, threads
+        name = f"draw after, {unroll} reads in flight, scan of {threads} threads"
+        times[name] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
+        print(f"kernels: {name} {times[name]:.3f} ms", flush=True)
+    kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = defaults
     # the same sums, and the same tokens, before and after
     a = kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT)
-    kt._histogram32_kernel[(kt.PARTS, batch), kt.THREADS, stream()](p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT,
-                                                                   pa, to)
+    kt.histogram32_kernel(kt.HISTOGRAM_UNROLL)[(kt.PARTS, batch), kt.THREADS, stream()](
+        p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT, pa, to)
     same_hist = bool(torch.equal(a, partial.sum(1)))
     agree = {}
     for scale in (1.0, 3.0, 8.0):
@@ -560,11 +597,14 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
          calls: int = 30, before: str = "histogram", decode_only: str = "", profile_rounds: int = 0,
          host_rounds: int = 0) -> None:
     """``--decode-only graph|generate``: the decode part's configurations on that path only, after sampler only
-    (with that path's baseline), for more rounds in the same time."""
+    (with that path's baseline), for more rounds in the same time. ``--before launch``: "before" is the fused draw
+    launched with one read in flight a thread and a 256-thread scan, "after" with the module's settings
+    (``mmw.kernels.tournament.HISTOGRAM_UNROLL``, ``PICK_THREADS``)."""
     global BEFORE
-    if before not in ("layer", "histogram"):
-        raise typer.BadParameter(f"unknown {before!r}; allowed: layer, histogram", param_hint="--before")
-    BEFORE = LayerByLayer if before == "layer" else ThreeHistograms
+    befores = {"layer": LayerByLayer, "histogram": ThreeHistograms, "launch": OneReadInFlight}
+    if before not in befores:
+        raise typer.BadParameter(f"unknown {before!r}; allowed: {', '.join(befores)}", param_hint="--before")
+    BEFORE = befores[before]
     if decode_only not in ("", "graph", "generate"):
         raise typer.BadParameter(f"unknown {decode_only!r}; allowed: graph, generate", param_hint="--decode-only")
     unknown = set(parts.split(",")) - {"kernels", "step", "decode"}

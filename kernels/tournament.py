@@ -2,13 +2,13 @@
 ``mmw::tournament_choose`` (the draw) and ``mmw::tournament_histogram`` / ``mmw::tournament_apply`` (the law
 itself) (``mmw.watermark.samplers.tournament``).
 
-A histogram pass sums each row's current law by the next ``width`` g-bits (``mmw.watermark.samplers.tournament``): per token,
-the PRF of (row seed, token id) gives its bits, its mass is p(x) times the earlier chunks' factor tables looked up
-by its bits, and the mass, in fixed point, is added to its bin. The bins live in shared memory: a row's 1,024 bins
+A histogram pass sums each row's current law by the next ``width`` g-bits (``mmw.watermark.samplers.tournament``):
+per token, the PRF of (row seed, token id) gives its bits, its mass is p(x) times the earlier chunks' factor tables
+looked up by its bits, and the mass, in fixed point, is added to its bin. The bins live in shared memory: a row's 1,024 bins
 sit in 64 cache lines, and the global atomic adds of ``scatter_add_`` serialise on them (0.53 ms a pass at 296 x
 128,256 on one H200, against one read of the probabilities in ~0.07 ms); shared-memory atomics do not. Integer adds
 make the sum independent of their order, so the result is the same on every run and equals the CPU's
-``scatter_add_``. ``_histogram32_kernel`` adds each 64-bit value as two 32-bit halves (a 64-bit shared atomic add
+``scatter_add_``. ``histogram32_kernel`` adds each 64-bit value as two 32-bit halves (a 64-bit shared atomic add
 is a compare-and-swap loop on sm_90).
 
 ``choose`` draws the token without writing the law: the histogram passes, each chunk's table in a kernel, then, per
@@ -19,6 +19,7 @@ costs a pass that writes it and a scan that reads and writes it (bench/results/g
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -150,16 +151,17 @@ def apply_tables(probs, seeds, tables, table_bits: int, last_bits: int):
 
 
 # ------------------------------------------------------------------------------------------------ the fused draw
-_PICK_THREADS = 256
-#: Tokens a thread of the draw's scan adds in sequence (a tile is _PICK_THREADS x _PICK_RUN tokens).
-_PICK_RUN = 8
+#: Threads of the draw's scan (one block a row, so these are all the threads that read the chosen segment).
+PICK_THREADS = 256
+#: Tokens a thread of the draw's scan adds in sequence (a tile is PICK_THREADS x PICK_RUN tokens).
+PICK_RUN = 8
 
 
 @cuda.jit(device=True)
-def _mass(probs, cache, tables, n_tables, table_bits, row, x, h):
-    """probs[row, x] times the first n_tables chunks' factors (each chunk table_bits layers), looked up by x's bits
-    of each chunk (h = prf(seed, x))."""
-    mass = probs[row, x]
+def _mass(p, cache, tables, n_tables, table_bits, row, h):
+    """p = probs[row, x] times the first n_tables chunks' factors (each chunk table_bits layers), looked up by x's
+    bits of each chunk (h = prf(seed, x)), multiplied in that order."""
+    mass = p
     table_mask = uint64((1 << table_bits) - 1)
     for c in range(n_tables):
         mass *= _factor(cache, tables, c, row, int64((h >> uint64(64 - (c + 1) * table_bits)) & table_mask))
@@ -195,58 +197,80 @@ def _block_sum(red, value):
     return total
 
 
-@cuda.jit
-def _histogram32_kernel(probs, seeds, tables, n_tables, table_bits, start, width, fixed_point, partial, totals):
-    """``_histogram_kernel``'s sums with 32-bit shared atomics, block ``part`` of a row taking the contiguous segment
-    of tokens part * L .. (part + 1) * L - 1 (L = ceil(V / gridDim.x)): partial[row, part] is that segment's
-    histogram. A 64-bit shared atomic add is a compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN.64), a 32-bit one a
-    single ATOMS.ADD: each fixed-point mass v is added as its low 32 bits to ``lo`` and its high bits, plus the
-    carry out of ``lo`` that this add caused (seen from the value the atomic returns), to ``hi``, so a bin's sum is
-    hi * 2^32 + lo exactly, in any order of the adds. The first pass (start 0) also writes totals[row, part], the
-    segment's mass (an integer sum: exact)."""
-    lo = cuda.shared.array(MAX_BINS, uint32)
-    hi = cuda.shared.array(MAX_BINS, uint32)
-    cache = cuda.shared.array(_CACHE_SIZE, float64)
-    total = cuda.shared.array(1, int64)
-    row = cuda.blockIdx.y
-    part = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    n_bins = 1 << width
-    for b in range(t, n_bins, cuda.blockDim.x):
-        lo[b] = 0
-        hi[b] = 0
-    if t == 0:
-        total[0] = 0
-    _cache_tables(cache, tables, n_tables, row)
-    cuda.syncthreads()
-    seed = uint64(seeds[row])
-    mask = uint64(n_bins - 1)
-    shift = uint64(64 - start - width)
-    low_mask = uint64(0xFFFFFFFF)
-    vocab = probs.shape[1]
-    seg_len = (vocab + cuda.gridDim.x - 1) // cuda.gridDim.x
-    first = part * seg_len
-    for x in range(first + t, min(first + seg_len, vocab), cuda.blockDim.x):
-        h = prf(seed, x)
-        mass = _mass(probs, cache, tables, n_tables, table_bits, row, x, h)
-        v = uint64(int64(mass * fixed_point + float64(0.5)))
-        b = int64((h >> shift) & mask)
-        low = uint32(v & low_mask)
-        old = cuda.atomic.add(lo, b, low)
-        high = (v >> uint64(32)) + ((uint64(old) + uint64(low)) >> uint64(32))
-        if high != uint64(0):
-            cuda.atomic.add(hi, b, uint32(high))
-    cuda.syncthreads()
-    mine = int64(0)
-    for b in range(t, n_bins, cuda.blockDim.x):
-        value = int64((uint64(hi[b]) << uint64(32)) | uint64(lo[b]))
-        partial[row, part, b] = value
-        mine += value
-    if start == 0:
-        cuda.atomic.add(total, 0, mine)
-        cuda.syncthreads()
+#: Tokens a thread of a histogram pass reads before it hashes and adds them. A pass takes ~0.21 ms at 296 x 128,256
+#: on one H200 against ~0.08 ms for its bytes, so more reads in flight a thread may hide their latency; the value
+#: stays 1 (the measured launch) until ``bench/gpu_tournament.py --parts kernels`` has timed 1, 2, 4 and 8 on the
+#: card. The sums are integers: every value gives the same histogram.
+HISTOGRAM_UNROLL = 1
+
+
+@functools.cache
+def histogram32_kernel(unroll: int):
+    """The histogram pass with ``unroll`` reads in flight a thread (compiled once per value)."""
+
+    @cuda.jit
+    def kernel(probs, seeds, tables, n_tables, table_bits, start, width, fixed_point, partial, totals):
+        """``_histogram_kernel``'s sums with 32-bit shared atomics, block ``part`` of a row taking the contiguous
+        segment of tokens part * L .. (part + 1) * L - 1 (L = ceil(V / gridDim.x)): partial[row, part] is that
+        segment's histogram. A 64-bit shared atomic add is a compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN.64),
+        a 32-bit one a single ATOMS.ADD: each fixed-point mass v is added as its low 32 bits to ``lo`` and its high
+        bits, plus the carry out of ``lo`` that this add caused (seen from the value the atomic returns), to
+        ``hi``, so a bin's sum is hi * 2^32 + lo exactly, in any order of the adds. The first pass (start 0) also
+        writes totals[row, part], the segment's mass (an integer sum: exact)."""
+        lo = cuda.shared.array(MAX_BINS, uint32)
+        hi = cuda.shared.array(MAX_BINS, uint32)
+        cache = cuda.shared.array(_CACHE_SIZE, float64)
+        total = cuda.shared.array(1, int64)
+        loaded = cuda.local.array(unroll, float64)
+        row = cuda.blockIdx.y
+        part = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        n_bins = 1 << width
+        for b in range(t, n_bins, cuda.blockDim.x):
+            lo[b] = 0
+            hi[b] = 0
         if t == 0:
-            totals[row, part] = total[0]
+            total[0] = 0
+        _cache_tables(cache, tables, n_tables, row)
+        cuda.syncthreads()
+        seed = uint64(seeds[row])
+        mask = uint64(n_bins - 1)
+        shift = uint64(64 - start - width)
+        low_mask = uint64(0xFFFFFFFF)
+        vocab = probs.shape[1]
+        seg_len = (vocab + cuda.gridDim.x - 1) // cuda.gridDim.x
+        first = part * seg_len
+        end = min(first + seg_len, vocab)
+        step = cuda.blockDim.x
+        for base in range(first + t, end, step * unroll):
+            for i in range(unroll):  # the reads first, all in flight at once
+                x = base + i * step
+                loaded[i] = probs[row, x] if x < end else 0.0
+            for i in range(unroll):
+                x = base + i * step
+                if x < end:
+                    h = prf(seed, x)
+                    mass = _mass(loaded[i], cache, tables, n_tables, table_bits, row, h)
+                    v = uint64(int64(mass * fixed_point + float64(0.5)))
+                    b = int64((h >> shift) & mask)
+                    low = uint32(v & low_mask)
+                    old = cuda.atomic.add(lo, b, low)
+                    high = (v >> uint64(32)) + ((uint64(old) + uint64(low)) >> uint64(32))
+                    if high != uint64(0):
+                        cuda.atomic.add(hi, b, uint32(high))
+        cuda.syncthreads()
+        mine = int64(0)
+        for b in range(t, n_bins, cuda.blockDim.x):
+            value = int64((uint64(hi[b]) << uint64(32)) | uint64(lo[b]))
+            partial[row, part, b] = value
+            mine += value
+        if start == 0:
+            cuda.atomic.add(total, 0, mine)
+            cuda.syncthreads()
+            if t == 0:
+                totals[row, part] = total[0]
+
+    return kernel
 
 
 @cuda.jit
@@ -293,91 +317,98 @@ def _table_kernel(partial, width, leaves, fixed_point, tables, c, last, totals, 
                     sums[row, s] = segment
 
 
-@cuda.jit
-def _pick_kernel(probs, seeds, tables, n_tables, table_bits, last_bits, plain, sums, u, out):
-    """out[row] = the count of the law's CDF entries below u[row] times its total (``inverse_cdf``), clamped to the
-    last token of positive law in the segment it falls in. The CDF at the segments' ends is the running sum of
-    ``sums`` (the histograms' segments); inside the segment that holds the target, each thread adds _PICK_RUN
-    tokens' law in sequence, a block scan adds the threads' sums, tile by tile."""
-    cache = cuda.shared.array(_CACHE_SIZE, float64)
-    scan = cuda.shared.array(_PICK_THREADS, float64)
-    info = cuda.shared.array(2, float64)  # the CDF before the chosen segment, the target
-    counts = cuda.shared.array(2, int64)  # the chosen segment, the count of its entries below the target
-    local = cuda.local.array(_PICK_RUN, float64)
-    row = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    n = 0 if plain[row] else n_tables
-    _cache_tables(cache, tables, n, row)
-    if t == 0:
-        n_seg = sums.shape[1]
-        total = float64(0.0)
-        for s in range(n_seg):
-            total += sums[row, s]
-        target = u[row] * total
-        cum = float64(0.0)
-        seg = n_seg - 1
-        base = float64(0.0)
-        for s in range(n_seg):
-            nxt = cum + sums[row, s]
-            base = cum
-            if nxt >= target:
-                seg = s
-                break
-            cum = nxt
-        info[0] = base
-        info[1] = target
-        counts[0] = seg
-        counts[1] = 0
-    cuda.syncthreads()
-    base = info[0]
-    target = info[1]
-    seed = uint64(seeds[row])
-    vocab = probs.shape[1]
-    seg_len = (vocab + sums.shape[1] - 1) // sums.shape[1]
-    first = counts[0] * seg_len
-    end = min(first + seg_len, vocab)
-    running = float64(0.0)
-    below = int64(0)
-    last_positive = int64(first)
-    for tile in range(first, end, cuda.blockDim.x * _PICK_RUN):
-        own = float64(0.0)
-        for i in range(_PICK_RUN):
-            x = tile + t * _PICK_RUN + i
-            law = float64(0.0)
-            if x < end:
-                law = _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
-                if law > 0.0:
-                    last_positive = x
-            local[i] = law
-            own += law
-        scan[t] = own
+@functools.cache
+def pick_kernel(threads: int, run: int):
+    """The draw's scan with ``threads`` threads a block, each adding ``run`` tokens in sequence (compiled once per
+    pair)."""
+
+    @cuda.jit
+    def kernel(probs, seeds, tables, n_tables, table_bits, last_bits, plain, sums, u, out):
+        """out[row] = the count of the law's CDF entries below u[row] times its total (``inverse_cdf``), clamped to
+        the last token of positive law in the segment it falls in. The CDF at the segments' ends is the running sum
+        of ``sums`` (the histograms' segments); inside the segment that holds the target, each thread adds ``run``
+        tokens' law in sequence, a block scan adds the threads' sums, tile by tile."""
+        cache = cuda.shared.array(_CACHE_SIZE, float64)
+        scan = cuda.shared.array(threads, float64)
+        info = cuda.shared.array(2, float64)  # the CDF before the chosen segment, the target
+        counts = cuda.shared.array(2, int64)  # the chosen segment, the count of its entries below the target
+        local = cuda.local.array(run, float64)
+        row = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        n = 0 if plain[row] else n_tables
+        _cache_tables(cache, tables, n, row)
+        if t == 0:
+            n_seg = sums.shape[1]
+            total = float64(0.0)
+            for s in range(n_seg):
+                total += sums[row, s]
+            target = u[row] * total
+            cum = float64(0.0)
+            seg = n_seg - 1
+            base = float64(0.0)
+            for s in range(n_seg):
+                nxt = cum + sums[row, s]
+                base = cum
+                if nxt >= target:
+                    seg = s
+                    break
+                cum = nxt
+            info[0] = base
+            info[1] = target
+            counts[0] = seg
+            counts[1] = 0
         cuda.syncthreads()
-        offset = 1
-        while offset < cuda.blockDim.x:  # Hillis-Steele inclusive scan of the threads' sums
-            add = scan[t - offset] if t >= offset else 0.0
+        base = info[0]
+        target = info[1]
+        seed = uint64(seeds[row])
+        vocab = probs.shape[1]
+        seg_len = (vocab + sums.shape[1] - 1) // sums.shape[1]
+        first = counts[0] * seg_len
+        end = min(first + seg_len, vocab)
+        running = float64(0.0)
+        below = int64(0)
+        last_positive = int64(first)
+        for tile in range(first, end, cuda.blockDim.x * run):
+            own = float64(0.0)
+            for i in range(run):
+                x = tile + t * run + i
+                law = float64(0.0)
+                if x < end:
+                    law = _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
+                    if law > 0.0:
+                        last_positive = x
+                local[i] = law
+                own += law
+            scan[t] = own
             cuda.syncthreads()
-            scan[t] += add
+            offset = 1
+            while offset < cuda.blockDim.x:  # Hillis-Steele inclusive scan of the threads' sums
+                add = scan[t - offset] if t >= offset else 0.0
+                cuda.syncthreads()
+                scan[t] += add
+                cuda.syncthreads()
+                offset <<= 1
+            before = scan[t - 1] if t > 0 else 0.0
+            acc = before
+            for i in range(run):
+                acc += local[i]
+                if tile + t * run + i < end and base + (running + acc) < target:
+                    below += 1
+            running += scan[cuda.blockDim.x - 1]
             cuda.syncthreads()
-            offset <<= 1
-        before = scan[t - 1] if t > 0 else 0.0
-        acc = before
-        for i in range(_PICK_RUN):
-            acc += local[i]
-            if tile + t * _PICK_RUN + i < end and base + (running + acc) < target:
-                below += 1
-        running += scan[cuda.blockDim.x - 1]
+        cuda.atomic.add(counts, 1, below)
+        scan[t] = float64(last_positive)
         cuda.syncthreads()
-    cuda.atomic.add(counts, 1, below)
-    scan[t] = float64(last_positive)
-    cuda.syncthreads()
-    s = cuda.blockDim.x >> 1
-    while s > 0:
-        if t < s:
-            scan[t] = max(scan[t], scan[t + s])
-        cuda.syncthreads()
-        s >>= 1
-    if t == 0:
-        out[row] = min(first + counts[1], int64(scan[0]))
+        s = cuda.blockDim.x >> 1
+        while s > 0:
+            if t < s:
+                scan[t] = max(scan[t], scan[t + s])
+            cuda.syncthreads()
+            s >>= 1
+        if t == 0:
+            out[row] = min(first + counts[1], int64(scan[0]))
+
+    return kernel
 
 
 def _launch_stream(tensor):
@@ -391,10 +422,10 @@ def choose(probs, seeds, u, plain, layers: int, leaves: int, chunk_bits: int, fi
     u float64 [B], plain uint8 [B] (rows drawn from probs itself) (CUDA tensors, contiguous), layers >= 1 -> int64
     [B].
 
-    ceil(layers / chunk_bits) histogram passes (``_histogram32_kernel``) over PARTS contiguous segments of each row,
+    ceil(layers / chunk_bits) histogram passes (``histogram32_kernel``) over PARTS contiguous segments of each row,
     each pass followed by its chunk's factor table (``_table_kernel``), which after the last one also gives the
     law's mass in each segment; then one block a row finds the segment that holds u times the total and scans it
-    (``_pick_kernel``). Against the law written by a last pass and drawn by ``inverse_cdf``, this saves that pass's
+    (``pick_kernel``). Against the law written by a last pass and drawn by ``inverse_cdf``, this saves that pass's
     write, a scan's read and write of the law and the count's read of it. The segments' masses come from the
     fixed-point histograms (each token's mass rounded to 2^-62), the scan inside a segment from the float law: the
     token is ``inverse_cdf``'s except where u times the total falls within ~V 2^-62 of a segment's end."""
@@ -425,9 +456,9 @@ def launch_choose(probs, seeds, u, plain, tables, partial, totals, sums, out, la
     n_chunks = -(-layers // chunk_bits)
     for c in range(n_chunks):
         width = min(chunk_bits, layers - c * chunk_bits)
-        _histogram32_kernel[(partial.shape[1], rows), THREADS, stream](
+        histogram32_kernel(HISTOGRAM_UNROLL)[(partial.shape[1], rows), THREADS, stream](
             probs, seeds, tables, c, chunk_bits, c * chunk_bits, width, fixed_point, partial, totals)
         _table_kernel[rows, 1 << width, stream](partial, width, leaves, fixed_point, tables, c, c == n_chunks - 1,
                                                 totals, plain, sums)
-    _pick_kernel[rows, _PICK_THREADS, stream](probs, seeds, tables, n_chunks, chunk_bits,
-                                              layers - (n_chunks - 1) * chunk_bits, plain, sums, u, out)
+    pick_kernel(PICK_THREADS, PICK_RUN)[rows, PICK_THREADS, stream](
+        probs, seeds, tables, n_chunks, chunk_bits, layers - (n_chunks - 1) * chunk_bits, plain, sums, u, out)

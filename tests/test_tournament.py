@@ -173,12 +173,13 @@ def test_cuda_kernels_equal_the_torch_passes_in_the_simulator():
 
 
 SIMULATED_DRAW = """
+import itertools
 import numpy as np, torch
 from mmw.watermark import prf
 from mmw.kernels import tournament as kernels
 from mmw.watermark.samplers.base import inverse_cdf
 from mmw.watermark.samplers.tournament import FIXED_POINT, chunk_table, scatter_histogram, tournament_probs
-kernels.THREADS, kernels._PICK_THREADS, kernels._PICK_RUN = 32, 32, 4
+kernels.THREADS, kernels.PICK_THREADS, kernels.PICK_RUN = 32, 32, 4
 gen = torch.Generator().manual_seed(3)
 rows, vocab = 4, 700
 probs = torch.softmax(torch.randn(rows, vocab, generator=gen, dtype=torch.float64)
@@ -187,12 +188,13 @@ probs[3, 600:] = 0.0  # a tail of zero mass, as a masked vocabulary has
 probs[3] /= probs[3].sum()
 seeds = torch.randint(-2**62, 2**62, (rows,), generator=gen)
 hashes = prf.prf_t(seeds.unsqueeze(-1), torch.arange(vocab).unsqueeze(0))
-for n_tables, start, width in [(0, 0, 10), (2, 20, 5)]:  # 32-bit halves: the same integers as scatter_add_
+# 32-bit halves, any number of reads in flight (3: the last group of a segment part-filled): scatter_add_'s integers
+for (n_tables, start, width), unroll in itertools.product([(0, 0, 10), (2, 20, 5)], [1, 3]):
     tables = [torch.rand(rows, 1024, generator=gen, dtype=torch.float64) * 2 for _ in range(n_tables)]
     stacked = (torch.stack(tables) if tables else torch.ones(1, rows, 1024, dtype=torch.float64)).numpy()
     partial, totals = np.zeros((rows, 3, 1 << width), dtype=np.int64), np.zeros((rows, 3), dtype=np.int64)
-    kernels._histogram32_kernel[(3, rows), 32](probs.numpy(), seeds.numpy(), stacked, n_tables, 10, start, width,
-                                               FIXED_POINT, partial, totals)
+    kernels.histogram32_kernel(unroll)[(3, rows), 32](probs.numpy(), seeds.numpy(), stacked, n_tables, 10, start,
+                                                      width, FIXED_POINT, partial, totals)
     assert np.array_equal(partial.sum(1), scatter_histogram(probs, hashes, tables, start, width).numpy()), start
     if start == 0:  # the segments' masses, for the plain rows
         assert np.array_equal(totals, partial.sum(2))
