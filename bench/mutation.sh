@@ -80,8 +80,9 @@ for target in "${TARGETS[@]}"; do
     echo "process_isolation = forkserver"  # torch is not fork-safe: plain fork kills workers (exit -15)
     echo "only_mutate ="
     for f in $(cd "$dir" && ls $pattern); do echo "    $f"; done
-    echo "also_copy ="   # test_tournament's CLI test reads the board
+    echo "also_copy ="   # test_tournament's CLI test reads the board and the pipeline
     echo "    params.yaml"
+    echo "    dvc.yaml"
     echo "pytest_add_cli_args_test_selection ="
     for f in $present; do echo "    $f"; done
     echo "pytest_add_cli_args ="
