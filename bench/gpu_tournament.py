@@ -271,12 +271,14 @@ def kernel_part(batch: int, result: dict) -> None:
         print(f"kernels: draw after, {parts} segments a row {times[list(times)[-1]]:.3f} ms", flush=True)
     kt.PARTS = 8
     defaults = kt.HISTOGRAM_UNROLL, kt.PICK_THREADS
-    for unroll, threads in ((1, 256), (4, 256), (8, 256), (4, 1024), (8, 1024)):  # the whole draw, other launches
+    launches = {}
+    for unroll, threads in ((1, 256), (2, 256), (4, 256), (8, 256), (4, 1024), (8, 1024)):  # the whole draw
         kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = unroll, threads
         name = f"draw after, {unroll} reads in flight, scan of {threads} threads"
-        times[name] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
+        times[name] = launches[unroll, threads] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
         print(f"kernels: {name} {times[name]:.3f} ms", flush=True)
     kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = defaults
+    result["fastest_launch"] = min(launches, key=launches.get)
     # the same sums, and the same tokens, before and after
     a = kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT)
     kt.histogram32_kernel(kt.HISTOGRAM_UNROLL)[(kt.PARTS, batch), kt.THREADS, stream()](
@@ -595,11 +597,13 @@ def device_ms(prof) -> float:
 
 def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, new_tokens: int = 128, rounds: int = 3,
          calls: int = 30, before: str = "histogram", decode_only: str = "", profile_rounds: int = 0,
-         host_rounds: int = 0) -> None:
+         host_rounds: int = 0, tune_launch: bool = False) -> None:
     """``--decode-only graph|generate``: the decode part's configurations on that path only, after sampler only
     (with that path's baseline), for more rounds in the same time. ``--before launch``: "before" is the fused draw
     launched with one read in flight a thread and a 256-thread scan, "after" with the module's settings
-    (``mmw.kernels.tournament.HISTOGRAM_UNROLL``, ``PICK_THREADS``)."""
+    (``mmw.kernels.tournament.HISTOGRAM_UNROLL``, ``PICK_THREADS``). ``--tune-launch`` (with the kernels part): the
+    parts after it launch the draw with the settings of the fastest whole draw the kernels part timed, so one call
+    measures ``--before launch --parts kernels,decode`` against the best setting."""
     global BEFORE
     befores = {"layer": LayerByLayer, "histogram": ThreeHistograms, "launch": OneReadInFlight}
     if before not in befores:
@@ -611,6 +615,8 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
     if unknown:
         raise typer.BadParameter(f"unknown part(s) {sorted(unknown)}; allowed: kernels, step, decode",
                                  param_hint="--parts")
+    if tune_launch and "kernels" not in parts:
+        raise typer.BadParameter("needs the kernels part, which times the launches", param_hint="--tune-launch")
     out_dir = Path(out) if out else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -628,6 +634,12 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
     if "kernels" in parts:
         kernel_part(batch, result)
         save()
+        if tune_launch:  # what follows launches the draw as the fastest whole draw above was launched
+            from mmw.kernels import tournament as kt
+
+            kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = result["fastest_launch"]
+            print(f"launch settings from here on: {kt.HISTOGRAM_UNROLL} reads in flight, a scan of "
+                  f"{kt.PICK_THREADS} threads", flush=True)
     if "step" in parts:
         step_part(batch, calls, rounds, out_dir, result)
         save()
