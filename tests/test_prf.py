@@ -158,3 +158,14 @@ def test_python_int_inputs_at_the_sign_boundary():
         got = prf.prf_t(torch.tensor([7], dtype=torch.int64), value).numpy().view(np.uint64).reshape(-1)[0]
         assert int(got) == want, value
         assert prf.to_signed(value) == int(np.uint64(value).view(np.int64))
+
+
+def test_domain_tags_are_the_documented_ascii_words():
+    """docs/PRF.md: each domain tag is its four ASCII letters read big-endian, times 2^32 (so never a token id)."""
+    documented = {"WIND": 0x57494E44, "MINH": 0x4D494E48, "FIXD": 0x46495844, "SCAL": 0x5343414C, "NODE": 0x4E4F4445,
+                  "PERM": 0x5045524D, "TRIL": 0x5452494C, "SHFT": 0x53484654, "SKIP": 0x534B4950, "SMPL": 0x534D504C,
+                  "SELF": 0x53454C46}
+    constants = [prf.WINDOW, prf.MINHASH, prf.FIXED, prf.SCALAR, prf.NODE, prf.PERM, prf.TRIAL, prf.SHIFT, prf.SKIP,
+                 prf.SAMPLE, prf.SELFHASH]
+    for (word, value), constant in zip(documented.items(), constants, strict=True):
+        assert prf._tag(word) == value << 32 == constant, word

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mmw.watermark.prf import MASK64
-from mmw.watermark.randomness import MinHash, SlidingWindow
+from mmw.watermark.randomness import FixedKey, MinHash, SelfHash, SlidingWindow
 
 KEY = 0x5EED_1234_ABCD
 
@@ -34,7 +34,7 @@ def test_the_spec_builds_the_source_it_names() -> None:
     import json
     from pathlib import Path
 
-    from mmw.watermark.randomness import FixedKey, RandomnessSource
+    from mmw.watermark.randomness import RandomnessSource
     from mmw.watermark.scheme import SchemeSpec
 
     kat = json.loads((Path(__file__).with_name("data") / "kat.json").read_text())
@@ -53,6 +53,25 @@ def test_the_spec_builds_the_source_it_names() -> None:
     source = RandomnessSource.from_spec(fixed)
     assert isinstance(source, FixedKey) and source.key_length == 7
     assert [int(s) for s in source.key_sequence(kat["key"])] == kat["fixed"]["sequence"]
+    own = SchemeSpec.from_params({"sampler": "exponential", "randomness": "selfhash", "window": 4, "score": "sum"})
+    source = RandomnessSource.from_spec(own)
+    assert isinstance(source, SelfHash) and source.window == 4 and source.context == 3
+
+
+def test_fixed_key_seeds_start_at_the_text_unless_shifted() -> None:
+    """The detector reads a fixed key from its first entry (shift 0 by default); a shift rotates the sequence."""
+    source = FixedKey("fixed", key_length=5)
+    sequence = source.key_sequence(KEY)
+    tokens = np.arange(12)
+    np.testing.assert_array_equal(source.seeds_np(tokens, KEY), sequence[np.arange(12) % 5])
+    np.testing.assert_array_equal(source.seeds_np(tokens, KEY, shift=3), sequence[(np.arange(12) + 3) % 5])
+
+
+def test_selfhash_has_no_single_seed_a_position() -> None:
+    """Self-hashing gives each candidate its own seed: asking for one seed a row is a programming error that says
+    what to call instead."""
+    with pytest.raises(TypeError, match=r"^randomness=selfhash has one seed per candidate: use candidate_seeds_t$"):
+        SelfHash("selfhash", window=2).seeds_t(torch.zeros(1, 3, dtype=torch.int64), KEY, 0, torch.zeros(1))
 
 
 @pytest.mark.parametrize("window", [1, 3])

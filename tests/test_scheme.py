@@ -114,6 +114,26 @@ def test_defaults():
     assert spec.binary_code == "huffman" and spec.trials == 100
 
 
+@pytest.mark.parametrize("alpha,trials,smallest,need", [
+    (0.03, 32, "1/33", 33),   # T >= 1/alpha - 1 = 32.3: the ceiling, not the floor
+    (0.02, 48, "1/49", 49),
+    (0.02, 49, None, None),   # 1/50 = alpha exactly: the smallest p-value reaches alpha, so the trials suffice
+    (0.03, 33, None, None),
+])
+def test_permutation_trials_must_reach_alpha(alpha, trials, smallest, need):
+    """With T trials the permutation p-value is at least 1/(T + 1): the spec refuses T where that is above alpha,
+    saying the smallest p-value and the least T that works; T with 1/(T + 1) <= alpha builds."""
+    params = dict(sampler="exponential", randomness="fixed", key_length=4, score="align", alpha=alpha, trials=trials)
+    if smallest is None:
+        assert SchemeSpec.from_params(params).trials == trials
+        return
+    with pytest.raises(SpecError) as err:
+        SchemeSpec.from_params(params)
+    assert err.value.key == "scheme.trials" and err.value.allowed == f"trials >= {need}"
+    assert err.value.problem == (f"with {trials} trials the smallest p-value is {smallest} > alpha={alpha}: nothing "
+                                 "could ever be detected")
+
+
 def test_binary_edit_rejection_says_why():
     with pytest.raises(SpecError, match="always exceeds the gap cost"):
         SchemeSpec.from_params(dict(sampler="binary", randomness="minhash", window=1, score="edit", psi=5.0))

@@ -636,3 +636,26 @@ def test_generator_vocab_size_is_what_tokenizer_and_model_share():
     assert generator_vocab_size(Tok(49_152), SimpleNamespace(config=SimpleNamespace(vocab_size=49_216))) == 49_152
     assert generator_vocab_size(Tok(151_665), SimpleNamespace(config=SimpleNamespace(vocab_size=151_936))) == 151_665
     assert generator_vocab_size(Tok(32_001), SimpleNamespace(config=SimpleNamespace(vocab_size=32_000))) == 32_000
+
+
+@pytest.mark.parametrize("device", ["reference", "auto"])
+def test_each_verdict_field_follows_from_the_running_sum(device):
+    """A verdict's fields, from the scheme's own running sum and unit count of the text (the reference backend's):
+    the score is the final sum and the p-value the exact null's at it; the log e-values are the e-process of that
+    sum and the anytime size its first crossing of 1 / alpha; an empty text scores 0 with p-value 1."""
+    from mmw.watermark.size import anytime_log_evalues, anytime_size
+
+    spec = spec_of("exponential", dict(randomness="window", window=1))
+    logits = uniform_subset_model(VOCAB, support=8, rows=4, seed=9)
+    texts = list(generate_synthetic(spec, KEY, logits, rows=4, length=60, vocab_size=VOCAB))
+    detector = Detector(spec, KEY, VOCAB, device=device)
+    results = detector.detect(texts + [np.zeros(0, dtype=np.int64)])
+    for text, result in zip(texts, results, strict=False):
+        total, count = detector.reference.sum_prefix(text)
+        assert result.score == float(total[-1]) != 0.0 and result.n_scored == int(count[-1]) == 59
+        assert result.pvalue == result.pvalues[-1] == pytest.approx(
+            detector.sampler.pvalue_sum(total[-1:], count[-1:])[0], rel=1e-12)
+        np.testing.assert_allclose(result.log_evalues, anytime_log_evalues(total, count, detector.bets), rtol=1e-9)
+        assert result.size_anytime == anytime_size(result.log_evalues, ALPHA) is not None
+    empty = results[-1]
+    assert (empty.score, empty.pvalue, empty.n_scored, empty.n_tokens, empty.size) == (0.0, 1.0, 0, 0, None)
