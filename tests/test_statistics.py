@@ -659,3 +659,18 @@ def test_each_verdict_field_follows_from_the_running_sum(device):
         assert result.size_anytime == anytime_size(result.log_evalues, ALPHA) is not None
     empty = results[-1]
     assert (empty.score, empty.pvalue, empty.n_scored, empty.n_tokens, empty.size) == (0.0, 1.0, 0, 0, None)
+
+
+def test_plain_sampler_draws_the_model_and_has_no_statistic():
+    """The unwatermarked baseline: the inverse CDF of the tempered softmax at u, the argmax at temperature 0, and
+    no statistic to detect (asking for one is an error that says so)."""
+    from mmw.watermark.samplers.base import Plain
+
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0]] * 3)
+    u = torch.tensor([0.05, 0.5, 0.99], dtype=torch.float64)
+    cdf = np.cumsum(np.exp([0.0, 4.0, 2.0, -2.0]) / np.exp([0.0, 4.0, 2.0, -2.0]).sum())  # temperature 0.5
+    plain = Plain(None, 0, 4)
+    assert plain.choose(logits, None, 0.5, u).tolist() == [int(np.searchsorted(cdf, x)) for x in u.tolist()]
+    assert plain.choose(logits, None, 0.0, u).tolist() == [1, 1, 1]
+    with pytest.raises(TypeError, match="^the plain sampler has no watermark statistic$"):
+        plain.statistic(np.array([1, 2]), np.array([3, 4], dtype=np.uint64))
