@@ -1,5 +1,5 @@
 """SynthID-Text's tournament sampler on a GPU: before (the layer-by-layer law, ``tournament_probs``: two passes over
-the vocabulary a layer) and after (``tournament_law``: the chunked law, ceil(m / 10) histogram passes), each against
+the vocabulary a layer) and after (``Tournament.law``: the chunked law, ceil(m / 10) histogram passes), each against
 plain sampling on the same card in the same process, back to back.
 
 * ``kernels``: the numba passes alone (``mmw.kernels.tournament``), each captured in a CUDA graph, per launch

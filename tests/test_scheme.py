@@ -134,6 +134,22 @@ def test_permutation_trials_must_reach_alpha(alpha, trials, smallest, need):
                                  "could ever be detected")
 
 
+def test_constant_randomness_refusal_says_what_the_sampler_shares():
+    """window=0 gives every token one seed: the refusal blames scheme.window, allows window >= 1 only, and says what
+    the whole text then holds for this sampler; the spec raises exactly that message."""
+    from mmw.watermark.samplers.parts import refuse_constant_randomness
+
+    rule = refuse_constant_randomness("one random draw")
+    assert rule.key == "window" and rule.allowed == "an integer >= 1"
+    assert rule.when({"window": 0}) and not rule.when({"window": 1})
+    problem = ("window=0 (constant randomness) cannot detect sampler=inverse_transform: every token shares one seed, "
+               "so the text holds one random draw and evidence stops growing with length")
+    assert rule.problem.format(sampler="inverse_transform") == problem
+    with pytest.raises(SpecError) as err:
+        SchemeSpec.from_params(dict(sampler="inverse_transform", randomness="window", window=0, score="sum"))
+    assert str(err.value) == f"scheme.window: {problem}; allowed: an integer >= 1"
+
+
 def test_binary_edit_rejection_says_why():
     with pytest.raises(SpecError, match="always exceeds the gap cost"):
         SchemeSpec.from_params(dict(sampler="binary", randomness="minhash", window=1, score="edit", psi=5.0))

@@ -181,13 +181,6 @@ def tournament_probs_chunked(probs: torch.Tensor, hashes: torch.Tensor, layers: 
     return apply_tables(probs, hashes, tables, chunk_bits)
 
 
-def tournament_law(probs: torch.Tensor, hashes: torch.Tensor, layers: int, leaves: int) -> torch.Tensor:
-    """The tournament winner's distribution by the form that is cheaper at this vocabulary (same law)."""
-    if probs.shape[-1] >= CHUNKED_FROM_VOCAB:
-        return tournament_probs_chunked(probs, hashes, layers, leaves)
-    return tournament_probs(probs, hashes, layers, leaves)
-
-
 def g_values_np(tokens: np.ndarray, seeds: np.ndarray, layers: int) -> np.ndarray:
     """g-values of aligned tokens (int64) and seeds (uint64), broadcast to shape S -> uint8 [S, layers]."""
     hashes = prf.prf_np(np.asarray(seeds, dtype=np.uint64), np.asarray(tokens))
