@@ -491,3 +491,19 @@ def test_bits_pivot_is_the_bernoulli_likelihood_ratio():
     q = 0.7
     want = ones * np.log(2 * q) + (5 * units - ones) * np.log(2 * (1 - q))
     assert np.isclose(bets.a[0] * units + bets.b[0] * -ones, want)
+
+
+def test_scatter_histogram_adds_fixed_point_masses_by_the_chunk_bits():
+    """One row, four tokens whose two top g-bits spell 0..3 (bit 63 first): each bin holds its token's mass in units
+    of 2^-62, rounded half up (the last token's 1.5 units count 2), then scaled by an earlier chunk's factor looked
+    up by the token's bits of that chunk."""
+    from mmw.watermark.samplers.tournament import FIXED_POINT, scatter_histogram
+
+    probs = torch.tensor([[0.125, 0.25, 0.5, 3 * 2.0**-63]], dtype=torch.float64)
+    hashes = torch.tensor([[0, 1 << 62, -(1 << 63), -(1 << 63) | (1 << 62)]], dtype=torch.int64)
+    assert FIXED_POINT == 2.0**62
+    assert scatter_histogram(probs, hashes, [], 0, 2).tolist() == [[2**59, 2**60, 2**61, 2]]
+    assert scatter_histogram(probs, hashes, [], 0, 1).tolist() == [[2**59 + 2**60, 2**61 + 2]]
+    table = torch.tensor([[0.5, 1.5]], dtype=torch.float64)  # a one-layer chunk 0: its factor by bit 63
+    halves = scatter_histogram(probs, hashes, [table], 1, 1, chunk_bits=1)  # layer 1 = bit 62
+    assert halves.tolist() == [[2**58 + 3 * 2**60, 2**59 + 2]]  # the last token: 2.25 units round to 2
