@@ -507,3 +507,15 @@ def test_scatter_histogram_adds_fixed_point_masses_by_the_chunk_bits():
     table = torch.tensor([[0.5, 1.5]], dtype=torch.float64)  # a one-layer chunk 0: its factor by bit 63
     halves = scatter_histogram(probs, hashes, [table], 1, 1, chunk_bits=1)  # layer 1 = bit 62
     assert halves.tolist() == [[2**58 + 3 * 2**60, 2**59 + 2]]  # the last token: 2.25 units round to 2
+
+
+def test_temperature_zero_takes_each_rows_argmax():
+    """At temperature 0 the model's law is one-hot and stays so through every round: both draws return each row's
+    argmax, plain rows or not."""
+    sampler = build_sampler(spec_of(), KEY, 6)
+    logits = torch.tensor([[0.0, 3.0, 1.0, 0.0, 0.0, 0.0], [5.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+                           [0.0, 0.0, 0.0, 0.0, 0.0, 2.0]])
+    seeds, u = torch.tensor([11, 12, 13]), torch.tensor([0.3, 0.6, 0.9], dtype=torch.float64)
+    assert sampler.choose(logits, seeds, 0.0, u).tolist() == [1, 0, 5]
+    plain_rows = torch.tensor([True, False, True])
+    assert sampler.choose_or_plain(logits, seeds, 0.0, u, plain_rows).tolist() == [1, 0, 5]
