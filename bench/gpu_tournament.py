@@ -121,28 +121,31 @@ class ThreeHistograms(Tournament):
     fused_draw = False
 
 
+@contextlib.contextmanager
+def draw_launch(unroll: int, threads: int):
+    """The fused draw launched with ``unroll`` reads in flight a histogram thread and a scan of ``threads`` threads
+    inside the block (``mmw.kernels.tournament.HISTOGRAM_UNROLL``, ``PICK_THREADS``), the module's settings after."""
+    from mmw.kernels import tournament as kt
+
+    saved = kt.HISTOGRAM_UNROLL, kt.PICK_THREADS
+    kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = unroll, threads
+    try:
+        yield
+    finally:
+        kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = saved
+
+
 class OneReadInFlight(Tournament):
     """The fused draw as launched before the histogram passes kept several reads in flight: one read a thread at a
     time, the segment scanned by 256 threads. The numba launches happen while the step is traced or captured, so
-    the launch settings are swapped in around those calls only."""
-
-    @contextlib.contextmanager
-    def _launches(self):
-        from mmw.kernels import tournament as kt
-
-        saved = kt.HISTOGRAM_UNROLL, kt.PICK_THREADS, kt.PICK_RUN
-        kt.HISTOGRAM_UNROLL, kt.PICK_THREADS, kt.PICK_RUN = 1, 256, 8
-        try:
-            yield
-        finally:
-            kt.HISTOGRAM_UNROLL, kt.PICK_THREADS, kt.PICK_RUN = saved
+    the settings are swapped in around those calls only."""
 
     def choose(self, *args, **kwargs):
-        with self._launches():
+        with draw_launch(1, 256):
             return super().choose(*args, **kwargs)
 
     def choose_or_plain(self, *args, **kwargs):
-        with self._launches():
+        with draw_launch(1, 256):
             return super().choose_or_plain(*args, **kwargs)
 
 
@@ -270,14 +273,12 @@ def kernel_part(batch: int, result: dict) -> None:
         times[f"draw after, {parts} segments a row"] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
         print(f"kernels: draw after, {parts} segments a row {times[list(times)[-1]]:.3f} ms", flush=True)
     kt.PARTS = 8
-    defaults = kt.HISTOGRAM_UNROLL, kt.PICK_THREADS
     launches = {}
     for unroll, threads in ((1, 256), (2, 256), (4, 256), (8, 256), (4, 1024), (8, 1024)):  # the whole draw
-        kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = unroll, threads
         name = f"draw after, {unroll} reads in flight, scan of {threads} threads"
-        times[name] = launches[unroll, threads] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
+        with draw_launch(unroll, threads):
+            times[name] = launches[unroll, threads] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
         print(f"kernels: {name} {times[name]:.3f} ms", flush=True)
-    kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = defaults
     result["fastest_launch"] = min(launches, key=launches.get)
     # the same sums, and the same tokens, before and after
     a = kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT)

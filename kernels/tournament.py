@@ -4,10 +4,10 @@ itself) (``mmw.watermark.samplers.tournament``).
 
 A histogram pass sums each row's current law by the next ``width`` g-bits (``mmw.watermark.samplers.tournament``):
 per token, the PRF of (row seed, token id) gives its bits, its mass is p(x) times the earlier chunks' factor tables
-looked up by its bits, and the mass, in fixed point, is added to its bin. The bins live in shared memory: a row's 1,024 bins
-sit in 64 cache lines, and the global atomic adds of ``scatter_add_`` serialise on them (0.53 ms a pass at 296 x
-128,256 on one H200, against one read of the probabilities in ~0.07 ms); shared-memory atomics do not. Integer adds
-make the sum independent of their order, so the result is the same on every run and equals the CPU's
+looked up by its bits, and the mass, in fixed point, is added to its bin. The bins live in shared memory: a row's
+1,024 bins sit in 64 cache lines, and the global atomic adds of ``scatter_add_`` serialise on them (0.53 ms a pass
+at 296 x 128,256 on one H200, against one read of the probabilities in ~0.07 ms); shared-memory atomics do not.
+Integer adds make the sum independent of their order, so the result is the same on every run and equals the CPU's
 ``scatter_add_``. ``histogram32_kernel`` adds each 64-bit value as two 32-bit halves (a 64-bit shared atomic add
 is a compare-and-swap loop on sm_90).
 
