@@ -73,6 +73,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_generate import build_model  # noqa: E402
 from gpu_graph import free, sync, word_tokenizer  # noqa: E402
 
+from numba import cuda, float64, int64, uint64  # noqa: E402,F401 (the kernels' below)
+
+from mmw.kernels.prf import prf as prf_device  # noqa: E402 (tile_pick_kernel's)
+from mmw.kernels.tournament import (CACHED_TABLES, MAX_BINS, _CACHE_SIZE, _block_sum, _cache_tables,  # noqa: E402,F401
+                                    _law)
 from mmw.watermark import prf  # noqa: E402
 from mmw.engines import generate as engine  # noqa: E402
 from mmw.engines import graph_decode  # noqa: E402
@@ -85,6 +90,10 @@ from mmw.watermark.samplers.tournament import Tournament, tournament_probs  # no
 from mmw.watermark.scheme import SchemeSpec  # noqa: E402
 
 KEY = 1234
+#: The table kernel's block widths the kernels part times (``mmw.kernels.tournament.TABLE_THREADS``).
+TABLE_THREADS = (32, 64, 128, 256, 512, 1024)
+#: The draw's scan widths it times (``PICK_THREADS``).
+PICK_THREADS = (128, 256, 512)
 #: The "before" configurations run under another key: ``watermark_step`` shares one compiled step per (scheme,
 #: key, ...), and the before step's sampler is swapped for the layer-by-layer law before its first call.
 KEY_BEFORE = 4321
@@ -121,32 +130,188 @@ class ThreeHistograms(Tournament):
     fused_draw = False
 
 
+def _tree_table(partial, width, leaves, fixed_point, tables, c, last, totals, plain, sums):
+    """The table kernel as it was before the block's width became ``TABLE_THREADS`` (the "before" of
+    ``--before launch``, compiled by ``tree_table_kernel``): tables[c, row] = the row's ``chunk_table`` (the sum
+    over partial's segments); one block of 2^width threads a row, thread b owning bin b; each layer's G is a tree sum
+    in shared memory (a fixed order). Bins from 2^width up to the table's size are set to 1. For the ``last`` chunk,
+    sums[row, s] = the law's mass in segment s, a tree sum a segment of partial[row, s, b] times the table (the
+    model's own mass, totals[row, s], where plain[row])."""
+    red = cuda.shared.array(MAX_BINS, float64)
+    row = cuda.blockIdx.x
+    b = cuda.threadIdx.x
+    n_bins = cuda.blockDim.x
+    count = int64(0)
+    for p in range(partial.shape[1]):
+        count += partial[row, p, b]
+    mass = float64(count) / fixed_point
+    table = float64(1.0)
+    for j in range(width):
+        g = (b >> (width - 1 - j)) & 1
+        total = _block_sum(red, mass if g else 0.0)
+        if leaves == 2:
+            factor = 1.0 + g - total
+        else:
+            miss = 1.0 - total
+            if g:
+                factor = (1.0 - math.pow(miss, float64(leaves))) / max(total, 2.2250738585072014e-308)
+            else:
+                factor = math.pow(miss, float64(leaves - 1))
+        mass *= factor
+        table *= factor
+    tables[c, row, b] = table
+    for k in range(n_bins + b, tables.shape[2], n_bins):
+        tables[c, row, k] = 1.0
+    if last:
+        if plain[row]:
+            if b == 0:
+                for s in range(partial.shape[1]):
+                    sums[row, s] = float64(totals[row, s]) / fixed_point
+        else:
+            for s in range(partial.shape[1]):
+                segment = _block_sum(red, float64(partial[row, s, b]) / fixed_point * table)
+                if b == 0:
+                    sums[row, s] = segment
+
+
+@functools.cache
+def tile_pick_kernel(threads: int, run: int):
+    """The draw's scan as it was before one run a thread (the "before" of ``--before launch``): ``threads``
+    threads a block, each adding ``run`` tokens in sequence a tile, a block scan a tile."""
+
+    @cuda.jit
+    def kernel(probs, seeds, tables, n_tables, table_bits, last_bits, plain, sums, u, out):
+        """out[row] = the count of the law's CDF entries below u[row] times its total (``inverse_cdf``), clamped to
+        the last token of positive law in the segment it falls in. The CDF at the segments' ends is the running sum
+        of ``sums`` (the histograms' segments); inside the segment that holds the target, each thread adds ``run``
+        tokens' law in sequence, a block scan adds the threads' sums, tile by tile."""
+        cache = cuda.shared.array(_CACHE_SIZE, float64)
+        scan = cuda.shared.array(threads, float64)
+        info = cuda.shared.array(2, float64)  # the CDF before the chosen segment, the target
+        counts = cuda.shared.array(2, int64)  # the chosen segment, the count of its entries below the target
+        local = cuda.local.array(run, float64)
+        row = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        n = 0 if plain[row] else n_tables
+        _cache_tables(cache, tables, n, row, CACHED_TABLES)
+        if t == 0:
+            n_seg = sums.shape[1]
+            total = float64(0.0)
+            for s in range(n_seg):
+                total += sums[row, s]
+            target = u[row] * total
+            cum = float64(0.0)
+            seg = n_seg - 1
+            base = float64(0.0)
+            for s in range(n_seg):
+                nxt = cum + sums[row, s]
+                base = cum
+                if nxt >= target:
+                    seg = s
+                    break
+                cum = nxt
+            info[0] = base
+            info[1] = target
+            counts[0] = seg
+            counts[1] = 0
+        cuda.syncthreads()
+        base = info[0]
+        target = info[1]
+        seed = uint64(seeds[row])
+        vocab = probs.shape[1]
+        seg_len = (vocab + sums.shape[1] - 1) // sums.shape[1]
+        first = counts[0] * seg_len
+        end = min(first + seg_len, vocab)
+        running = float64(0.0)
+        below = int64(0)
+        last_positive = int64(first)
+        for tile in range(first, end, cuda.blockDim.x * run):
+            own = float64(0.0)
+            for i in range(run):
+                x = tile + t * run + i
+                law = float64(0.0)
+                if x < end:
+                    law = _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf_device(seed, x))
+                    if law > 0.0:
+                        last_positive = x
+                local[i] = law
+                own += law
+            scan[t] = own
+            cuda.syncthreads()
+            offset = 1
+            while offset < cuda.blockDim.x:  # Hillis-Steele inclusive scan of the threads' sums
+                add = scan[t - offset] if t >= offset else 0.0
+                cuda.syncthreads()
+                scan[t] += add
+                cuda.syncthreads()
+                offset <<= 1
+            before = scan[t - 1] if t > 0 else 0.0
+            acc = before
+            for i in range(run):
+                acc += local[i]
+                if tile + t * run + i < end and base + (running + acc) < target:
+                    below += 1
+            running += scan[cuda.blockDim.x - 1]
+            cuda.syncthreads()
+        cuda.atomic.add(counts, 1, below)
+        scan[t] = float64(last_positive)
+        cuda.syncthreads()
+        s = cuda.blockDim.x >> 1
+        while s > 0:
+            if t < s:
+                scan[t] = max(scan[t], scan[t + s])
+            cuda.syncthreads()
+            s >>= 1
+        if t == 0:
+            out[row] = min(first + counts[1], int64(scan[0]))
+
+    return kernel
+
+
 @contextlib.contextmanager
-def draw_launch(unroll: int, threads: int):
-    """The fused draw launched with ``unroll`` reads in flight a histogram thread and a scan of ``threads`` threads
-    inside the block (``mmw.kernels.tournament.HISTOGRAM_UNROLL``, ``PICK_THREADS``), the module's settings after."""
+def draw_launch(**settings):
+    """The fused draw launched with the attributes of ``mmw.kernels.tournament`` named in ``settings`` replaced
+    (``HISTOGRAM_UNROLL``, ``HISTOGRAM_CACHED_TABLES``, ``PICK_THREADS``, ``TABLE_THREADS``, or a kernel:
+    ``_table_kernel``, ``pick_kernel``), the module's own after."""
     from mmw.kernels import tournament as kt
 
-    saved = kt.HISTOGRAM_UNROLL, kt.PICK_THREADS
-    kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = unroll, threads
+    saved = {name: getattr(kt, name) for name in settings}
+    for name, value in settings.items():
+        setattr(kt, name, value)
     try:
         yield
     finally:
-        kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = saved
+        for name, value in saved.items():
+            setattr(kt, name, value)
+
+
+@functools.cache
+def tree_table_kernel():
+    """``_tree_table`` compiled (launched with 2^width threads: 1,024 at m = 30)."""
+    return cuda.jit(_tree_table)
+
+
+def before_settings() -> dict:
+    """The fused draw as it was before the launch work: one read in flight a histogram thread, three tables
+    cached, the tables by one thread a bin (m = 30: 1,024) with a tree a segment, the segment scanned by 256 threads
+    a tile of 8 tokens a thread."""
+    return dict(HISTOGRAM_UNROLL=1, HISTOGRAM_CACHED_TABLES=3, TABLE_THREADS=1 << 10, PICK_THREADS=256,
+                _table_kernel=tree_table_kernel(), pick_kernel=lambda threads: tile_pick_kernel(threads, 8))
 
 
 class OneReadInFlight(Tournament):
-    """The fused draw as launched before the histogram passes kept several reads in flight: one read a thread at a
-    time, the segment scanned by 256 threads. The numba launches happen while the step is traced or captured, so
-    the settings are swapped in around those calls only."""
+    """The fused draw with ``before_settings()``. The settings are module globals that the numba launches read when
+    a step is traced or captured, so every run of this configuration goes inside ``before_launch()``, outside any
+    compiled code (a context manager inside the traced ``choose`` would have its global writes replayed by Dynamo
+    after the graph, not around it)."""
 
-    def choose(self, *args, **kwargs):
-        with draw_launch(1, 256):
-            return super().choose(*args, **kwargs)
 
-    def choose_or_plain(self, *args, **kwargs):
-        with draw_launch(1, 256):
-            return super().choose_or_plain(*args, **kwargs)
+def before_launch(key: int = KEY_BEFORE):
+    """The context a run under ``key`` goes in: ``before_settings()`` for the "before" key of ``--before launch``,
+    else none."""
+    if key == KEY_BEFORE and BEFORE is OneReadInFlight:
+        return draw_launch(**before_settings())
+    return contextlib.nullcontext()
 
 
 #: The "before" sampler: ``--before layer`` (the layer-by-layer law), ``histogram`` (``ThreeHistograms``) or
@@ -244,21 +409,27 @@ def kernel_part(batch: int, result: dict) -> None:
     variants = {
         "histogram cas64, 0 tables": lambda: kt.histogram(probs, seeds, tables, 0, CHUNK_BITS, 0, 10, FIXED_POINT),
         "histogram cas64, 2 tables": lambda: kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT),
-        **{f"histogram split32, {n} tables, {unroll} reads in flight": functools.partial(
-            lambda n, unroll: kt.histogram32_kernel(unroll)[(kt.PARTS, batch), kt.THREADS, stream()](
-                p, s_, t_, n, CHUNK_BITS, 10 * n, 10, FIXED_POINT, pa, to), n, unroll)
-           for n in (0, 2) for unroll in (1, 2, 4, 8)},
-        "table kernel": lambda: kt._table_kernel[batch, 1024, stream()](pa, 10, 2, FIXED_POINT, t_, 1, False, to,
-                                                                        pl, su),
-        "table kernel, last (segment masses)": lambda: kt._table_kernel[batch, 1024, stream()](
+        **{f"histogram split32, {n} tables, {unroll} reads in flight, {cached} cached": functools.partial(
+            lambda n, unroll, cached: kt.histogram32_kernel(unroll, cached)[(kt.PARTS, batch), kt.THREADS, stream()](
+                p, s_, t_, n, CHUNK_BITS, 10 * n, 10, FIXED_POINT, pa, to), n, unroll, cached)
+           for n in (0, 2) for unroll in (1, 2, 4, 8) for cached in (2, 3)},
+        "table kernel before (a thread a bin, a tree a segment)": lambda: tree_table_kernel()[batch, 1024, stream()](
+            pa, 10, 2, FIXED_POINT, t_, 1, False, to, pl, su),
+        "table kernel before, last (segment masses)": lambda: tree_table_kernel()[batch, 1024, stream()](
             pa, 10, 2, FIXED_POINT, t_, 2, True, to, pl, su),
+        **{f"table kernel, {threads} threads{last}": functools.partial(
+            lambda threads, last: kt._table_kernel[batch, threads, stream()](
+                pa, 10, 2, FIXED_POINT, t_, 2 if last else 1, bool(last), to, pl, su), threads, last)
+           for threads in TABLE_THREADS for last in ("", ", last (segment masses)")},
         "torch chunk_table": lambda: st.chunk_table(partial.sum(1), 10, 2),
         "apply, 3 tables": lambda: kt.apply_tables(probs, seeds, tables, CHUNK_BITS, CHUNK_BITS),
         "inverse_cdf of a law": lambda: st.inverse_cdf(probs, u),
-        **{f"pick, 3 tables, {threads} threads x {run}": functools.partial(
-            lambda threads, run: kt.pick_kernel(threads, run)[batch, threads, stream()](
-                p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, su, uu, o), threads, run)
-           for threads, run in ((256, 8), (512, 8), (1024, 8), (1024, 4))},
+        "pick before, 3 tables, 256 threads x 8 a tile": lambda: tile_pick_kernel(256, 8)[batch, 256, stream()](
+            p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, su, uu, o),  # 1,024 x 8: too many registers
+        **{f"pick, 3 tables, {threads} threads": functools.partial(
+            lambda threads: kt.pick_kernel(threads)[batch, threads, stream()](
+                p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, su, uu, o), threads)
+           for threads in PICK_THREADS},
         "draw before (3 cas64 passes, torch tables, apply, inverse_cdf)": before_draw,
         "draw after (mmw::tournament_choose)": lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2),
         "softmax float32 -> float64 (the plain step's)": lambda: torch.softmax(probs.float().double(), -1),
@@ -267,22 +438,46 @@ def kernel_part(batch: int, result: dict) -> None:
     times = {}
     for name, fn in variants.items():
         times[name] = timed(fn)
-        print(f"kernels: {name:64s} {times[name]:.3f} ms", flush=True)
+        print(f"kernels: {name:72s} {times[name]:.3f} ms", flush=True)
+    resources = {}  # registers a thread and static shared bytes a block, per compiled kernel
+    for name, kernel in [*(((f"histogram split32, {u} reads in flight, {c} cached"), kt.histogram32_kernel(u, c))
+                           for u in (1, 2, 4, 8) for c in (2, 3)),
+                         ("table kernel", kt._table_kernel), ("table kernel before", tree_table_kernel()),
+                         *((f"pick, {threads} threads", kt.pick_kernel(threads)) for threads in PICK_THREADS),
+                         ("pick before, 256 threads x 8", tile_pick_kernel(256, 8))]:
+        try:
+            resources[name] = dict(registers=min(kernel.get_regs_per_thread().values()),
+                                   shared_bytes=min(kernel.get_shared_mem_per_block().values()))
+        except Exception as error:  # noqa: BLE001 (a numba version without the query: say so, go on)
+            resources[name] = dict(error=repr(error))
+        print(f"kernels: resources of {name}: {resources[name]}", flush=True)
+    # the table kernels of a draw at m = 30: two plain, one last
+    table_ms = {threads: 2 * times[f"table kernel, {threads} threads"]
+                + times[f"table kernel, {threads} threads, last (segment masses)"] for threads in TABLE_THREADS}
+    table_threads = min(table_ms, key=table_ms.get)
+    print(f"kernels: a draw's table kernels: {table_ms}; fastest at {table_threads} threads", flush=True)
     for parts in (4, 16, 32):  # the whole draw at other segment counts
         kt.PARTS = parts
         times[f"draw after, {parts} segments a row"] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
         print(f"kernels: draw after, {parts} segments a row {times[list(times)[-1]]:.3f} ms", flush=True)
     kt.PARTS = 8
-    launches = {}
-    for unroll, threads in ((1, 256), (2, 256), (4, 256), (8, 256), (4, 1024), (8, 1024)):  # the whole draw
-        name = f"draw after, {unroll} reads in flight, scan of {threads} threads"
-        with draw_launch(unroll, threads):
-            times[name] = launches[unroll, threads] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
+    with draw_launch(**before_settings()):
+        times["draw before (--before launch)"] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
+    print(f"kernels: draw before (--before launch) {times['draw before (--before launch)']:.3f} ms", flush=True)
+    launches = []  # the whole draw at each setting
+    for unroll, cached, threads in ((1, 3, 256), (2, 3, 256), (4, 3, 256), (8, 3, 256), (4, 2, 256), (2, 2, 256),
+                                    (4, 2, 128), (4, 2, 512)):
+        settings = dict(HISTOGRAM_UNROLL=unroll, HISTOGRAM_CACHED_TABLES=cached, PICK_THREADS=threads,
+                        TABLE_THREADS=table_threads)
+        name = f"draw after, {unroll} reads in flight, {cached} cached, scan of {threads}, tables of {table_threads}"
+        with draw_launch(**settings):
+            times[name] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
+        launches.append((times[name], settings))
         print(f"kernels: {name} {times[name]:.3f} ms", flush=True)
-    result["fastest_launch"] = min(launches, key=launches.get)
+    result["fastest_launch"] = min(launches, key=lambda entry: entry[0])[1]
     # the same sums, and the same tokens, before and after
     a = kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT)
-    kt.histogram32_kernel(kt.HISTOGRAM_UNROLL)[(kt.PARTS, batch), kt.THREADS, stream()](
+    kt.histogram32_kernel(kt.HISTOGRAM_UNROLL, 2)[(kt.PARTS, batch), kt.THREADS, stream()](
         p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT, pa, to)
     same_hist = bool(torch.equal(a, partial.sum(1)))
     agree = {}
@@ -300,7 +495,8 @@ def kernel_part(batch: int, result: dict) -> None:
         agree[f"logit scale {scale}"] = dict(same=same, total=4 * batch)
     print(f"kernels: split32 histogram equals cas64: {same_hist}; tokens of the fused draw vs inverse_cdf of the "
           f"chunked law (torch, a quarter of the rows plain): {agree}", flush=True)
-    result["kernels"] = dict(batch=batch, vocab=VOCAB, ms=times, histogram_equal=same_hist, tokens_agree=agree)
+    result["kernels"] = dict(batch=batch, vocab=VOCAB, ms=times, histogram_equal=same_hist, tokens_agree=agree,
+                             resources=resources)
 
 
 def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dict) -> None:
@@ -310,13 +506,15 @@ def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dic
     install_before(None)
     for name, step in steps.items():  # warm-up: compilation, CUDA-graph recording
         t0 = time.perf_counter()
-        time_calls(step, batch, 3)
+        with before_launch(step.key):
+            time_calls(step, batch, 3)
         print(f"step warm-up {name}: {time.perf_counter() - t0:.1f} s, compiled={step.is_compiled} "
               f"{step.compile_error or ''}", flush=True)
     per_round = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
-            per_round[name].append(time_calls(step, batch, calls))
+            with before_launch(step.key):
+                per_round[name].append(time_calls(step, batch, calls))
     rows = {}
     for name, ms in per_round.items():
         extra = [m - p for m, p in zip(ms, per_round["plain"])]
@@ -360,13 +558,14 @@ def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dic
         step = WatermarkStep(spec() if name != "plain" else None, key, VOCAB, 1.0, compiled=True, mode="default")
         if before:
             step.sampler = BEFORE(spec(), key, VOCAB)
-        time_calls(step, batch, 3)
         scores, context, steps_, state = step_inputs(batch, 3.0, 7)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                step(scores, context, steps_, **state, history=step.new_history(batch, "cuda"))
-            sync()
+        with before_launch(KEY_BEFORE if before else KEY):
+            time_calls(step, batch, 3)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    step(scores, context, steps_, **state, history=step.new_history(batch, "cuda"))
+                sync()
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
         tables[name] = table
         if out is not None:
@@ -461,7 +660,8 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: st
         proc = WatermarkProcessor(scheme, key, cfg.vocab_size, list(range(batch)), 1.0)
         sync()
         t0, c0 = time.perf_counter(), time.process_time()
-        engine.generate_batch(model, tok, prompts, proc, new_tokens, settings)
+        with before_launch(key):
+            engine.generate_batch(model, tok, prompts, proc, new_tokens, settings)
         sync()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         free(model)
@@ -601,8 +801,9 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
          host_rounds: int = 0, tune_launch: bool = False) -> None:
     """``--decode-only graph|generate``: the decode part's configurations on that path only, after sampler only
     (with that path's baseline), for more rounds in the same time. ``--before launch``: "before" is the fused draw
-    launched with one read in flight a thread and a 256-thread scan, "after" with the module's settings
-    (``mmw.kernels.tournament.HISTOGRAM_UNROLL``, ``PICK_THREADS``). ``--tune-launch`` (with the kernels part): the
+    as it was before its launch work (``before_settings``: one read in flight a histogram thread, 1,024-thread
+    table kernels with a tree a segment, a scan a tile of 256 x 8 tokens), "after" the module's settings and
+    kernels. ``--tune-launch`` (with the kernels part): the
     parts after it launch the draw with the settings of the fastest whole draw the kernels part timed, so one call
     measures ``--before launch --parts kernels,decode`` against the best setting."""
     global BEFORE
@@ -638,9 +839,9 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
         if tune_launch:  # what follows launches the draw as the fastest whole draw above was launched
             from mmw.kernels import tournament as kt
 
-            kt.HISTOGRAM_UNROLL, kt.PICK_THREADS = result["fastest_launch"]
-            print(f"launch settings from here on: {kt.HISTOGRAM_UNROLL} reads in flight, a scan of "
-                  f"{kt.PICK_THREADS} threads", flush=True)
+            for name, value in result["fastest_launch"].items():
+                setattr(kt, name, value)
+            print(f"launch settings from here on: {result['fastest_launch']}", flush=True)
     if "step" in parts:
         step_part(batch, calls, rounds, out_dir, result)
         save()

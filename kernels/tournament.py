@@ -42,17 +42,17 @@ _CACHE_SIZE = CACHED_TABLES * MAX_BINS  # a global constant: numba sizes shared 
 
 
 @cuda.jit(device=True)
-def _cache_tables(cache, tables, n_tables, row):
-    """Copy row's first min(n_tables, CACHED_TABLES) factor tables into the block's shared ``cache``."""
+def _cache_tables(cache, tables, n_tables, row, cached):
+    """Copy row's first min(n_tables, cached) factor tables into the block's shared ``cache``."""
     size = tables.shape[2]
-    for i in range(cuda.threadIdx.x, min(n_tables, CACHED_TABLES) * size, cuda.blockDim.x):
+    for i in range(cuda.threadIdx.x, min(n_tables, cached) * size, cuda.blockDim.x):
         cache[i] = tables[i // size, row, i - (i // size) * size]
 
 
 @cuda.jit(device=True)
-def _factor(cache, tables, c, row, code):
-    """Table c's factor for ``code``: from shared memory when cached."""
-    if c < CACHED_TABLES:
+def _factor(cache, tables, c, row, code, cached):
+    """Table c's factor for ``code``: from shared memory when cached (c < cached)."""
+    if c < cached:
         return cache[c * tables.shape[2] + code]
     return tables[c, row, code]
 
@@ -73,7 +73,7 @@ def _histogram_kernel(probs, seeds, tables, n_tables, table_bits, start, width, 
     n_bins = 1 << width
     for b in range(cuda.threadIdx.x, n_bins, cuda.blockDim.x):
         bins[b] = 0
-    _cache_tables(cache, tables, n_tables, row)
+    _cache_tables(cache, tables, n_tables, row, CACHED_TABLES)
     cuda.syncthreads()
     seed = uint64(seeds[row])
     mask = uint64(n_bins - 1)
@@ -85,7 +85,8 @@ def _histogram_kernel(probs, seeds, tables, n_tables, table_bits, start, width, 
         h = prf(seed, x)
         mass = probs[row, x]
         for c in range(n_tables):  # chunk c holds layers c * table_bits .. (c + 1) * table_bits - 1
-            mass *= _factor(cache, tables, c, row, int64((h >> uint64(64 - (c + 1) * table_bits)) & table_mask))
+            mass *= _factor(cache, tables, c, row, int64((h >> uint64(64 - (c + 1) * table_bits)) & table_mask),
+                           CACHED_TABLES)
         cuda.atomic.add(bins, int64((h >> shift) & mask), int64(mass * fixed_point + float64(0.5)))
     cuda.syncthreads()
     for b in range(cuda.threadIdx.x, n_bins, cuda.blockDim.x):
@@ -98,7 +99,7 @@ def _apply_kernel(probs, seeds, tables, n_tables, table_bits, last_bits, out):
     c * table_bits, the last chunk last_bits."""
     cache = cuda.shared.array(_CACHE_SIZE, float64)
     row = cuda.blockIdx.y
-    _cache_tables(cache, tables, n_tables, row)
+    _cache_tables(cache, tables, n_tables, row, CACHED_TABLES)
     cuda.syncthreads()
     seed = uint64(seeds[row])
     vocab = probs.shape[1]
@@ -109,7 +110,7 @@ def _apply_kernel(probs, seeds, tables, n_tables, table_bits, last_bits, out):
         for c in range(n_tables):
             bits = table_bits if c < n_tables - 1 else last_bits
             code = (h >> uint64(64 - c * table_bits - bits)) & uint64((1 << bits) - 1)
-            mass *= _factor(cache, tables, c, row, int64(code))
+            mass *= _factor(cache, tables, c, row, int64(code), CACHED_TABLES)
         out[row, x] = mass
 
 
@@ -153,18 +154,16 @@ def apply_tables(probs, seeds, tables, table_bits: int, last_bits: int):
 # ------------------------------------------------------------------------------------------------ the fused draw
 #: Threads of the draw's scan (one block a row, so these are all the threads that read the chosen segment).
 PICK_THREADS = 256
-#: Tokens a thread of the draw's scan adds in sequence (a tile is PICK_THREADS x PICK_RUN tokens).
-PICK_RUN = 8
 
 
 @cuda.jit(device=True)
-def _mass(p, cache, tables, n_tables, table_bits, row, h):
+def _mass(p, cache, tables, n_tables, table_bits, row, h, cached):
     """p = probs[row, x] times the first n_tables chunks' factors (each chunk table_bits layers), looked up by x's
-    bits of each chunk (h = prf(seed, x)), multiplied in that order."""
+    bits of each chunk (h = prf(seed, x)), multiplied in that order; the first ``cached`` tables from ``cache``."""
     mass = p
     table_mask = uint64((1 << table_bits) - 1)
     for c in range(n_tables):
-        mass *= _factor(cache, tables, c, row, int64((h >> uint64(64 - (c + 1) * table_bits)) & table_mask))
+        mass *= _factor(cache, tables, c, row, int64((h >> uint64(64 - (c + 1) * table_bits)) & table_mask), cached)
     return mass
 
 
@@ -175,7 +174,7 @@ def _law(probs, cache, tables, n_tables, table_bits, last_bits, row, x, h):
     for c in range(n_tables):
         bits = table_bits if c < n_tables - 1 else last_bits
         code = (h >> uint64(64 - c * table_bits - bits)) & uint64((1 << bits) - 1)
-        mass *= _factor(cache, tables, c, row, int64(code))
+        mass *= _factor(cache, tables, c, row, int64(code), CACHED_TABLES)
     return mass
 
 
@@ -202,11 +201,16 @@ def _block_sum(red, value):
 #: stays 1 (the measured launch) until ``bench/gpu_tournament.py --parts kernels`` has timed 1, 2, 4 and 8 on the
 #: card. The sums are integers: every value gives the same histogram.
 HISTOGRAM_UNROLL = 1
+#: Factor tables a histogram block copies into shared memory (pass c multiplies by c tables: at m <= 30 two at
+#: most; a table beyond the cache is read from global memory). Two take 16 KB of a block's 32 KB with three.
+HISTOGRAM_CACHED_TABLES = CACHED_TABLES
 
 
 @functools.cache
-def histogram32_kernel(unroll: int):
-    """The histogram pass with ``unroll`` reads in flight a thread (compiled once per value)."""
+def histogram32_kernel(unroll: int, cached: int = CACHED_TABLES):
+    """The histogram pass with ``unroll`` reads in flight a thread and ``cached`` factor tables in shared memory
+    (compiled once per pair)."""
+    cache_size = max(cached, 1) * MAX_BINS  # numba sizes shared arrays at compile time: a closure constant
 
     @cuda.jit
     def kernel(probs, seeds, tables, n_tables, table_bits, start, width, fixed_point, partial, totals):
@@ -219,7 +223,7 @@ def histogram32_kernel(unroll: int):
         writes totals[row, part], the segment's mass (an integer sum: exact)."""
         lo = cuda.shared.array(MAX_BINS, uint32)
         hi = cuda.shared.array(MAX_BINS, uint32)
-        cache = cuda.shared.array(_CACHE_SIZE, float64)
+        cache = cuda.shared.array(cache_size, float64)
         total = cuda.shared.array(1, int64)
         loaded = cuda.local.array(unroll, float64)
         row = cuda.blockIdx.y
@@ -231,7 +235,7 @@ def histogram32_kernel(unroll: int):
             hi[b] = 0
         if t == 0:
             total[0] = 0
-        _cache_tables(cache, tables, n_tables, row)
+        _cache_tables(cache, tables, n_tables, row, cached)
         cuda.syncthreads()
         seed = uint64(seeds[row])
         mask = uint64(n_bins - 1)
@@ -250,7 +254,7 @@ def histogram32_kernel(unroll: int):
                 x = base + i * step
                 if x < end:
                     h = prf(seed, x)
-                    mass = _mass(loaded[i], cache, tables, n_tables, table_bits, row, h)
+                    mass = _mass(loaded[i], cache, tables, n_tables, table_bits, row, h, cached)
                     v = uint64(int64(mass * fixed_point + float64(0.5)))
                     b = int64((h >> shift) & mask)
                     low = uint32(v & low_mask)
@@ -273,70 +277,110 @@ def histogram32_kernel(unroll: int):
     return kernel
 
 
+#: Threads of a table kernel's block (one block a row; a power of two). Each of a chunk's layers is a tree sum over
+#: the block, so the block's width sets the depth of ten trees and the width of their barriers: at one bin a thread
+#: (1,024 threads) the kernel took 0.051 ms (0.089 ms with the segments' masses) at 296 rows on one H200, two waves
+#: of blocks whose barriers were the time. The value is the one ``bench/gpu_tournament.py --parts kernels`` times
+#: fastest; any value gives the same tables up to the order of the float64 sums (fixed for a given value).
+TABLE_THREADS = 256
+#: Segments a row at most (the draw's ``sums``): a table kernel's block must hold one tree per segment.
+MAX_SEGMENTS = 32
+
+
 @cuda.jit
 def _table_kernel(partial, width, leaves, fixed_point, tables, c, last, totals, plain, sums):
-    """tables[c, row] = ``mmw.watermark.samplers.tournament.chunk_table`` of the row's histogram (the sum over partial's
-    segments); one block of 2^width threads a row, thread b owning bin b; each layer's G is a tree sum in shared
-    memory (a fixed order: the same table every run). Bins from 2^width up to the table's size are set to 1.
-    For the ``last`` chunk, sums[row, s] = the law's mass in segment s: sum over b of partial[row, s, b] times the
-    table (the model's own mass, totals[row, s], where plain[row])."""
+    """tables[c, row] = ``mmw.watermark.samplers.tournament.chunk_table`` of the row's histogram (the sum over
+    partial's segments); one block a row, thread t owning the bins b = t mod blockDim (their masses and table entries
+    in shared memory, touched by their owner alone); each layer's G is the tree sum, in shared memory, of the
+    threads' sums of their bins with the layer's bit set (a fixed order: the same table every run). Bins from
+    2^width up to the table's size are set to 1. For the ``last`` chunk, sums[row, s] = the law's mass in segment s:
+    sum over b of partial[row, s, b] times the table (the model's own mass, totals[row, s], where plain[row]); with
+    S segments padded to P (a power of two, P <= blockDim), thread t adds segment t mod P's bins
+    b = t div P mod blockDim / P, and one tree over the threads sums all segments at once."""
     red = cuda.shared.array(MAX_BINS, float64)
+    mass = cuda.shared.array(MAX_BINS, float64)
+    table = cuda.shared.array(MAX_BINS, float64)
     row = cuda.blockIdx.x
-    b = cuda.threadIdx.x
-    n_bins = cuda.blockDim.x
-    count = int64(0)
-    for p in range(partial.shape[1]):
-        count += partial[row, p, b]
-    mass = float64(count) / fixed_point
-    table = float64(1.0)
+    t = cuda.threadIdx.x
+    threads = cuda.blockDim.x
+    n_bins = 1 << width
+    for b in range(t, n_bins, threads):
+        count = int64(0)
+        for p in range(partial.shape[1]):
+            count += partial[row, p, b]
+        mass[b] = float64(count) / fixed_point
+        table[b] = 1.0
     for j in range(width):
-        g = (b >> (width - 1 - j)) & 1
-        total = _block_sum(red, mass if g else 0.0)
-        if leaves == 2:
-            factor = 1.0 + g - total
+        shift = width - 1 - j
+        own = float64(0.0)
+        for b in range(t, n_bins, threads):
+            if (b >> shift) & 1:
+                own += mass[b]
+        total = _block_sum(red, own)
+        if leaves == 2:  # 1 + g - G
+            won = 2.0 - total
+            lost = 1.0 - total
         else:
             miss = 1.0 - total
-            if g:
-                factor = (1.0 - math.pow(miss, float64(leaves))) / max(total, 2.2250738585072014e-308)
-            else:
-                factor = math.pow(miss, float64(leaves - 1))
-        mass *= factor
-        table *= factor
-    tables[c, row, b] = table
-    for k in range(n_bins + b, tables.shape[2], n_bins):
+            won = (1.0 - math.pow(miss, float64(leaves))) / max(total, 2.2250738585072014e-308)
+            lost = math.pow(miss, float64(leaves - 1))
+        for b in range(t, n_bins, threads):
+            factor = won if (b >> shift) & 1 else lost
+            mass[b] *= factor
+            table[b] *= factor
+    for b in range(t, n_bins, threads):
+        tables[c, row, b] = table[b]
+    for k in range(n_bins + t, tables.shape[2], threads):
         tables[c, row, k] = 1.0
     if last:
+        n_seg = partial.shape[1]
         if plain[row]:
-            if b == 0:
-                for s in range(partial.shape[1]):
-                    sums[row, s] = float64(totals[row, s]) / fixed_point
+            for s in range(t, n_seg, threads):
+                sums[row, s] = float64(totals[row, s]) / fixed_point
         else:
-            for s in range(partial.shape[1]):
-                segment = _block_sum(red, float64(partial[row, s, b]) / fixed_point * table)
-                if b == 0:
-                    sums[row, s] = segment
+            padded = 1
+            while padded < n_seg:
+                padded <<= 1
+            s = t & (padded - 1)
+            own = float64(0.0)
+            cuda.syncthreads()  # every table entry written by its owner
+            if s < n_seg:
+                for b in range(t // padded, n_bins, threads // padded):
+                    own += float64(partial[row, s, b]) / fixed_point * table[b]
+            red[t] = own
+            cuda.syncthreads()
+            half = threads >> 1
+            while half >= padded:  # t and t + half hold the same segment
+                if t < half:
+                    red[t] += red[t + half]
+                cuda.syncthreads()
+                half >>= 1
+            if t < n_seg:
+                sums[row, t] = red[t]
 
 
 @functools.cache
-def pick_kernel(threads: int, run: int):
-    """The draw's scan with ``threads`` threads a block, each adding ``run`` tokens in sequence (compiled once per
-    pair)."""
+def pick_kernel(threads: int):
+    """The draw's scan with ``threads`` threads a block (compiled once per value)."""
 
     @cuda.jit
     def kernel(probs, seeds, tables, n_tables, table_bits, last_bits, plain, sums, u, out):
         """out[row] = the count of the law's CDF entries below u[row] times its total (``inverse_cdf``), clamped to
         the last token of positive law in the segment it falls in. The CDF at the segments' ends is the running sum
-        of ``sums`` (the histograms' segments); inside the segment that holds the target, each thread adds ``run``
-        tokens' law in sequence, a block scan adds the threads' sums, tile by tile."""
+        of ``sums`` (the histograms' segments). Inside the segment that holds the target each thread takes a
+        contiguous run of its tokens and adds their law in sequence; a block scan of the runs' sums gives each run
+        the mass before it, so the CDF at a token is base + (before its run + its run's sum up to it). A run's
+        entries are all below the target when its last entry is, none when its first is not (the CDF rises along a
+        run); only a run that holds the target is read again, by its thread. One scan a row, where a scan a tile of
+        threads x 8 tokens took ~0.10 ms at 296 x 128,256 on one H200, its barriers the time."""
         cache = cuda.shared.array(_CACHE_SIZE, float64)
         scan = cuda.shared.array(threads, float64)
         info = cuda.shared.array(2, float64)  # the CDF before the chosen segment, the target
-        counts = cuda.shared.array(2, int64)  # the chosen segment, the count of its entries below the target
-        local = cuda.local.array(run, float64)
+        counts = cuda.shared.array(3, int64)  # the chosen segment, the entries below the target, the last positive
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
         n = 0 if plain[row] else n_tables
-        _cache_tables(cache, tables, n, row)
+        _cache_tables(cache, tables, n, row, CACHED_TABLES)
         if t == 0:
             n_seg = sums.shape[1]
             total = float64(0.0)
@@ -357,6 +401,7 @@ def pick_kernel(threads: int, run: int):
             info[1] = target
             counts[0] = seg
             counts[1] = 0
+            counts[2] = -1
         cuda.syncthreads()
         base = info[0]
         target = info[1]
@@ -365,48 +410,44 @@ def pick_kernel(threads: int, run: int):
         seg_len = (vocab + sums.shape[1] - 1) // sums.shape[1]
         first = counts[0] * seg_len
         end = min(first + seg_len, vocab)
-        running = float64(0.0)
-        below = int64(0)
-        last_positive = int64(first)
-        for tile in range(first, end, cuda.blockDim.x * run):
-            own = float64(0.0)
-            for i in range(run):
-                x = tile + t * run + i
-                law = float64(0.0)
-                if x < end:
-                    law = _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
-                    if law > 0.0:
-                        last_positive = x
-                local[i] = law
-                own += law
-            scan[t] = own
-            cuda.syncthreads()
-            offset = 1
-            while offset < cuda.blockDim.x:  # Hillis-Steele inclusive scan of the threads' sums
-                add = scan[t - offset] if t >= offset else 0.0
-                cuda.syncthreads()
-                scan[t] += add
-                cuda.syncthreads()
-                offset <<= 1
-            before = scan[t - 1] if t > 0 else 0.0
-            acc = before
-            for i in range(run):
-                acc += local[i]
-                if tile + t * run + i < end and base + (running + acc) < target:
-                    below += 1
-            running += scan[cuda.blockDim.x - 1]
-            cuda.syncthreads()
-        cuda.atomic.add(counts, 1, below)
-        scan[t] = float64(last_positive)
+        run = (end - first + threads - 1) // threads
+        start = min(first + t * run, end)
+        stop = min(start + run, end)
+        own = float64(0.0)
+        first_law = float64(0.0)
+        last_positive = int64(-1)
+        for x in range(start, stop):
+            law = _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
+            if x == start:
+                first_law = law
+            if law > 0.0:
+                last_positive = x
+            own += law
+        scan[t] = own
         cuda.syncthreads()
-        s = cuda.blockDim.x >> 1
-        while s > 0:
-            if t < s:
-                scan[t] = max(scan[t], scan[t + s])
+        offset = 1
+        while offset < threads:  # Hillis-Steele inclusive scan of the runs' sums
+            add = scan[t - offset] if t >= offset else 0.0
             cuda.syncthreads()
-            s >>= 1
+            scan[t] += add
+            cuda.syncthreads()
+            offset <<= 1
+        before = scan[t - 1] if t > 0 else 0.0
+        below = int64(0)
+        if stop > start:
+            if base + (before + own) < target:
+                below = stop - start
+            elif base + (before + first_law) < target:  # the target falls inside this run: read it again
+                acc = float64(0.0)
+                for x in range(start, stop):
+                    acc += _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
+                    if base + (before + acc) < target:
+                        below += 1
+        cuda.atomic.add(counts, 1, below)
+        cuda.atomic.max(counts, 2, last_positive)
+        cuda.syncthreads()
         if t == 0:
-            out[row] = min(first + counts[1], int64(scan[0]))
+            out[row] = min(first + counts[1], max(counts[2], first))
 
     return kernel
 
@@ -454,11 +495,17 @@ def launch_choose(probs, seeds, u, plain, tables, partial, totals, sums, out, la
     number of segments a row."""
     rows = probs.shape[0]
     n_chunks = -(-layers // chunk_bits)
+    segments = partial.shape[1]
+    if TABLE_THREADS & (TABLE_THREADS - 1) or not 1 <= TABLE_THREADS <= MAX_BINS:
+        raise ValueError(f"TABLE_THREADS must be a power of two from 1 to {MAX_BINS}, got {TABLE_THREADS}")
+    if not 1 <= segments <= min(MAX_SEGMENTS, TABLE_THREADS):
+        raise ValueError(f"segments a row must be from 1 to min({MAX_SEGMENTS}, TABLE_THREADS = {TABLE_THREADS}), "
+                         f"got {segments}")
     for c in range(n_chunks):
         width = min(chunk_bits, layers - c * chunk_bits)
-        histogram32_kernel(HISTOGRAM_UNROLL)[(partial.shape[1], rows), THREADS, stream](
+        histogram32_kernel(HISTOGRAM_UNROLL, HISTOGRAM_CACHED_TABLES)[(partial.shape[1], rows), THREADS, stream](
             probs, seeds, tables, c, chunk_bits, c * chunk_bits, width, fixed_point, partial, totals)
-        _table_kernel[rows, 1 << width, stream](partial, width, leaves, fixed_point, tables, c, c == n_chunks - 1,
-                                                totals, plain, sums)
-    pick_kernel(PICK_THREADS, PICK_RUN)[rows, PICK_THREADS, stream](
+        _table_kernel[rows, TABLE_THREADS, stream](partial, width, leaves, fixed_point, tables, c,
+                                                   c == n_chunks - 1, totals, plain, sums)
+    pick_kernel(PICK_THREADS)[rows, PICK_THREADS, stream](
         probs, seeds, tables, n_chunks, chunk_bits, layers - (n_chunks - 1) * chunk_bits, plain, sums, u, out)

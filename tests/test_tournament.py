@@ -179,7 +179,9 @@ from mmw.watermark import prf
 from mmw.kernels import tournament as kernels
 from mmw.watermark.samplers.base import inverse_cdf
 from mmw.watermark.samplers.tournament import FIXED_POINT, chunk_table, scatter_histogram, tournament_probs
-kernels.THREADS, kernels.PICK_THREADS, kernels.PICK_RUN = 32, 32, 4
+kernels.THREADS, kernels.PICK_THREADS = 32, 32
+# 16 table threads: two bins a thread in the 32-bin chunks, idle threads in the 8-bin one; 5 segments pad to 8
+kernels.TABLE_THREADS = 16
 gen = torch.Generator().manual_seed(3)
 rows, vocab = 4, 700
 probs = torch.softmax(torch.randn(rows, vocab, generator=gen, dtype=torch.float64)
@@ -232,6 +234,28 @@ def test_cuda_fused_draw_equals_the_inverse_cdf_of_the_law_in_the_simulator():
     result = subprocess.run([sys.executable, "-c", SIMULATED_DRAW], env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("table_threads, segments, shown", [
+    (24, 4, "TABLE_THREADS must be a power of two from 1 to 1024, got 24"),
+    (2048, 4, "TABLE_THREADS must be a power of two from 1 to 1024, got 2048"),
+    (16, 17, "segments a row must be from 1 to min(32, TABLE_THREADS = 16), got 17"),
+    (256, 33, "segments a row must be from 1 to min(32, TABLE_THREADS = 256), got 33"),
+])
+def test_the_draw_refuses_table_blocks_that_cannot_hold_its_segments(monkeypatch, table_threads, segments, shown):
+    """A table kernel's block sums every segment in one tree, so it needs a power-of-two width and a thread a
+    segment at least: the launch refuses other settings before any kernel runs, naming the setting."""
+    pytest.importorskip("numba")
+    from mmw.kernels import tournament as kernels
+
+    monkeypatch.setattr(kernels, "TABLE_THREADS", table_threads)
+    rows, bins = 2, 1 << 5
+    arrays = (np.zeros((rows, 64)), np.zeros(rows, dtype=np.int64), np.zeros(rows), np.zeros(rows, dtype=np.uint8),
+              np.zeros((1, rows, bins)), np.zeros((rows, segments, bins), dtype=np.int64),
+              np.zeros((rows, segments), dtype=np.int64), np.zeros((rows, segments)), np.zeros(rows, dtype=np.int64))
+    with pytest.raises(ValueError) as error:
+        kernels.launch_choose(*arrays, 5, 2, 5, 2.0 ** 62)
+    assert str(error.value) == shown
 
 
 def test_g_values_are_the_prf_bits_and_the_statistic_counts_them():
