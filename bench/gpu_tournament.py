@@ -34,6 +34,7 @@ import contextlib
 import functools
 import gc
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -73,11 +74,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_generate import build_model  # noqa: E402
 from gpu_graph import free, sync, word_tokenizer  # noqa: E402
 
-from numba import cuda, float64, int64, uint64  # noqa: E402,F401 (the kernels' below)
+from numba import cuda, float64, int64  # noqa: E402,F401 (_tree_table's)
 
-from mmw.kernels.prf import prf as prf_device  # noqa: E402 (tile_pick_kernel's)
-from mmw.kernels.tournament import (CACHED_TABLES, MAX_BINS, _CACHE_SIZE, _block_sum, _cache_tables,  # noqa: E402,F401
-                                    _law)
+from mmw.kernels.tournament import MAX_BINS, _block_sum  # noqa: E402,F401 (_tree_table's)
 from mmw.watermark import prf  # noqa: E402
 from mmw.engines import generate as engine  # noqa: E402
 from mmw.engines import graph_decode  # noqa: E402
@@ -94,6 +93,8 @@ KEY = 1234
 TABLE_THREADS = (32, 64, 128, 256, 512, 1024)
 #: The draw's scan widths it times (``PICK_THREADS``).
 PICK_THREADS = (128, 256, 512)
+#: The histogram's register budgets it times: blocks a multiprocessor (``HISTOGRAM_MIN_BLOCKS``; None: unbounded).
+HISTOGRAM_MIN_BLOCKS = (None, 6, 8)
 #: The "before" configurations run under another key: ``watermark_step`` shares one compiled step per (scheme,
 #: key, ...), and the before step's sampler is swapped for the layer-by-layer law before its first call.
 KEY_BEFORE = 4321
@@ -174,105 +175,11 @@ def _tree_table(partial, width, leaves, fixed_point, tables, c, last, totals, pl
                     sums[row, s] = segment
 
 
-@functools.cache
-def tile_pick_kernel(threads: int, run: int):
-    """The draw's scan as it was before one run a thread (the "before" of ``--before launch``): ``threads``
-    threads a block, each adding ``run`` tokens in sequence a tile, a block scan a tile."""
-
-    @cuda.jit
-    def kernel(probs, seeds, tables, n_tables, table_bits, last_bits, plain, sums, u, out):
-        """out[row] = the count of the law's CDF entries below u[row] times its total (``inverse_cdf``), clamped to
-        the last token of positive law in the segment it falls in. The CDF at the segments' ends is the running sum
-        of ``sums`` (the histograms' segments); inside the segment that holds the target, each thread adds ``run``
-        tokens' law in sequence, a block scan adds the threads' sums, tile by tile."""
-        cache = cuda.shared.array(_CACHE_SIZE, float64)
-        scan = cuda.shared.array(threads, float64)
-        info = cuda.shared.array(2, float64)  # the CDF before the chosen segment, the target
-        counts = cuda.shared.array(2, int64)  # the chosen segment, the count of its entries below the target
-        local = cuda.local.array(run, float64)
-        row = cuda.blockIdx.x
-        t = cuda.threadIdx.x
-        n = 0 if plain[row] else n_tables
-        _cache_tables(cache, tables, n, row, CACHED_TABLES)
-        if t == 0:
-            n_seg = sums.shape[1]
-            total = float64(0.0)
-            for s in range(n_seg):
-                total += sums[row, s]
-            target = u[row] * total
-            cum = float64(0.0)
-            seg = n_seg - 1
-            base = float64(0.0)
-            for s in range(n_seg):
-                nxt = cum + sums[row, s]
-                base = cum
-                if nxt >= target:
-                    seg = s
-                    break
-                cum = nxt
-            info[0] = base
-            info[1] = target
-            counts[0] = seg
-            counts[1] = 0
-        cuda.syncthreads()
-        base = info[0]
-        target = info[1]
-        seed = uint64(seeds[row])
-        vocab = probs.shape[1]
-        seg_len = (vocab + sums.shape[1] - 1) // sums.shape[1]
-        first = counts[0] * seg_len
-        end = min(first + seg_len, vocab)
-        running = float64(0.0)
-        below = int64(0)
-        last_positive = int64(first)
-        for tile in range(first, end, cuda.blockDim.x * run):
-            own = float64(0.0)
-            for i in range(run):
-                x = tile + t * run + i
-                law = float64(0.0)
-                if x < end:
-                    law = _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf_device(seed, x))
-                    if law > 0.0:
-                        last_positive = x
-                local[i] = law
-                own += law
-            scan[t] = own
-            cuda.syncthreads()
-            offset = 1
-            while offset < cuda.blockDim.x:  # Hillis-Steele inclusive scan of the threads' sums
-                add = scan[t - offset] if t >= offset else 0.0
-                cuda.syncthreads()
-                scan[t] += add
-                cuda.syncthreads()
-                offset <<= 1
-            before = scan[t - 1] if t > 0 else 0.0
-            acc = before
-            for i in range(run):
-                acc += local[i]
-                if tile + t * run + i < end and base + (running + acc) < target:
-                    below += 1
-            running += scan[cuda.blockDim.x - 1]
-            cuda.syncthreads()
-        cuda.atomic.add(counts, 1, below)
-        scan[t] = float64(last_positive)
-        cuda.syncthreads()
-        s = cuda.blockDim.x >> 1
-        while s > 0:
-            if t < s:
-                scan[t] = max(scan[t], scan[t + s])
-            cuda.syncthreads()
-            s >>= 1
-        if t == 0:
-            out[row] = min(first + counts[1], int64(scan[0]))
-
-    return kernel
-
-
 @contextlib.contextmanager
 def draw_launch(**settings):
     """The fused draw launched with the attributes of ``mmw.kernels.tournament`` named in ``settings`` replaced
-    (``HISTOGRAM_UNROLL``, ``HISTOGRAM_CACHED_TABLES``, ``PICK_THREADS``, ``TABLE_THREADS``, or a kernel:
-    ``_table_kernel``, ``pick_kernel``), the module's own after."""
+    (``HISTOGRAM_UNROLL``, ``HISTOGRAM_CACHED_TABLES``, ``HISTOGRAM_MIN_BLOCKS``, ``PICK_THREADS``,
+    ``TABLE_THREADS``, or the table kernel ``_table_kernel``), the module's own after."""
     from mmw.kernels import tournament as kt
 
     saved = {name: getattr(kt, name) for name in settings}
@@ -293,10 +200,10 @@ def tree_table_kernel():
 
 def before_settings() -> dict:
     """The fused draw as it was before the launch work: one read in flight a histogram thread, three tables
-    cached, the tables by one thread a bin (m = 30: 1,024) with a tree a segment, the segment scanned by 256 threads
-    a tile of 8 tokens a thread."""
-    return dict(HISTOGRAM_UNROLL=1, HISTOGRAM_CACHED_TABLES=3, TABLE_THREADS=1 << 10, PICK_THREADS=256,
-                _table_kernel=tree_table_kernel(), pick_kernel=lambda threads: tile_pick_kernel(threads, 8))
+    cached, the compiler's own register budget, the tables by one thread a bin (m = 30: 1,024) with a tree a
+    segment, the segment scanned by 256 threads."""
+    return dict(HISTOGRAM_UNROLL=1, HISTOGRAM_CACHED_TABLES=3, HISTOGRAM_MIN_BLOCKS=None, TABLE_THREADS=1 << 10,
+                PICK_THREADS=256, _table_kernel=tree_table_kernel())
 
 
 class OneReadInFlight(Tournament):
@@ -409,10 +316,11 @@ def kernel_part(batch: int, result: dict) -> None:
     variants = {
         "histogram cas64, 0 tables": lambda: kt.histogram(probs, seeds, tables, 0, CHUNK_BITS, 0, 10, FIXED_POINT),
         "histogram cas64, 2 tables": lambda: kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT),
-        **{f"histogram split32, {n} tables, {unroll} reads in flight, {cached} cached": functools.partial(
-            lambda n, unroll, cached: kt.histogram32_kernel(unroll, cached)[(kt.PARTS, batch), kt.THREADS, stream()](
-                p, s_, t_, n, CHUNK_BITS, 10 * n, 10, FIXED_POINT, pa, to), n, unroll, cached)
-           for n in (0, 2) for unroll in (1, 2, 4, 8) for cached in (2, 3)},
+        **{f"histogram split32, {n} tables, {unroll} reads in flight, {blocks} blocks": functools.partial(
+            lambda n, unroll, blocks: kt.histogram32_kernel(unroll, 2, blocks)[
+                (kt.PARTS, batch), kt.THREADS, stream()](p, s_, t_, n, CHUNK_BITS, 10 * n, 10, FIXED_POINT, pa, to),
+            n, unroll, blocks)
+           for n in (0, 2) for unroll in (1, 2, 4) for blocks in HISTOGRAM_MIN_BLOCKS},
         "table kernel before (a thread a bin, a tree a segment)": lambda: tree_table_kernel()[batch, 1024, stream()](
             pa, 10, 2, FIXED_POINT, t_, 1, False, to, pl, su),
         "table kernel before, last (segment masses)": lambda: tree_table_kernel()[batch, 1024, stream()](
@@ -424,12 +332,10 @@ def kernel_part(batch: int, result: dict) -> None:
         "torch chunk_table": lambda: st.chunk_table(partial.sum(1), 10, 2),
         "apply, 3 tables": lambda: kt.apply_tables(probs, seeds, tables, CHUNK_BITS, CHUNK_BITS),
         "inverse_cdf of a law": lambda: st.inverse_cdf(probs, u),
-        "pick before, 3 tables, 256 threads x 8 a tile": lambda: tile_pick_kernel(256, 8)[batch, 256, stream()](
-            p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, su, uu, o),  # 1,024 x 8: too many registers
-        **{f"pick, 3 tables, {threads} threads": functools.partial(
-            lambda threads: kt.pick_kernel(threads)[batch, threads, stream()](
+        **{f"pick, 3 tables, {threads} threads x 8": functools.partial(
+            lambda threads: kt.pick_kernel(threads, 8)[batch, threads, stream()](
                 p, s_, t_, 3, CHUNK_BITS, CHUNK_BITS, pl, su, uu, o), threads)
-           for threads in PICK_THREADS},
+           for threads in PICK_THREADS},  # 1,024 x 8: too many registers
         "draw before (3 cas64 passes, torch tables, apply, inverse_cdf)": before_draw,
         "draw after (mmw::tournament_choose)": lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2),
         "softmax float32 -> float64 (the plain step's)": lambda: torch.softmax(probs.float().double(), -1),
@@ -437,14 +343,17 @@ def kernel_part(batch: int, result: dict) -> None:
     }
     times = {}
     for name, fn in variants.items():
-        times[name] = timed(fn)
+        try:
+            times[name] = timed(fn)
+        except Exception as error:  # noqa: BLE001 (a setting the card or numba refuses: say so, time the rest)
+            print(f"kernels: {name}: {error!r}", flush=True)
+            continue
         print(f"kernels: {name:72s} {times[name]:.3f} ms", flush=True)
     resources = {}  # registers a thread and static shared bytes a block, per compiled kernel
-    for name, kernel in [*(((f"histogram split32, {u} reads in flight, {c} cached"), kt.histogram32_kernel(u, c))
-                           for u in (1, 2, 4, 8) for c in (2, 3)),
+    for name, kernel in [*(((f"histogram split32, {u} reads in flight, {b} blocks"), kt.histogram32_kernel(u, 2, b))
+                           for u in (1, 2, 4) for b in HISTOGRAM_MIN_BLOCKS),
                          ("table kernel", kt._table_kernel), ("table kernel before", tree_table_kernel()),
-                         *((f"pick, {threads} threads", kt.pick_kernel(threads)) for threads in PICK_THREADS),
-                         ("pick before, 256 threads x 8", tile_pick_kernel(256, 8))]:
+                         *((f"pick, {threads} threads x 8", kt.pick_kernel(threads, 8)) for threads in PICK_THREADS)]:
         try:
             resources[name] = dict(registers=min(kernel.get_regs_per_thread().values()),
                                    shared_bytes=min(kernel.get_shared_mem_per_block().values()))
@@ -465,19 +374,22 @@ def kernel_part(batch: int, result: dict) -> None:
         times["draw before (--before launch)"] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
     print(f"kernels: draw before (--before launch) {times['draw before (--before launch)']:.3f} ms", flush=True)
     launches = []  # the whole draw at each setting
-    for unroll, cached, threads in ((1, 3, 256), (2, 3, 256), (4, 3, 256), (8, 3, 256), (4, 2, 256), (2, 2, 256),
-                                    (4, 2, 128), (4, 2, 512)):
-        settings = dict(HISTOGRAM_UNROLL=unroll, HISTOGRAM_CACHED_TABLES=cached, PICK_THREADS=threads,
-                        TABLE_THREADS=table_threads)
-        name = f"draw after, {unroll} reads in flight, {cached} cached, scan of {threads}, tables of {table_threads}"
-        with draw_launch(**settings):
-            times[name] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
+    for unroll, blocks in itertools.product((1, 2, 4), HISTOGRAM_MIN_BLOCKS):
+        settings = dict(HISTOGRAM_UNROLL=unroll, HISTOGRAM_CACHED_TABLES=2, HISTOGRAM_MIN_BLOCKS=blocks,
+                        PICK_THREADS=256, TABLE_THREADS=table_threads)
+        name = f"draw after, {unroll} reads in flight, {blocks} blocks, tables of {table_threads}"
+        try:
+            with draw_launch(**settings):
+                times[name] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
+        except Exception as error:  # noqa: BLE001
+            print(f"kernels: {name}: {error!r}", flush=True)
+            continue
         launches.append((times[name], settings))
         print(f"kernels: {name} {times[name]:.3f} ms", flush=True)
     result["fastest_launch"] = min(launches, key=lambda entry: entry[0])[1]
     # the same sums, and the same tokens, before and after
     a = kt.histogram(probs, seeds, tables, 2, CHUNK_BITS, 20, 10, FIXED_POINT)
-    kt.histogram32_kernel(kt.HISTOGRAM_UNROLL, 2)[(kt.PARTS, batch), kt.THREADS, stream()](
+    kt.histogram32_kernel(kt.HISTOGRAM_UNROLL, 2, kt.HISTOGRAM_MIN_BLOCKS)[(kt.PARTS, batch), kt.THREADS, stream()](
         p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT, pa, to)
     same_hist = bool(torch.equal(a, partial.sum(1)))
     agree = {}
@@ -802,10 +714,9 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
     """``--decode-only graph|generate``: the decode part's configurations on that path only, after sampler only
     (with that path's baseline), for more rounds in the same time. ``--before launch``: "before" is the fused draw
     as it was before its launch work (``before_settings``: one read in flight a histogram thread, 1,024-thread
-    table kernels with a tree a segment, a scan a tile of 256 x 8 tokens), "after" the module's settings and
-    kernels. ``--tune-launch`` (with the kernels part): the
-    parts after it launch the draw with the settings of the fastest whole draw the kernels part timed, so one call
-    measures ``--before launch --parts kernels,decode`` against the best setting."""
+    table kernels with a tree a segment), "after" the module's settings and kernels. ``--tune-launch`` (with the
+    kernels part): the parts after it launch the draw with the settings of the fastest whole draw the kernels part
+    timed, so one call measures ``--before launch --parts kernels,decode`` against the best setting."""
     global BEFORE
     befores = {"layer": LayerByLayer, "histogram": ThreeHistograms, "launch": OneReadInFlight}
     if before not in befores:

@@ -154,6 +154,10 @@ def apply_tables(probs, seeds, tables, table_bits: int, last_bits: int):
 # ------------------------------------------------------------------------------------------------ the fused draw
 #: Threads of the draw's scan (one block a row, so these are all the threads that read the chosen segment).
 PICK_THREADS = 256
+#: Tokens a thread of the draw's scan adds in sequence (a tile is PICK_THREADS x PICK_RUN tokens). A contiguous run
+#: a thread and one block scan a row (no scan a tile) took 0.102 ms against 0.097 here (296 x 128,256, one H200):
+#: its threads' reads fall on as many cache lines.
+PICK_RUN = 8
 
 
 @cuda.jit(device=True)
@@ -196,23 +200,29 @@ def _block_sum(red, value):
     return total
 
 
-#: Tokens a thread of a histogram pass reads before it hashes and adds them. A pass takes ~0.21 ms at 296 x 128,256
-#: on one H200 against ~0.08 ms for its bytes, so more reads in flight a thread may hide their latency; the value
-#: stays 1 (the measured launch) until ``bench/gpu_tournament.py --parts kernels`` has timed 1, 2, 4 and 8 on the
-#: card. The sums are integers: every value gives the same histogram.
-HISTOGRAM_UNROLL = 1
+#: Tokens a thread of a histogram pass reads before it hashes and adds them. At 296 x 128,256 on one H200 a pass
+#: with no table took 0.255 / 0.226 / 0.213 / 0.234 ms at 1 / 2 / 4 / 8 (0.329 / 0.315 / 0.313 / 0.336 with two
+#: tables), against ~0.07 ms for its bytes: more reads in flight hide their latency until the registers (80 at 8)
+#: cost occupancy. The sums are integers: every value gives the same histogram.
+HISTOGRAM_UNROLL = 4
 #: Factor tables a histogram block copies into shared memory (pass c multiplies by c tables: at m <= 30 two at
-#: most; a table beyond the cache is read from global memory). Two take 16 KB of a block's 32 KB with three.
-HISTOGRAM_CACHED_TABLES = CACHED_TABLES
+#: most; a table beyond the cache is read from global memory). Two leave a block 24 KB of shared memory (32 KB
+#: with three), room for eight blocks a multiprocessor; the passes timed the same with either at m = 30.
+HISTOGRAM_CACHED_TABLES = 2
+#: Blocks of THREADS a histogram pass asks the compiler to fit on a multiprocessor (``launch_bounds``: registers are
+#: budgeted for them), or None for its own choice. Unbounded, the pass takes 52-61 registers a thread at 1-4 reads
+#: in flight: four 256-thread blocks, half the multiprocessor's threads, hide the reads' latency.
+HISTOGRAM_MIN_BLOCKS = None
 
 
 @functools.cache
-def histogram32_kernel(unroll: int, cached: int = CACHED_TABLES):
-    """The histogram pass with ``unroll`` reads in flight a thread and ``cached`` factor tables in shared memory
-    (compiled once per pair)."""
+def histogram32_kernel(unroll: int, cached: int = CACHED_TABLES, min_blocks: int | None = None):
+    """The histogram pass with ``unroll`` reads in flight a thread, ``cached`` factor tables in shared memory and,
+    where given, registers budgeted for ``min_blocks`` blocks of THREADS a multiprocessor (compiled once each)."""
     cache_size = max(cached, 1) * MAX_BINS  # numba sizes shared arrays at compile time: a closure constant
+    bounds = {} if min_blocks is None else dict(launch_bounds=(THREADS, min_blocks))
 
-    @cuda.jit
+    @cuda.jit(**bounds)
     def kernel(probs, seeds, tables, n_tables, table_bits, start, width, fixed_point, partial, totals):
         """``_histogram_kernel``'s sums with 32-bit shared atomics, block ``part`` of a row taking the contiguous
         segment of tokens part * L .. (part + 1) * L - 1 (L = ceil(V / gridDim.x)): partial[row, part] is that
@@ -360,23 +370,21 @@ def _table_kernel(partial, width, leaves, fixed_point, tables, c, last, totals, 
 
 
 @functools.cache
-def pick_kernel(threads: int):
-    """The draw's scan with ``threads`` threads a block (compiled once per value)."""
+def pick_kernel(threads: int, run: int):
+    """The draw's scan with ``threads`` threads a block, each adding ``run`` tokens in sequence (compiled once per
+    pair)."""
 
     @cuda.jit
     def kernel(probs, seeds, tables, n_tables, table_bits, last_bits, plain, sums, u, out):
         """out[row] = the count of the law's CDF entries below u[row] times its total (``inverse_cdf``), clamped to
         the last token of positive law in the segment it falls in. The CDF at the segments' ends is the running sum
-        of ``sums`` (the histograms' segments). Inside the segment that holds the target each thread takes a
-        contiguous run of its tokens and adds their law in sequence; a block scan of the runs' sums gives each run
-        the mass before it, so the CDF at a token is base + (before its run + its run's sum up to it). A run's
-        entries are all below the target when its last entry is, none when its first is not (the CDF rises along a
-        run); only a run that holds the target is read again, by its thread. One scan a row, where a scan a tile of
-        threads x 8 tokens took ~0.10 ms at 296 x 128,256 on one H200, its barriers the time."""
+        of ``sums`` (the histograms' segments); inside the segment that holds the target, each thread adds ``run``
+        tokens' law in sequence, a block scan adds the threads' sums, tile by tile."""
         cache = cuda.shared.array(_CACHE_SIZE, float64)
         scan = cuda.shared.array(threads, float64)
         info = cuda.shared.array(2, float64)  # the CDF before the chosen segment, the target
-        counts = cuda.shared.array(3, int64)  # the chosen segment, the entries below the target, the last positive
+        counts = cuda.shared.array(2, int64)  # the chosen segment, the count of its entries below the target
+        local = cuda.local.array(run, float64)
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
         n = 0 if plain[row] else n_tables
@@ -401,7 +409,6 @@ def pick_kernel(threads: int):
             info[1] = target
             counts[0] = seg
             counts[1] = 0
-            counts[2] = -1
         cuda.syncthreads()
         base = info[0]
         target = info[1]
@@ -410,44 +417,48 @@ def pick_kernel(threads: int):
         seg_len = (vocab + sums.shape[1] - 1) // sums.shape[1]
         first = counts[0] * seg_len
         end = min(first + seg_len, vocab)
-        run = (end - first + threads - 1) // threads
-        start = min(first + t * run, end)
-        stop = min(start + run, end)
-        own = float64(0.0)
-        first_law = float64(0.0)
-        last_positive = int64(-1)
-        for x in range(start, stop):
-            law = _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
-            if x == start:
-                first_law = law
-            if law > 0.0:
-                last_positive = x
-            own += law
-        scan[t] = own
-        cuda.syncthreads()
-        offset = 1
-        while offset < threads:  # Hillis-Steele inclusive scan of the runs' sums
-            add = scan[t - offset] if t >= offset else 0.0
-            cuda.syncthreads()
-            scan[t] += add
-            cuda.syncthreads()
-            offset <<= 1
-        before = scan[t - 1] if t > 0 else 0.0
+        running = float64(0.0)
         below = int64(0)
-        if stop > start:
-            if base + (before + own) < target:
-                below = stop - start
-            elif base + (before + first_law) < target:  # the target falls inside this run: read it again
-                acc = float64(0.0)
-                for x in range(start, stop):
-                    acc += _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
-                    if base + (before + acc) < target:
-                        below += 1
+        last_positive = int64(first)
+        for tile in range(first, end, cuda.blockDim.x * run):
+            own = float64(0.0)
+            for i in range(run):
+                x = tile + t * run + i
+                law = float64(0.0)
+                if x < end:
+                    law = _law(probs, cache, tables, n, table_bits, last_bits, row, x, prf(seed, x))
+                    if law > 0.0:
+                        last_positive = x
+                local[i] = law
+                own += law
+            scan[t] = own
+            cuda.syncthreads()
+            offset = 1
+            while offset < cuda.blockDim.x:  # Hillis-Steele inclusive scan of the threads' sums
+                add = scan[t - offset] if t >= offset else 0.0
+                cuda.syncthreads()
+                scan[t] += add
+                cuda.syncthreads()
+                offset <<= 1
+            before = scan[t - 1] if t > 0 else 0.0
+            acc = before
+            for i in range(run):
+                acc += local[i]
+                if tile + t * run + i < end and base + (running + acc) < target:
+                    below += 1
+            running += scan[cuda.blockDim.x - 1]
+            cuda.syncthreads()
         cuda.atomic.add(counts, 1, below)
-        cuda.atomic.max(counts, 2, last_positive)
+        scan[t] = float64(last_positive)
         cuda.syncthreads()
+        s = cuda.blockDim.x >> 1
+        while s > 0:
+            if t < s:
+                scan[t] = max(scan[t], scan[t + s])
+            cuda.syncthreads()
+            s >>= 1
         if t == 0:
-            out[row] = min(first + counts[1], max(counts[2], first))
+            out[row] = min(first + counts[1], int64(scan[0]))
 
     return kernel
 
@@ -503,9 +514,10 @@ def launch_choose(probs, seeds, u, plain, tables, partial, totals, sums, out, la
                          f"got {segments}")
     for c in range(n_chunks):
         width = min(chunk_bits, layers - c * chunk_bits)
-        histogram32_kernel(HISTOGRAM_UNROLL, HISTOGRAM_CACHED_TABLES)[(partial.shape[1], rows), THREADS, stream](
+        histogram32_kernel(HISTOGRAM_UNROLL, HISTOGRAM_CACHED_TABLES, HISTOGRAM_MIN_BLOCKS)[
+            (partial.shape[1], rows), THREADS, stream](
             probs, seeds, tables, c, chunk_bits, c * chunk_bits, width, fixed_point, partial, totals)
         _table_kernel[rows, TABLE_THREADS, stream](partial, width, leaves, fixed_point, tables, c,
                                                    c == n_chunks - 1, totals, plain, sums)
-    pick_kernel(PICK_THREADS)[rows, PICK_THREADS, stream](
+    pick_kernel(PICK_THREADS, PICK_RUN)[rows, PICK_THREADS, stream](
         probs, seeds, tables, n_chunks, chunk_bits, layers - (n_chunks - 1) * chunk_bits, plain, sums, u, out)

@@ -179,7 +179,7 @@ from mmw.watermark import prf
 from mmw.kernels import tournament as kernels
 from mmw.watermark.samplers.base import inverse_cdf
 from mmw.watermark.samplers.tournament import FIXED_POINT, chunk_table, scatter_histogram, tournament_probs
-kernels.THREADS, kernels.PICK_THREADS = 32, 32
+kernels.THREADS, kernels.PICK_THREADS, kernels.PICK_RUN = 32, 32, 4
 # 16 table threads: two bins a thread in the 32-bin chunks, idle threads in the 8-bin one; 5 segments pad to 8
 kernels.TABLE_THREADS = 16
 gen = torch.Generator().manual_seed(3)
