@@ -362,7 +362,9 @@ def kernel_part(batch: int, result: dict) -> None:
         print(f"kernels: resources of {name}: {resources[name]}", flush=True)
     # the table kernels of a draw at m = 30: two plain, one last
     table_ms = {threads: 2 * times[f"table kernel, {threads} threads"]
-                + times[f"table kernel, {threads} threads, last (segment masses)"] for threads in TABLE_THREADS}
+                + times[f"table kernel, {threads} threads, last (segment masses)"] for threads in TABLE_THREADS
+                if f"table kernel, {threads} threads, last (segment masses)" in times
+                and f"table kernel, {threads} threads" in times}
     table_threads = min(table_ms, key=table_ms.get)
     print(f"kernels: a draw's table kernels: {table_ms}; fastest at {table_threads} threads", flush=True)
     for parts in (4, 16, 32):  # the whole draw at other segment counts
