@@ -44,6 +44,10 @@ ARCHS = {
     # For CPU smoke runs of this harness.
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=49152, max_position_embeddings=4096),
+    # The CPU twin of the stand-ins' host work: tiny layers, Llama-3's 128,256 ids (with the widened tokenizer of
+    # bench/gpu_setup_h200.sh), so tokenizing, detection tables and the attacks see the GPU run's texts.
+    "tiny-wide": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=128256, max_position_embeddings=4096),
 }
 
 

@@ -6,13 +6,17 @@ configuration. Used by ``bench/gpu_fullscale.py --in-process``; run in the stage
 
 Prints one JSON line per stage: ``{"stage", "wall_s", "rc"}`` (a failing stage is recorded with its error and
 the run goes on, as the subprocess harness does); the first stage's time includes the imports it needs and the
-loads of the models it uses.
+loads of the models it uses. ``MMW_BENCH_PROFILE=DIR`` runs each stage under cProfile and writes
+``DIR/<stage>.prof`` and ``DIR/<stage>.txt`` (the 40 calls with the most cumulative time).
 """
 
 from __future__ import annotations
 
 import contextlib
+import cProfile
+import io
 import json
+import pstats
 import os
 import sys
 import time
@@ -91,6 +95,15 @@ class Split:
                            "fused_pieces": list(self.fused), "dynamo_graphs": graphs - self._graphs0})
 
 
+def write_profile(profiler: cProfile.Profile, folder: Path, stage: str) -> None:
+    """``folder/<stage>.prof`` (for snakeviz or pstats) and ``<stage>.txt``: the top 40 by cumulative time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    profiler.dump_stats(folder / f"{stage}.prof")
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+    (folder / f"{stage}.txt").write_text(text.getvalue())
+
+
 def main(repo: str, stages: str) -> int:
     from mmw.engines.models import shared_loads
     from mmw.sweep.pipeline import run_stage, stage_plan
@@ -99,18 +112,25 @@ def main(repo: str, stages: str) -> int:
     plan = [stage for stage in stage_plan(Path(repo))[0] if stage.name in wanted]
     failed = 0
     split = Split() if os.environ.get("MMW_BENCH_SPLIT") else None
+    profiles = Path(os.environ["MMW_BENCH_PROFILE"]) if os.environ.get("MMW_BENCH_PROFILE") else None
     with shared_loads():
         for stage in plan:
             if split is not None:
                 split.begin()
             t0 = time.perf_counter()
             error = None
+            profiler = cProfile.Profile() if profiles is not None else None
             try:
-                run_stage(stage)
+                if profiler is not None:
+                    profiler.runcall(run_stage, stage)
+                else:
+                    run_stage(stage)
             except Exception as err:  # noqa: BLE001 - a stage's failure is recorded, as a subprocess's would be
                 traceback.print_exc()
                 error = f"{type(err).__name__}: {err}"
                 failed += 1
+            if profiler is not None:
+                write_profile(profiler, profiles, stage.name)
             print(json.dumps({"stage": stage.name, "wall_s": round(time.perf_counter() - t0, 1),
                               "rc": 0 if error is None else 1, **({"error": error[:400]} if error else {})}),
                   flush=True)

@@ -48,8 +48,8 @@ def audit_pvalues(params: Params, vocab_size: int, key: int, tokens: list[np.nda
     """Full-text p-values of each text under ``detect.audit_keys`` keys derived one-way from ``key``
     -> [texts][K] (the FPR spread over keys, ``mmw.audit``)."""
     model = detection_model(params)
-    per_key = [[r.pvalue for r in build_detector(params.scheme, audit_key, vocab_size, params.detect.device,
-                                                 model).detect(tokens)]
+    per_key = [build_detector(params.scheme, audit_key, vocab_size, params.detect.device, model)
+               .pvalues(tokens).tolist()
                for audit_key in audit_keys(key, params.detect.audit_keys)]
     return [list(row) for row in zip(*per_key, strict=True)] if per_key else [[] for _ in tokens]
 

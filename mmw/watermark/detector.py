@@ -93,29 +93,58 @@ class Detector:
 
     def detect(self, texts: Sequence[np.ndarray]) -> list[DetectionResult]:
         """texts: token-id arrays (int64, any lengths, empty allowed)."""
-        arrays = [np.asarray(t, dtype=np.int64) for t in texts]
-        for t in arrays:
-            if t.size and (t.min() < 0 or t.max() >= self.vocab_size):
-                raise ValueError(f"token ids must lie in [0, {self.vocab_size}); got {t.min()}..{t.max()}")
+        arrays = self._checked(texts)
         return [self._result(t, scored) for t, scored in zip(arrays, self.score(arrays), strict=True)]
 
     def detect_text(self, tokenizer, texts: Sequence[str]) -> list[DetectionResult]:
         """Tokenize without special tokens (the detector sees only the text) and detect."""
-        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        return self.detect([np.array(i, dtype=np.int64) for i in ids])
+        return self.detect(tokenize(tokenizer, texts))
+
+    def pvalues(self, texts: Sequence[np.ndarray]) -> np.ndarray:
+        """Each text's whole-text p-value -> float64 [texts]: :meth:`detect`'s ``pvalue``, the same bits, without
+        the per-prefix p-values, sizes and e-values (what an audit key needs: one null evaluation a text, not one a
+        token). A score without an exact null (align, edit) or a subclass's own :meth:`score` detects in full."""
+        arrays = self._checked(texts)
+        if not self.spec.exact_null or type(self).score is not Detector.score:
+            return np.array([r.pvalue for r in self.detect(arrays)], dtype=np.float64)
+        out = np.ones(len(arrays))
+        kept = [i for i, t in enumerate(arrays) if len(t)]
+        if kept:
+            outs = self.backend.sum_prefix_batch([arrays[i] for i in kept])
+            out[kept] = self.sampler.pvalue_sum(np.array([total[-1] for total, _ in outs]),
+                                                np.array([count[-1] for _, count in outs]))
+        return out
 
     def score(self, arrays: list[np.ndarray]) -> list[Scored]:
         """Each text's p-value per prefix and score: the exact null of the sum (with the anytime e-process), or the
         permutation test of align/edit."""
         if self.spec.exact_null:
             outs = self.backend.sum_prefix_batch(arrays)
-            return [Scored(self.sampler.pvalue_sum(total, count), float(total[-1]) if len(t) else 0.0,
-                           int(count[-1]) if len(t) else 0, anytime, log_e)
-                    for t, (total, count), (log_e, anytime) in zip(arrays, outs, self._anytime(outs))]
+            return [Scored(pvalues, float(total[-1]) if len(t) else 0.0, int(count[-1]) if len(t) else 0, anytime,
+                           log_e)
+                    for t, (total, count), pvalues, (log_e, anytime)
+                    in zip(arrays, outs, self._prefix_pvalues(outs), self._anytime(outs))]
         context = self.source.context if self.spec.randomness != "fixed" else 0
         return [Scored(nulls.empirical(n_le, self.spec.trials), float(observed[-1]) if len(t) else 0.0,
                        max(len(t) - context, 0))
                 for t, (observed, n_le) in zip(arrays, self.backend.empirical_prefix_batch(arrays))]
+
+    def _checked(self, texts: Sequence[np.ndarray]) -> list[np.ndarray]:
+        arrays = [np.asarray(t, dtype=np.int64) for t in texts]
+        for t in arrays:
+            if t.size and (t.min() < 0 or t.max() >= self.vocab_size):
+                raise ValueError(f"token ids must lie in [0, {self.vocab_size}); got {t.min()}..{t.max()}")
+        return arrays
+
+    def _prefix_pvalues(self, outs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+        """Every prefix's p-value of every text, from one call of the sampler's null over all texts' prefixes (the
+        null is elementwise: the same numbers as a call a text, without the per-call overhead of scipy)."""
+        if not outs:
+            return []
+        lengths = [len(total) for total, _ in outs]
+        pvalues = self.sampler.pvalue_sum(np.concatenate([total for total, _ in outs]),
+                                          np.concatenate([count for _, count in outs]))
+        return np.split(np.asarray(pvalues, dtype=np.float64), np.cumsum(lengths)[:-1])
 
     def _anytime(self, outs: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, int | None]]:
         """The e-process of each text from its running sum and unit count -> (log e-values, anytime size)."""
@@ -138,6 +167,15 @@ class Detector:
             size_valid=valid_size(p, alpha, None if self.spec.exact_null else self.spec.trials),
             size_anytime=scored.size_anytime, log_evalues=scored.log_evalues,
         )
+
+
+def tokenize(tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
+    """Texts -> their token ids (int64 arrays), without special tokens: the detector sees only the text. One batch
+    call: a fast tokenizer encodes the texts on all cores (the same ids as a call a text)."""
+    if not len(texts):
+        return []
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    return [np.array(i, dtype=np.int64) for i in ids]
 
 
 def _kernel_backend(detector: Detector, key: int, device: str):
