@@ -49,7 +49,7 @@ def audit_pvalues(params: Params, vocab_size: int, key: int, tokens: list[np.nda
     -> [texts][K] (the FPR spread over keys, ``mmw.audit``)."""
     model = detection_model(params)
     per_key = [build_detector(params.scheme, audit_key, vocab_size, params.detect.device, model)
-               .pvalues(tokens).tolist()
+               .full_text_pvalues(tokens).tolist()
                for audit_key in audit_keys(key, params.detect.audit_keys)]
     return [list(row) for row in zip(*per_key, strict=True)] if per_key else [[] for _ in tokens]
 

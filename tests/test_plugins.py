@@ -259,7 +259,7 @@ def test_p_values_alone_give_e_and_the_checkpoint_size_but_no_anytime_size(fake_
     assert pvalues.anytime_unavailable == "toy p-values"
     # An audit key's whole-text p-values come from the plugin's own scores, as detect's do.
     for detector in (build_detector(plugin_spec("toy"), KEY, V), pvalues):
-        np.testing.assert_array_equal(detector.pvalues(texts), [r.pvalue for r in detector.detect(texts)])
+        np.testing.assert_array_equal(detector.full_text_pvalues(texts), [r.pvalue for r in detector.detect(texts)])
 
 
 def test_a_plugin_failure_in_a_stage_exits_2_with_one_line_and_writes_nothing(fake_dist, tmp_path):

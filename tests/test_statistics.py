@@ -462,7 +462,7 @@ def test_scored_token_counts_and_empty_texts():
         assert (empty.n_tokens, empty.pvalue, empty.size, empty.detected, empty.score) == (0, 1.0, None, False, 0.0)
 
 
-WHOLE_TEXT_CASES = [pytest.param(sampler, dict(randomness="window", window=1), {}, id=sampler)
+FULL_TEXT_CASES = [pytest.param(sampler, dict(randomness="window", window=1), {}, id=sampler)
                     for sampler in SAMPLER_PARAMS] + [
     pytest.param("distribution_shift", dict(randomness="selfhash", window=4), {}, id="distribution_shift-selfhash4"),
     pytest.param("distribution_shift", dict(randomness="window", window=1), dict(score="edit", psi=0.5), id="edit"),
@@ -470,11 +470,11 @@ WHOLE_TEXT_CASES = [pytest.param(sampler, dict(randomness="window", window=1), {
 
 
 @pytest.mark.parametrize("device", ["reference", "cpu"])
-@pytest.mark.parametrize("sampler,source,extra", WHOLE_TEXT_CASES)
-def test_whole_text_pvalues_are_detects_bits(sampler, source, extra, device):
-    """``Detector.pvalues`` (what an audit key needs) gives each text the p-value ``detect`` gives it, bit for bit,
-    empty texts included; and ``detect`` over many texts gives each text the prefix p-values it gets alone (the
-    null evaluated once over all texts' prefixes is the same elementwise function)."""
+@pytest.mark.parametrize("sampler,source,extra", FULL_TEXT_CASES)
+def test_full_text_pvalues_are_detects_bits(sampler, source, extra, device):
+    """``Detector.full_text_pvalues`` (what an audit key needs) gives each text the p-value ``detect`` gives it, bit
+    for bit, empty texts included; and ``detect`` over many texts gives each text the prefix p-values it gets alone
+    (the null evaluated once over all texts' prefixes is the same elementwise function)."""
     spec = spec_of(sampler, source, **extra)
     logits = uniform_subset_model(VOCAB, support=8, rows=6, seed=21)
     marked = generate_synthetic(spec, KEY, logits, rows=6, length=60, vocab_size=VOCAB)
@@ -482,7 +482,7 @@ def test_whole_text_pvalues_are_detects_bits(sampler, source, extra, device):
     texts = [*marked[:3], np.array([], dtype=np.int64), rng.integers(0, VOCAB, 90), marked[3][:7], *marked[4:]]
     detector = Detector(spec, KEY, VOCAB, device=device)
     results = detector.detect(texts)
-    whole = detector.pvalues(texts)
+    whole = detector.full_text_pvalues(texts)
     assert whole.dtype == np.float64 and whole.shape == (len(texts),)
     np.testing.assert_array_equal(whole, [r.pvalue for r in results])
     assert whole[3] == 1.0 and min(whole[:3]) < ALPHA < whole[4]  # marked texts detected, random text not
@@ -491,7 +491,7 @@ def test_whole_text_pvalues_are_detects_bits(sampler, source, extra, device):
         np.testing.assert_array_equal(alone.pvalues, together.pvalues)
         assert (alone.size, alone.size_valid, alone.size_anytime) == (together.size, together.size_valid,
                                                                       together.size_anytime)
-    assert detector.pvalues([]).shape == (0,)
+    assert detector.full_text_pvalues([]).shape == (0,)
 
 
 def test_detector_rejects_token_ids_outside_the_vocabulary_and_unknown_devices():

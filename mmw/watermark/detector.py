@@ -100,7 +100,7 @@ class Detector:
         """Tokenize without special tokens (the detector sees only the text) and detect."""
         return self.detect(tokenize(tokenizer, texts))
 
-    def pvalues(self, texts: Sequence[np.ndarray]) -> np.ndarray:
+    def full_text_pvalues(self, texts: Sequence[np.ndarray]) -> np.ndarray:
         """Each text's whole-text p-value -> float64 [texts]: :meth:`detect`'s ``pvalue``, the same bits, without
         the per-prefix p-values, sizes and e-values (what an audit key needs: one null evaluation a text, not one a
         token). A score without an exact null (align, edit) or a subclass's own :meth:`score` detects in full."""
