@@ -16,8 +16,8 @@ import contextlib
 import cProfile
 import io
 import json
-import pstats
 import os
+import pstats
 import sys
 import time
 import traceback
