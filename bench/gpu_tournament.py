@@ -23,6 +23,11 @@ plain sampling on the same card in the same process, back to back.
   host-bound path, the rest of the run being common code). ``--profile-rounds N``: N more interleaved rounds under
   a CUDA-only profiler, each run's kernels and copies summed (GPU ms a step through ``generate``).
 
+``--law real``: every part draws from real models' laws instead (the profiles of ``bench/tournament_laws.py``,
+stretched to 128,256 ids; in the decode part a forward hook puts them in place of the model's logits): the
+random-init model's near-flat law makes every token cost two shared atomic adds in each histogram pass, a trained
+model's about one.
+
     PYTHONPATH=. python3 bench/gpu_tournament.py --out DIR          (bench/gpu_tournament_h200.sh on the H200)
 
 The GPU image has no polars: ``generate_batch`` does not use it, so a placeholder module stands in for the import.
@@ -73,6 +78,7 @@ if importlib.util.find_spec("polars") is None or os.environ.get("MMW_BENCH_NO_PO
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_generate import build_model  # noqa: E402
 from gpu_graph import free, sync, word_tokenizer  # noqa: E402
+from tournament_laws import law_bank  # noqa: E402
 
 from numba import cuda, float64, int64  # noqa: E402,F401 (_tree_table's)
 
@@ -99,6 +105,13 @@ HISTOGRAM_MIN_BLOCKS = (None, 6, 8)
 #: key, ...), and the before step's sampler is swapped for the layer-by-layer law before its first call.
 KEY_BEFORE = 4321
 VOCAB = 128256
+#: The logits the parts draw from: "gaussian" (the kernels' and step's Gaussian logits, the decode part's random-init
+#: model's own, near-flat laws: two shared atomic adds a token in a histogram pass) or "real" (the profiles of real
+#: models' laws in REAL_LAWS, bench/tournament_laws.py: ~1 add a token, most ids' masses 0 by the last pass).
+LAW = "gaussian"
+REAL_LAWS = Path(__file__).resolve().parent / "results" / "tournament" / "real_laws.npz"
+#: Laws the decode part's real-law logits rotate through (each its own order of the ids).
+DECODE_LAWS = 512
 TOURNAMENT = dict(sampler="tournament", layers=30, randomness="window", window=4, score="sum")
 
 
@@ -178,8 +191,8 @@ def _tree_table(partial, width, leaves, fixed_point, tables, c, last, totals, pl
 @contextlib.contextmanager
 def draw_launch(**settings):
     """The fused draw launched with the attributes of ``mmw.kernels.tournament`` named in ``settings`` replaced
-    (``HISTOGRAM_UNROLL``, ``HISTOGRAM_CACHED_TABLES``, ``HISTOGRAM_MIN_BLOCKS``, ``PICK_THREADS``,
-    ``TABLE_THREADS``, or the table kernel ``_table_kernel``), the module's own after."""
+    (``HISTOGRAM_UNROLL``, ``HISTOGRAM_CACHED_TABLES``, ``HISTOGRAM_MIN_BLOCKS``, ``HISTOGRAM_SKIP_ZERO``,
+    ``PICK_THREADS``, ``TABLE_THREADS``, or the table kernel ``_table_kernel``), the module's own after."""
     from mmw.kernels import tournament as kt
 
     saved = {name: getattr(kt, name) for name in settings}
@@ -202,8 +215,8 @@ def before_settings() -> dict:
     """The fused draw as it was before the launch work: one read in flight a histogram thread, three tables
     cached, the compiler's own register budget, the tables by one thread a bin (m = 30: 1,024) with a tree a
     segment, the segment scanned by 256 threads."""
-    return dict(HISTOGRAM_UNROLL=1, HISTOGRAM_CACHED_TABLES=3, HISTOGRAM_MIN_BLOCKS=None, TABLE_THREADS=1 << 10,
-                PICK_THREADS=256, _table_kernel=tree_table_kernel())
+    return dict(HISTOGRAM_UNROLL=1, HISTOGRAM_CACHED_TABLES=3, HISTOGRAM_MIN_BLOCKS=None, HISTOGRAM_SKIP_ZERO=False,
+                TABLE_THREADS=1 << 10, PICK_THREADS=256, _table_kernel=tree_table_kernel())
 
 
 class OneReadInFlight(Tournament):
@@ -237,9 +250,60 @@ def install_before(mode: str | None) -> None:
         step.sampler = BEFORE(step.spec, KEY_BEFORE, VOCAB)
 
 
-def step_inputs(batch: int, scale: float, seed: int) -> tuple:
+@functools.cache
+def _real_profiles():
+    import numpy as np
+
+    with np.load(REAL_LAWS) as stored:
+        return stored["knots"], stored["values"].astype(np.float32)
+
+
+def real_logits(rows: int, seed: int, dtype: torch.dtype = torch.float32, device: str = "cuda",
+                vocab: int = VOCAB) -> torch.Tensor:
+    """``rows`` logits rows [rows, vocab]: real models' laws (REAL_LAWS), each its own order of ids."""
+    knots, values = _real_profiles()
+    return law_bank(knots, values, rows, vocab, seed=seed, device=device, dtype=dtype)
+
+
+def law_logits(batch: int, scale: float | None, seed: int) -> torch.Tensor:
+    """float32 [batch, VOCAB] logits: Gaussian of ``scale`` (None: the bench's law, LAW: scale 3 or real laws)."""
+    if scale is None and LAW == "real":
+        return real_logits(batch, seed)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    scores = torch.randn(batch, VOCAB, device="cuda", generator=gen) * scale
+    return torch.randn(batch, VOCAB, device="cuda", generator=gen) * (3.0 if scale is None else scale)
+
+
+#: Gaussian logit scales on which the kernels and step parts compare tokens (flat to peaked laws).
+AGREEMENT_SCALES = (1.0, 3.0, 8.0)
+
+
+def law_name(scale: float | None) -> str:
+    return "real laws" if scale is None else f"logit scale {scale}"
+
+
+def replay_real_laws(model, batch: int):
+    """A forward hook that replaces the model's logits with real laws' (``real_logits``: DECODE_LAWS of them in the
+    model's dtype, ~DECODE_LAWS x 0.26 MB), the law of a row at a step picked by the row, its last input token and
+    its position (no state: the same inside a captured CUDA graph); the model's own forward still runs, so every
+    configuration pays it. Returns the hook's handle."""
+    bank = real_logits(DECODE_LAWS, 11, model.dtype, model.device, model.config.vocab_size)
+    rows = torch.arange(batch, device=model.device)
+
+    def hook(module, args, kwargs, output):
+        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        where = kwargs.get("position_ids")
+        where = kwargs.get("cache_position") if where is None else where
+        step = 0 if where is None else where.reshape(-1, where.shape[-1])[:, -1]  # [B] or [1]
+        pick = (ids[:, -1] * 7919 + rows[: ids.shape[0]] * 131 + step * 104729) % DECODE_LAWS
+        output.logits = bank.index_select(0, pick).unsqueeze(1).expand(-1, output.logits.shape[1], -1)
+        return output
+
+    return model.register_forward_hook(hook, with_kwargs=True)
+
+
+def step_inputs(batch: int, scale: float | None, seed: int) -> tuple:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    scores = law_logits(batch, scale, seed)
     context = torch.randint(0, VOCAB, (batch, 4), device="cuda", generator=gen)
     steps = torch.randint(0, 512, (batch,), device="cuda", generator=gen)
     state = {k: v.cuda() for k, v in row_state(spec(), list(range(batch))).items()}
@@ -248,7 +312,7 @@ def step_inputs(batch: int, scale: float, seed: int) -> tuple:
 
 def time_calls(step: WatermarkStep, batch: int, calls: int) -> float:
     """Median GPU ms of one call of the step on fresh-looking inputs (the step index advances every call)."""
-    scores, context, steps, state = step_inputs(batch, 3.0, 1)
+    scores, context, steps, state = step_inputs(batch, None, 1)
     history = step.new_history(batch, "cuda")
     ms = []
     for _ in range(calls):
@@ -272,7 +336,7 @@ def kernel_part(batch: int, result: dict) -> None:
     from mmw.watermark.samplers.tournament import CHUNK_BITS, FIXED_POINT
 
     gen = torch.Generator(device="cuda").manual_seed(5)
-    probs = torch.softmax(torch.randn(batch, VOCAB, device="cuda", generator=gen, dtype=torch.float64) * 3, -1)
+    probs = torch.softmax(law_logits(batch, None, 5).double(), -1)
     seeds = torch.randint(-2**62, 2**62, (batch,), device="cuda", generator=gen)
     tables = torch.rand(3, batch, 1 << CHUNK_BITS, device="cuda", generator=gen, dtype=torch.float64) + 0.5
     u = torch.rand(batch, device="cuda", generator=gen, dtype=torch.float64)
@@ -321,6 +385,11 @@ def kernel_part(batch: int, result: dict) -> None:
                 (kt.PARTS, batch), kt.THREADS, stream()](p, s_, t_, n, CHUNK_BITS, 10 * n, 10, FIXED_POINT, pa, to),
             n, unroll, blocks)
            for n in (0, 2) for unroll in (1, 2, 4) for blocks in HISTOGRAM_MIN_BLOCKS},
+        **{f"histogram split32, {n} tables, 4 reads in flight, None blocks, zeros skipped": functools.partial(
+            lambda n: kt.histogram32_kernel(4, 2, None, True)[
+                (kt.PARTS, batch), kt.THREADS, stream()](p, s_, t_, n, CHUNK_BITS, 10 * n, 10, FIXED_POINT, pa, to),
+            n)
+           for n in (0, 2)},
         "table kernel before (a thread a bin, a tree a segment)": lambda: tree_table_kernel()[batch, 1024, stream()](
             pa, 10, 2, FIXED_POINT, t_, 1, False, to, pl, su),
         "table kernel before, last (segment masses)": lambda: tree_table_kernel()[batch, 1024, stream()](
@@ -376,10 +445,11 @@ def kernel_part(batch: int, result: dict) -> None:
         times["draw before (--before launch)"] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
     print(f"kernels: draw before (--before launch) {times['draw before (--before launch)']:.3f} ms", flush=True)
     launches = []  # the whole draw at each setting
-    for unroll, blocks in itertools.product((1, 2, 4), HISTOGRAM_MIN_BLOCKS):
+    for unroll, blocks, skip in itertools.product((1, 2, 4), HISTOGRAM_MIN_BLOCKS, (False, True)):
         settings = dict(HISTOGRAM_UNROLL=unroll, HISTOGRAM_CACHED_TABLES=2, HISTOGRAM_MIN_BLOCKS=blocks,
-                        PICK_THREADS=256, TABLE_THREADS=table_threads)
-        name = f"draw after, {unroll} reads in flight, {blocks} blocks, tables of {table_threads}"
+                        HISTOGRAM_SKIP_ZERO=skip, PICK_THREADS=256, TABLE_THREADS=table_threads)
+        name = (f"draw after, {unroll} reads in flight, {blocks} blocks, tables of {table_threads}"
+                + (", zeros skipped" if skip else ""))
         try:
             with draw_launch(**settings):
                 times[name] = timed(lambda: st.cuda_choose(probs, seeds, u, plain, 30, 2))
@@ -395,18 +465,18 @@ def kernel_part(batch: int, result: dict) -> None:
         p, s_, t_, 2, CHUNK_BITS, 20, 10, FIXED_POINT, pa, to)
     same_hist = bool(torch.equal(a, partial.sum(1)))
     agree = {}
-    for scale in (1.0, 3.0, 8.0):
+    for scale in AGREEMENT_SCALES + ((None,) if LAW == "real" else ()):
         same = 0
         for k in range(4):
             g = torch.Generator(device="cuda").manual_seed(50 + k)
-            pr = torch.softmax(torch.randn(batch, VOCAB, device="cuda", generator=g, dtype=torch.float64) * scale, -1)
+            pr = torch.softmax(law_logits(batch, scale, 50 + k).double(), -1)
             uk = torch.rand(batch, device="cuda", generator=g, dtype=torch.float64)
             rows_plain = torch.rand(batch, device="cuda", generator=g) < 0.25
             law = st.tournament_probs_chunked(pr, prf.prf_t(seeds.unsqueeze(-1), torch.arange(
                 VOCAB, device="cuda").unsqueeze(0)), 30, 2)
             ref = st.inverse_cdf(torch.where(rows_plain.unsqueeze(-1), pr, law), uk)
             same += int((st.cuda_choose(pr, seeds, uk, rows_plain, 30, 2) == ref).sum())
-        agree[f"logit scale {scale}"] = dict(same=same, total=4 * batch)
+        agree[law_name(scale)] = dict(same=same, total=4 * batch)
     print(f"kernels: split32 histogram equals cas64: {same_hist}; tokens of the fused draw vs inverse_cdf of the "
           f"chunked law (torch, a quarter of the rows plain): {agree}", flush=True)
     result["kernels"] = dict(batch=batch, vocab=VOCAB, ms=times, histogram_equal=same_hist, tokens_agree=agree,
@@ -440,7 +510,7 @@ def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dic
     reference = WatermarkStep(spec(), KEY, VOCAB, 1.0, compiled=False)
     reference.sampler = LayerByLayer(spec(), KEY, VOCAB)
     agree = {}
-    for scale in (1.0, 3.0, 8.0):
+    for scale in AGREEMENT_SCALES + ((None,) if LAW == "real" else ()):
         same = total = 0
         for seed in range(4):
             scores, context, steps_, state = step_inputs(batch, scale, 100 + seed)
@@ -450,10 +520,10 @@ def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dic
             b = reference(scores, context, steps_.clone(), **state, history=reference.new_history(batch, "cuda"))[0]
             same += int((a == b).sum())
             total += batch
-        agree[f"logit scale {scale}"] = dict(same=same, total=total)
-        print(f"tokens after vs layer-by-layer (eager), logit scale {scale}: {same}/{total} equal", flush=True)
+        agree[law_name(scale)] = dict(same=same, total=total)
+        print(f"tokens after vs layer-by-layer (eager), {law_name(scale)}: {same}/{total} equal", flush=True)
     # Half the rows with a repeated context (their seed already in the history): drawn plainly on both sides.
-    scores, context, steps_, state = step_inputs(batch, 3.0, 200)
+    scores, context, steps_, state = step_inputs(batch, None, 200)
     steps_ += 1  # slot 0 counts as written
     histories = [reference.new_history(batch, "cuda") for _ in range(2)]
     seeds = reference.seeds(context, steps_, state["shift"])
@@ -472,7 +542,7 @@ def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dic
         step = WatermarkStep(spec() if name != "plain" else None, key, VOCAB, 1.0, compiled=True, mode="default")
         if before:
             step.sampler = BEFORE(spec(), key, VOCAB)
-        scores, context, steps_, state = step_inputs(batch, 3.0, 7)
+        scores, context, steps_, state = step_inputs(batch, None, 7)
         with before_launch(KEY_BEFORE if before else KEY):
             time_calls(step, batch, 3)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
@@ -547,6 +617,8 @@ class HostTimers:
 def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: str = "",
                 profile_rounds: int = 0, host_rounds: int = 0) -> None:
     model, cfg = build_model(32, 4096, "cuda", "llama3-8b")
+    if LAW == "real":  # the model's forward runs as ever; its logits give way to real laws'
+        replay_real_laws(model, batch)
     tok = word_tokenizer(cfg.vocab_size)
     torch.manual_seed(batch)
     ids = torch.randint(3, cfg.vocab_size, (batch, 64))
@@ -712,14 +784,21 @@ def device_ms(prof) -> float:
 
 def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, new_tokens: int = 128, rounds: int = 3,
          calls: int = 30, before: str = "histogram", decode_only: str = "", profile_rounds: int = 0,
-         host_rounds: int = 0, tune_launch: bool = False) -> None:
+         host_rounds: int = 0, tune_launch: bool = False, law: str = "gaussian") -> None:
     """``--decode-only graph|generate``: the decode part's configurations on that path only, after sampler only
     (with that path's baseline), for more rounds in the same time. ``--before launch``: "before" is the fused draw
     as it was before its launch work (``before_settings``: one read in flight a histogram thread, 1,024-thread
     table kernels with a tree a segment), "after" the module's settings and kernels. ``--tune-launch`` (with the
     kernels part): the parts after it launch the draw with the settings of the fastest whole draw the kernels part
-    timed, so one call measures ``--before launch --parts kernels,decode`` against the best setting."""
-    global BEFORE
+    timed, so one call measures ``--before launch --parts kernels,decode`` against the best setting.
+    ``--law real``: every part draws from real models' laws (REAL_LAWS) instead of Gaussian logits and the
+    random-init model's near-flat laws (``LAW``)."""
+    global BEFORE, LAW
+    if law not in ("gaussian", "real"):
+        raise typer.BadParameter(f"unknown {law!r}; allowed: gaussian, real", param_hint="--law")
+    if law == "real" and not REAL_LAWS.is_file():
+        raise typer.BadParameter(f"{REAL_LAWS} is missing: run bench/tournament_laws.py", param_hint="--law")
+    LAW = law
     befores = {"layer": LayerByLayer, "histogram": ThreeHistograms, "launch": OneReadInFlight}
     if before not in befores:
         raise typer.BadParameter(f"unknown {before!r}; allowed: {', '.join(befores)}", param_hint="--before")
@@ -737,7 +816,7 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
         out_dir.mkdir(parents=True, exist_ok=True)
     import transformers
 
-    result: dict = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, before=before,
+    result: dict = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, before=before, law=law,
                         transformers=transformers.__version__, date=time.strftime("%F %T"))
 
     def save() -> None:

@@ -213,12 +213,19 @@ HISTOGRAM_CACHED_TABLES = 2
 #: budgeted for them), or None for its own choice. Unbounded, the pass takes 52-61 registers a thread at 1-4 reads
 #: in flight: four 256-thread blocks, half the multiprocessor's threads, hide the reads' latency.
 HISTOGRAM_MIN_BLOCKS = None
+#: Whether a histogram pass skips its atomic adds for a token whose fixed-point mass is 0 (adding 0 changes no bin,
+#: so the sums are the same). A trained model's law leaves most ids' masses at 0 by the later passes (at m = 30, on
+#: the embedded models at T = 0.7: 4 / 31-43 / 59-72 % of ids in passes 1 / 2 / 3, bench/tournament_laws.py); a
+#: random-init model's law, the GPU benches' workload, leaves none. Off until timed on a card.
+HISTOGRAM_SKIP_ZERO = False
 
 
 @functools.cache
-def histogram32_kernel(unroll: int, cached: int = CACHED_TABLES, min_blocks: int | None = None):
-    """The histogram pass with ``unroll`` reads in flight a thread, ``cached`` factor tables in shared memory and,
-    where given, registers budgeted for ``min_blocks`` blocks of THREADS a multiprocessor (compiled once each)."""
+def histogram32_kernel(unroll: int, cached: int = CACHED_TABLES, min_blocks: int | None = None,
+                       skip_zero: bool = False):
+    """The histogram pass with ``unroll`` reads in flight a thread, ``cached`` factor tables in shared memory,
+    where given registers budgeted for ``min_blocks`` blocks of THREADS a multiprocessor, and, with ``skip_zero``,
+    no adds for a token of fixed-point mass 0 (compiled once each)."""
     cache_size = max(cached, 1) * MAX_BINS  # numba sizes shared arrays at compile time: a closure constant
     bounds = {} if min_blocks is None else dict(launch_bounds=(THREADS, min_blocks))
 
@@ -266,6 +273,8 @@ def histogram32_kernel(unroll: int, cached: int = CACHED_TABLES, min_blocks: int
                     h = prf(seed, x)
                     mass = _mass(loaded[i], cache, tables, n_tables, table_bits, row, h, cached)
                     v = uint64(int64(mass * fixed_point + float64(0.5)))
+                    if skip_zero and v == uint64(0):
+                        continue
                     b = int64((h >> shift) & mask)
                     low = uint32(v & low_mask)
                     old = cuda.atomic.add(lo, b, low)
@@ -514,7 +523,7 @@ def launch_choose(probs, seeds, u, plain, tables, partial, totals, sums, out, la
                          f"got {segments}")
     for c in range(n_chunks):
         width = min(chunk_bits, layers - c * chunk_bits)
-        histogram32_kernel(HISTOGRAM_UNROLL, HISTOGRAM_CACHED_TABLES, HISTOGRAM_MIN_BLOCKS)[
+        histogram32_kernel(HISTOGRAM_UNROLL, HISTOGRAM_CACHED_TABLES, HISTOGRAM_MIN_BLOCKS, HISTOGRAM_SKIP_ZERO)[
             (partial.shape[1], rows), THREADS, stream](
             probs, seeds, tables, c, chunk_bits, c * chunk_bits, width, fixed_point, partial, totals)
         _table_kernel[rows, TABLE_THREADS, stream](partial, width, leaves, fixed_point, tables, c,

@@ -190,13 +190,17 @@ probs[3, 600:] = 0.0  # a tail of zero mass, as a masked vocabulary has
 probs[3] /= probs[3].sum()
 seeds = torch.randint(-2**62, 2**62, (rows,), generator=gen)
 hashes = prf.prf_t(seeds.unsqueeze(-1), torch.arange(vocab).unsqueeze(0))
-# 32-bit halves, any number of reads in flight (3: the last group of a segment part-filled): scatter_add_'s integers
-for (n_tables, start, width), unroll in itertools.product([(0, 0, 10), (2, 20, 5)], [1, 3]):
+fixed = torch.floor(probs * FIXED_POINT + 0.5)
+assert (fixed == 0).sum() > 100 and (fixed >= 2.0 ** 32).sum() > 100  # tokens of no add, of one and of two
+# 32-bit halves, any number of reads in flight (3: the last group of a segment part-filled), the adds of a zero mass
+# made or skipped: scatter_add_'s integers
+for (n_tables, start, width), unroll, skip_zero in itertools.product([(0, 0, 10), (2, 20, 5)], [1, 3],
+                                                                      [False, True]):
     tables = [torch.rand(rows, 1024, generator=gen, dtype=torch.float64) * 2 for _ in range(n_tables)]
     stacked = (torch.stack(tables) if tables else torch.ones(1, rows, 1024, dtype=torch.float64)).numpy()
     partial, totals = np.zeros((rows, 3, 1 << width), dtype=np.int64), np.zeros((rows, 3), dtype=np.int64)
-    kernels.histogram32_kernel(unroll)[(3, rows), 32](probs.numpy(), seeds.numpy(), stacked, n_tables, 10, start,
-                                                      width, FIXED_POINT, partial, totals)
+    kernels.histogram32_kernel(unroll, skip_zero=skip_zero)[(3, rows), 32](
+        probs.numpy(), seeds.numpy(), stacked, n_tables, 10, start, width, FIXED_POINT, partial, totals)
     assert np.array_equal(partial.sum(1), scatter_histogram(probs, hashes, tables, start, width).numpy()), start
     if start == 0:  # the segments' masses, for the plain rows
         assert np.array_equal(totals, partial.sum(2))
@@ -205,8 +209,8 @@ tables = np.zeros((3, rows, 1 << chunk_bits))
 partial, totals = np.zeros((rows, 5, 1 << chunk_bits), dtype=np.int64), np.zeros((rows, 5), dtype=np.int64)
 sums, out = np.zeros((rows, 5)), np.full(rows, -1, dtype=np.int64)
 law = tournament_probs(probs, hashes, layers, leaves)
-for u in [torch.rand(rows, generator=gen, dtype=torch.float64),
-          torch.tensor([1e-12, 1 - 1e-12, 0.5, 1 - 1e-13], dtype=torch.float64)]:
+for u, kernels.HISTOGRAM_SKIP_ZERO in [(torch.rand(rows, generator=gen, dtype=torch.float64), False),
+                                      (torch.tensor([1e-12, 1 - 1e-12, 0.5, 1 - 1e-13], dtype=torch.float64), True)]:
     plain = torch.tensor([0, 1, 0, 1] if u[0] > 1e-9 else [1, 0, 1, 0], dtype=torch.uint8)
     kernels.launch_choose(probs.numpy(), seeds.numpy(), u.numpy(), plain.numpy(), tables, partial, totals, sums,
                           out, layers, leaves, chunk_bits, FIXED_POINT)
@@ -226,7 +230,8 @@ print("ok")
 def test_cuda_fused_draw_equals_the_inverse_cdf_of_the_law_in_the_simulator():
     """The draw that never writes the law (``mmw.kernels.tournament.choose``: histograms over contiguous segments
     with 32-bit halves, the tables and the segments' masses in a kernel, a scan of one segment), in numba's CUDA
-    simulator: its histograms are bit-identical to ``scatter_add_``'s, its tables and segment masses equal the torch
+    simulator: its histograms are bit-identical to ``scatter_add_``'s (with the adds of a token of zero fixed-point
+    mass made or skipped: ``skip_zero``), its tables and segment masses equal the torch
     law's to rounding, and its token is ``inverse_cdf`` of the layer-by-layer law on every row (plain rows: of the
     model's own law), at u near 0 and 1, with a zero tail."""
     pytest.importorskip("numba")
