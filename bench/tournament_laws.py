@@ -10,8 +10,8 @@ PRF and the real tables between passes), this counts the share of tokens with v 
 
 - real laws: the embedded models sampling from the paper's prompts (their chat template) at
   ``--temperatures`` (params-full.yaml's 0.7, and 1);
-- the GPU benches' stand-ins: a random-init Llama-3-8B shape (its last layer, final norm and lm_head at full width:
-  hidden 4,096, vocab 128,256, initializer_range 0.02, as ``bench/gpu_generate.build_model``) at temperature 1
+- the GPU benches' stand-ins: their random-init Llama-3-8B shape (``bench/gpu_generate.build_model`` with one layer:
+  the final norm and lm_head at full width, hidden 4,096, vocab 128,256) at temperature 1
   (the decode part's), and Gaussian logits of scale 3 (the kernels and step parts');
 - the real laws stretched to 128,256 ids (``law_bank``: what ``--law real`` replays): the check that the stretch
   keeps the shares.
@@ -121,8 +121,7 @@ def model_laws(spec: str, temperature: float, n_prompts: int, steps: int, seed: 
     from mmw.engines.models import load_model
     from mmw.tasks import build_prompts, render_chat
 
-    tokenizer, model = load_model(spec, device="cpu")
-    tokenizer.padding_side = "left"
+    tokenizer, model = load_model(spec, device="cpu")  # padding on the left, as the loader sets it
     per_task = math.ceil(n_prompts / 3)
     table = build_prompts(["book_report", "story", "fake_news"], per_task)
     prompts = [table["prompt"][i * per_task + j] for j in range(per_task) for i in range(3)][:n_prompts]
@@ -145,17 +144,18 @@ def model_laws(spec: str, temperature: float, n_prompts: int, steps: int, seed: 
 
 
 def random_init_laws(rows: int, seed: int) -> torch.Tensor:
-    """Logits float64 [rows, 128,256] of a random-init Llama-3-8B shape's last position (one layer: the final norm
-    sets the hidden state's scale, and the lm_head's init sets the logits'), float32 on the CPU."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """Logits float64 [rows, 128,256] of the GPU benches' random-init Llama-3-8B shape at its last position
+    (``bench/gpu_generate.build_model`` with one layer: the final norm sets the hidden state's scale, and the
+    lm_head's init sets the logits'), its bf16 weights run in float32 on the CPU."""
+    import sys
 
-    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=1, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=VOCAB, max_position_embeddings=4096)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).eval()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_generate import build_model
+
+    model, _ = build_model(1, 4096, "cpu", "llama3-8b")
     ids = torch.randint(3, VOCAB, (rows, 16), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        return model(input_ids=ids, logits_to_keep=1).logits[:, -1].to(torch.float64)
+        return model.float()(input_ids=ids, logits_to_keep=1).logits[:, -1].to(torch.float64)
 
 
 def main(prompts: int = 8, steps: int = 64, temperatures: str = "0.7,1.0", seed: int = 0,
