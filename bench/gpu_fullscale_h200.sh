@@ -1,15 +1,10 @@
 #!/usr/bin/env bash
 # The full-scale configuration on the lent GPU machine (no network, no polars/pydantic), then plain `generate` on
 # the same card:  bash bench/gpu_fullscale_h200.sh LABEL [GAP_VARIANTS] [extra gpu_fullscale.py args...]
-# Prepare here first, into the ignored folder .gpu/ (carried with the call):
-#   .gpu/whl/        pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
-#                    polars pydantic pydantic_core annotated-types typing-inspection (the venv's versions)
-#   .gpu/prt.tar.xz  polars-runtime-32's wheel unpacked and re-packed with xz (54 MB -> 33 MB: the wheel and the
-#                    tree would not fit one call's 64 MiB together)
-#   .gpu/tok.tar.xz  the embedded generator's tokenizer files, widened below to Llama-3's 128,256 ids by added tokens
-#   .gpu/tokq.tar.xz (optional, used where present) a real BPE at 128,256 ids: `python3 bench/standin_tokenizer.py
-#                    QWEN2.5_FOLDER /tmp/tokq && tar -cJf .gpu/tokq.tar.xz -C /tmp/tokq .` (its docstring says why);
-#                    MMW_BENCH_TOKENIZER=/tmp/tok picks the added-token stand-in anyway
+# Prepare here first: `bash bench/gpu_prepare.sh` builds the ignored folder .gpu/ (carried with the call: the wheels,
+# polars' runtime re-packed with xz, the embedded generator's tokenizer widened there to Llama-3's 128,256 ids by
+# added tokens, and tokq.tar.xz, a real BPE at 128,256 ids used where present; MMW_BENCH_TOKENIZER=/tmp/tok picks
+# the added-token stand-in anyway; bench/standin_tokenizer.py's docstring says why).
 # Workload: params-full.yaml, 296 prompts x 1,024 tokens, the nine attacks that need no package beyond the wheels,
 # every model a random-init Llama-3-8B-shaped folder (bench/gpu_fullscale.py --random-weights llama3-8b).
 set -uo pipefail

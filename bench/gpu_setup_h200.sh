@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sourced by the bench/gpu_*_h200.sh scripts on the lent GPU machine (no network): installs the wheels carried in
 # .gpu/whl and .gpu/prt.tar.xz into /tmp/site, widens the tokenizer in .gpu/tok.tar.xz to Llama-3's 128,256 ids
-# into /tmp/tok and unpacks .gpu/tokq.tar.xz into /tmp/tokq where carried (bench/gpu_fullscale_h200.sh says how
-# .gpu/ is prepared), and sets PYTHONPATH. Idempotent.
+# into /tmp/tok and unpacks .gpu/tokq.tar.xz into /tmp/tokq where carried (bench/gpu_prepare.sh builds .gpu/
+# here), and sets PYTHONPATH. Idempotent.
 if [ ! -d /tmp/site/polars ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .gpu/whl/*.whl || return 1

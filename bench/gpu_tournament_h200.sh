@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu_tournament.py on the lent H200 (no network; the image has torch, transformers, typer, but no pydantic):
 #   bash bench/gpu_tournament_h200.sh [gpu_tournament.py args...]
-# Prepare here first, into the ignored folder .gpu/whl/ (carried with the call): pip download --no-deps
-# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 pydantic pydantic_core annotated-types
-# typing-inspection (the venv's versions).
+# Prepare here first: `bash bench/gpu_prepare.sh` (builds the ignored folder .gpu/; carry it with the call).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 if [ ! -d /tmp/site/pydantic ]; then
