@@ -9,8 +9,8 @@
 # .gpu/tok.tar.xz   the embedded generator's tokenizer files (widened there to Llama-3's 128,256 ids)
 # .gpu/tokq.tar.xz  the real-BPE stand-in at 128,256 ids (bench/standin_tokenizer.py over the embedded
 #                   Qwen2.5-Coder-1.5B's tokenizer); the scripts use it where carried
-# The embedded models' HF folders come from mmw's own cache (converted from their GGUF files on first use, ~2 min
-# for Qwen2.5-Coder). Idempotent: it rebuilds everything each run (~1 min once the folders are cached).
+# The embedded models' HF folders come from mmw's own cache (converted from their GGUF files on first use).
+# Idempotent: it rebuilds everything each run (95 s on the 2-core VM with the folders cached).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=$PWD/.venv/bin/python
