@@ -199,9 +199,15 @@ def test_incomparable_experiments_are_refused_naming_the_param(param: str, other
         single_group(grouped, "nope")
 
 
-def test_a_null_alpha_is_the_default_alpha() -> None:
-    table = _pool(2).with_columns(pl.Series("scheme.alpha", [None, 0.02], dtype=pl.Float64))
-    assert single_group(with_group(table)).height == 2
+@pytest.mark.parametrize(("param", "default", "other"), [("scheme.alpha", 0.02, 0.2),
+                                                         ("prompts.pool", "paper", "extended")])
+def test_a_null_param_is_its_default(param: str, default: Any, other: Any) -> None:
+    """A run that leaves a param unset (or predates it) pools with runs that name its default, not with others."""
+    table = _pool(3).with_columns(pl.Series(param, [None, default, other]))
+    grouped = with_group(table)
+    assert grouped["group"][0] == grouped["group"][1] != grouped["group"][2]
+    with pytest.raises(SpecError, match=param.replace(".", "[.]")):
+        single_group(grouped)
 
 
 @pytest.mark.parametrize("seed", range(10))

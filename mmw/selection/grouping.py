@@ -16,14 +16,18 @@ from dataclasses import dataclass
 import polars as pl
 
 from mmw.errors import SpecError
+from mmw.params import PromptParams
+from mmw.watermark.scheme import SchemeSpec
 
 #: Param prefixes that must be equal inside a pool (a column matches when it equals one or starts with it + ".").
 COMPARABLE = ("seed", "model.name", "model.max_new_tokens", "model.dtype", "prompts", "attacks", "scheme.alpha",
               "rate.judge", "rate.mode", "rate.dtype", "rate.max_new_tokens", "detect")
 #: The cell columns of the paper's table: picks are made per temperature x scheme family (the sampler).
 CELL = ("model.temperature", "family")
-#: ``scheme.alpha`` null means the SchemeSpec default.
-DEFAULTS = {"scheme.alpha": 0.02}
+#: A null means the param's default: ``scheme.alpha`` left unset, or ``prompts.pool`` in a run made before the param
+#: existed (its runs drew from the paper's prompts, the default), so they pool with runs that name the default.
+DEFAULTS = {"scheme.alpha": SchemeSpec.model_fields["alpha"].default,
+            "prompts.pool": PromptParams.model_fields["pool"].default}
 
 
 def comparable_columns(table: pl.DataFrame) -> list[str]:
