@@ -15,10 +15,11 @@ from mmw.judge.judge import Judge
 
 def single_pass_node_logits(judge: Judge, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
     """(batch, 1 + n_inner, vocab) logits after each left-padded row and each inner trie node, one forward."""
-    # an empty head: no row is split, no cache; the attention over the rows' own widths
+    # an empty head: no row is split, no cache; one dense tree mask over the rows' own widths
     head, judge._head = judge._head, ()
-    rounded, judge.round_attention = judge.round_attention, False
+    layout = judge.round_attention, judge.split_attention
+    judge.round_attention = judge.split_attention = False
     try:
         return judge.node_logits(sequences)
     finally:
-        judge._head, judge.round_attention = head, rounded
+        judge._head, (judge.round_attention, judge.split_attention) = head, layout

@@ -181,12 +181,14 @@ LOGIT_ATOL = 5e-5
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("digits_split", [True, False])
-@pytest.mark.parametrize("widths", ["own", "rows16", "attention128"])  # the last two: CUDA's ways, on the CPU
+# the last three: CUDA's ways (causal: the default there), on the CPU
+@pytest.mark.parametrize("widths", ["own", "rows16", "attention128", "causal"])
 def test_shared_head_forward_matches_the_single_pass_reference(attention, digits_split, widths, one_thread):
     judge = tiny_judge(digits_split)
     judge.model.set_attn_implementation(attention)
-    pad_multiple, round_attention = {"own": (None, False), "rows16": (16, False), "attention128": (16, True)}[widths]
-    judge.pad_multiple, judge.round_attention = pad_multiple, round_attention
+    layout = {"own": (None, False, False), "rows16": (16, False, False), "attention128": (16, True, False),
+              "causal": (16, True, True)}[widths]
+    judge.pad_multiple, judge.round_attention, judge.split_attention = layout
     sequences = [judge.tokenizer.encode(judge._chat(p, t) + judge.trie.prefill, add_special_tokens=False)
                  for p, t in MIXED]
     assert len({len(s) for s in sequences}) == len(MIXED)
@@ -200,14 +202,14 @@ def test_shared_head_forward_matches_the_single_pass_reference(attention, digits
     assert torch.equal(judge.node_logits(sequences), shared)  # same inputs, same bits
     again = tiny_judge(digits_split)  # a new judge computes the head's cache afresh: the same bits again
     again.model.set_attn_implementation(attention)
-    again.pad_multiple, again.round_attention = pad_multiple, round_attention
+    again.pad_multiple, again.round_attention, again.split_attention = layout
     assert torch.equal(again.node_logits(sequences), shared)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="torch.compile on the CPU needs a C++ compiler")
-@pytest.mark.parametrize("round_attention", [False, True])  # True: what runs on CUDA
-def test_compiled_layers_match_the_eager_forward_and_compile_once_for_every_width(round_attention, one_thread):
+@pytest.mark.parametrize("layout", ["rows", "attention128", "causal"])  # causal: what runs on CUDA
+def test_compiled_layers_match_the_eager_forward_and_compile_once_for_every_width(layout, one_thread):
     """The compiled judge (what runs on CUDA) computes the eager judge's logits; every layer and every batch width
     shares one compiled graph (the layer's number and the width are traced as inputs, and so are the attention's
     rounded widths), and the greedy mode's ``generate`` runs the layers eagerly."""
@@ -219,7 +221,8 @@ def test_compiled_layers_match_the_eager_forward_and_compile_once_for_every_widt
     eager, compiled = tiny_judge(digits_split=False), tiny_judge(digits_split=False)
     torch._dynamo.reset()
     counters.clear()
-    compiled = Judge(compiled.tokenizer, compiled.model, batch_size=2, compiled=True, round_attention=round_attention)
+    compiled = Judge(compiled.tokenizer, compiled.model, batch_size=2, compiled=True,
+                     round_attention=layout != "rows", split_attention=layout == "causal")
     assert compiled.arithmetic != eager.arithmetic
     assert TransformersBackend(compiled, "tiny").cache_id("expected") != \
         TransformersBackend(eager, "tiny").cache_id("expected")

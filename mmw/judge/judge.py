@@ -38,6 +38,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from mmw.engines.attention import (
     ROUNDED_WIDTH,
     attention_at_mask_widths,
+    causal_split_attention,
     grouped_query_prompts,
     grouped_query_sdpa,
     rounded_width,
@@ -282,6 +283,7 @@ class Judge:
         progress: bool = False,
         compiled: bool | None = None,
         round_attention: bool | None = None,
+        split_attention: bool | None = None,
     ):
         if not getattr(tokenizer, "chat_template", None):
             raise SpecError("rate.judge", "the judge's tokenizer has no chat template; use an instruction model")
@@ -297,6 +299,10 @@ class Judge:
         # attention_at_mask_widths``), so the matrix products skip the rounding's pad positions while cuDNN still
         # sees few shapes.
         self.round_attention = model.device.type == "cuda" if round_attention is None else round_attention
+        # ``split_attention`` (None: on CUDA): the expected mode's forward pads its rows on the right and runs the
+        # rows' own tokens under a causal kernel, the extra positions (each row's last token, the trie's nodes)
+        # apart under their mask (``mmw.engines.attention.causal_split_attention``); otherwise one dense tree mask.
+        self.split_attention = model.device.type == "cuda" if split_attention is None else split_attention
         attention = getattr(model.config, "_attn_implementation", "eager")
         if attention not in ("sdpa", "eager"):
             raise SpecError("rate.judge", f"attention implementation {attention!r} cannot take the judge's tree mask",
@@ -338,11 +344,18 @@ class Judge:
         """What the expected mode's numbers depend on beyond the model and the texts: :data:`ARITHMETIC`, whether
         the forward is compiled (fused kernels round differently in the last bits) and whether, on CUDA, attention
         reads K/V heads by query-head group (another cuDNN kernel: other last bits) and rounds the attention's
-        widths instead of the rows' (other matrix shapes: other last bits)."""
+        widths instead of the rows' (other matrix shapes: other last bits), or splits it causally
+        (:attr:`split_attention`: other kernels, other last bits)."""
         parts = [str(ARITHMETIC)] + ["compiled"] * (self._compiled is not None) \
             + ["gqa"] * (self.grouped_query and self.model.device.type == "cuda") \
-            + [f"w{ROUNDED_WIDTH}"] * self.round_attention
+            + [f"w{ROUNDED_WIDTH}"] * (self.round_attention and not self._splits) \
+            + [f"causal{ROUNDED_WIDTH}"] * self._splits
         return "+".join(parts)
+
+    @property
+    def _splits(self) -> bool:
+        """Whether the expected mode's forward runs the causal split (``split_attention`` with SDPA attention)."""
+        return self.split_attention and getattr(self.model.config, "_attn_implementation", None) == "sdpa"
 
     def _chat(self, prompt: str, response: str) -> str:
         messages = rating_messages(prompt, response)
@@ -483,6 +496,8 @@ class Judge:
         """
         head = len(self.head) if all(len(s) > len(self.head) and tuple(s[:len(self.head)]) == self.head
                                      for s in sequences) else 0
+        if self._splits and max(map(len, sequences)) > head + 1:
+            return self._split_node_logits(sequences, head)
         batch = self._pad([s[head:] for s in sequences], None if self.round_attention else self.pad_multiple)
         ids, mask = batch["input_ids"], batch["attention_mask"]
         n_rows, context_len = ids.shape
@@ -505,6 +520,55 @@ class Judge:
                 past_key_values=cache,
                 use_cache=bool(head),
                 logits_to_keep=n_tree + 1,
+            ).logits
+
+    def _split_node_logits(self, sequences: Sequence[Sequence[int]], head: int) -> torch.Tensor:
+        """:meth:`node_logits` under ``causal_split_attention``: each row (less the shared head) is laid out as its
+        context (its tokens but the last, padded on the right to the batch's longest), then X = 1 + n_inner extra
+        tokens: its last token (the trie's root) and the inner nodes. The context runs under a causal mask (its pads
+        come after every real token); the extra tokens see the head, their row's real context, the root and their
+        own ancestors (the mask this method builds), at the positions they have in :meth:`node_logits`."""
+        rows = [s[head:] for s in sequences]
+        n_rows, width = len(rows), max(len(r) for r in rows) - 1
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        host = torch.full((n_rows, width + 1), pad_id, dtype=torch.long)
+        lengths = torch.tensor([len(r) - 1 for r in rows], dtype=torch.long)
+        for i, row in enumerate(rows):
+            host[i, :len(row) - 1] = torch.tensor(row[:-1], dtype=torch.long)
+            host[i, width] = row[-1]  # the root: the row's last token
+        device = self.model.device
+        if device.type == "cuda":  # from page-locked memory without waiting for the batch before
+            host, lengths = host.pin_memory(), lengths.pin_memory()
+        ids, lengths = host.to(device, non_blocking=True), lengths.to(device, non_blocking=True)
+        n_tree = self._tree_tokens.shape[0]
+        extra = 1 + n_tree
+        root = head + lengths[:, None]  # the root's position: right after the row's context
+        positions = torch.cat([head + torch.arange(width, device=device).expand(n_rows, width), root,
+                               root + self._tree_depth], 1)
+        keys = rounded_width(head + width + extra)
+        # (row, extra query, key) over keys [head | context | root, nodes | widening]
+        allowed = torch.zeros(n_rows, extra, keys, dtype=torch.bool, device=device)
+        allowed[:, :, :head] = True
+        allowed[:, :, head:head + width] = (torch.arange(width, device=device) < lengths[:, None])[:, None, :]
+        ancestors = torch.zeros(extra, extra, dtype=torch.bool, device=device)
+        ancestors[:, 0] = True
+        ancestors[1:, 1:] = self._tree_ancestors
+        allowed[:, :, head + width:head + width + extra] = ancestors
+        config = self.model.config
+        groups = config.num_attention_heads // (getattr(config, "num_key_value_heads", None)
+                                                or config.num_attention_heads)
+        additive = torch.zeros(n_rows, 1, extra, keys, dtype=self.model.dtype, device=device)
+        additive.masked_fill_(~allowed[:, None], torch.finfo(self.model.dtype).min)
+        cache = self._head_cache(n_rows) if head else None
+        with self._compiled.active() if self._compiled is not None else contextlib.nullcontext(), \
+                causal_split_attention(self.model):
+            return self.model(
+                input_ids=torch.cat([ids, self._tree_tokens.expand(n_rows, n_tree)], 1),
+                attention_mask=additive.repeat(1, 1, groups, 1),  # one copy per query head of a K/V head
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=bool(head),
+                logits_to_keep=extra,
             ).logits
 
     def _dense_mask(self, key_ok: torch.Tensor, head: int, context_len: int, wide: bool = False) -> torch.Tensor:
