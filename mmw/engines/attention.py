@@ -246,8 +246,8 @@ def _causal_split_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     """The judge's expected-mode attention split in two (``causal_split_attention``). ``query`` [B, H, C + X, D]:
     C right-padded context positions, then X extra positions (each row's last token and the grade trie's inner
     nodes); ``key``/``value`` [B, H_kv, P + C + X, D] (P: the shared head's positions before them);
-    ``attention_mask`` [B, 1, G * X, W]: the extra queries' additive mask over the keys widened to W (a multiple
-    of ``ROUNDED_WIDTH``), its rows repeated for each of the G = H / H_kv query heads of a K/V head.
+    ``attention_mask`` [B, 1, X, W]: the extra queries' additive mask over the keys widened to W (a multiple of
+    ``ROUNDED_WIDTH``).
 
     The context queries see the head and their row's tokens up to their own: causal, since their row's pads come
     after them. Every query, front-padded by P zero rows and padded at the end to W, runs one square causal SDPA
@@ -261,14 +261,14 @@ def _causal_split_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     batch, heads, queries, dim = query.shape
     kv_heads, keys, width = key.shape[1], key.shape[2], attention_mask.shape[-1]
     groups = heads // kv_heads
-    extra = attention_mask.shape[-2] // groups
+    extra = attention_mask.shape[-2]
     context, head = queries - extra, keys - queries
     key, value = pad(key, (0, 0, 0, width - keys)), pad(value, (0, 0, 0, width - keys))
     out = torch.nn.functional.scaled_dot_product_attention(
         pad(query, (0, 0, head, width - keys)), key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1)
     folded = query[:, :, context:].reshape(batch, kv_heads, groups * extra, dim)
-    nodes = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=attention_mask,
-                                                             scale=scaling)
+    nodes = torch.nn.functional.scaled_dot_product_attention(  # the mask's rows once per query head of a group
+        folded, key, value, attn_mask=attention_mask.repeat(1, 1, groups, 1), scale=scaling)
     out[:, :, head + context:head + queries] = nodes.reshape(batch, heads, extra, dim)
     return out[:, :, head:head + queries].transpose(1, 2).contiguous(), None
 

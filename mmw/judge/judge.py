@@ -554,9 +554,6 @@ class Judge:
         ancestors[:, 0] = True
         ancestors[1:, 1:] = self._tree_ancestors
         allowed[:, :, head + width:head + width + extra] = ancestors
-        config = self.model.config
-        groups = config.num_attention_heads // (getattr(config, "num_key_value_heads", None)
-                                                or config.num_attention_heads)
         additive = torch.zeros(n_rows, 1, extra, keys, dtype=self.model.dtype, device=device)
         additive.masked_fill_(~allowed[:, None], torch.finfo(self.model.dtype).min)
         cache = self._head_cache(n_rows) if head else None
@@ -564,7 +561,7 @@ class Judge:
                 causal_split_attention(self.model):
             return self.model(
                 input_ids=torch.cat([ids, self._tree_tokens.expand(n_rows, n_tree)], 1),
-                attention_mask=additive.repeat(1, 1, groups, 1),  # one copy per query head of a K/V head
+                attention_mask=additive,
                 position_ids=positions,
                 past_key_values=cache,
                 use_cache=bool(head),
