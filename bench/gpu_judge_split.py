@@ -21,18 +21,49 @@ import typer
 from gpu_judge_plan import stand_in_judge_model, stand_in_rows  # bench/ is run as scripts
 from gpu_judge_rows import categories, sync
 
+from mmw.engines import attention as attention_module
 from mmw.engines.models import _padding_left
 from mmw.judge.backends import TransformersBackend
 from mmw.judge.judge import CompiledLayers, Judge
 
 #: (name, split_attention, words): the layout, and the length of the batch of rows the judge is first compiled on
 #: (0: the judge's own two short rows; else a batch of rows of that many words: Inductor tunes its kernels' launch
-#: settings on the first sizes it sees, which was a suspect for the split's slower elementwise kernels).
+#: settings on the first sizes it sees, which was a suspect for the split's slower elementwise kernels). A name
+#: ending in /inplace or /cat runs the split with its output assembled as this function says (same values, other
+#: copies); "split/..." otherwise runs mmw's own (which concatenates, as /cat; it wrote in place when the first
+#: four variants were measured).
 VARIANTS = [("dense/short", False, 0), ("split/short", True, 0), ("split/long", True, 1024), ("dense/long", False, 1024)]
 
 
+def split_assembled(how: str):
+    """``mmw.engines.attention._causal_split_attention`` with its output assembled as ``how``: "inplace" (the extra
+    rows written into the causal call's own output, then transposed) or "cat" (the context rows and the extra rows
+    concatenated, then transposed)."""
+    pad, sdpa = torch.nn.functional.pad, torch.nn.functional.scaled_dot_product_attention
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        batch, heads, queries, dim = query.shape
+        kv_heads, keys, width = key.shape[1], key.shape[2], attention_mask.shape[-1]
+        groups, extra = heads // kv_heads, attention_mask.shape[-2]
+        context, head = queries - extra, keys - queries
+        key, value = pad(key, (0, 0, 0, width - keys)), pad(value, (0, 0, 0, width - keys))
+        out = sdpa(pad(query, (0, 0, head, width - keys)), key, value, is_causal=True, scale=scaling,
+                   enable_gqa=groups > 1)
+        folded = query[:, :, context:].reshape(batch, kv_heads, groups * extra, dim)
+        nodes = sdpa(folded, key, value, attn_mask=attention_mask.repeat(1, 1, groups, 1),
+                     scale=scaling).reshape(batch, heads, extra, dim)
+        if how == "inplace":
+            out[:, :, head + context:head + queries] = nodes
+            return out[:, :, head:head + queries].transpose(1, 2).contiguous(), None
+        return torch.cat([out[:, :, head:head + context], nodes], 2).transpose(1, 2).contiguous(), None
+
+    return attention
+
+
 def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 1024, batch: int = 16,
-         passes: int = 3, tiny: bool = False, out: str = "") -> None:
+         passes: int = 3, tiny: bool = False, only: str = "", out: str = "") -> None:
+    """``only``: comma-separated variant names (default: the four of :data:`VARIANTS`); split/inplace and
+    split/cat are chosen by name only."""
     result: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                     "torch": torch.__version__, "passes": passes, "batch": batch, "variants": {}}
     tok, rows, prompts = stand_in_rows(tokenizer, texts, tokens)
@@ -43,8 +74,13 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
     probs: dict[str, dict[str, np.ndarray]] = {}
     activity = torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else \
         torch.profiler.ProfilerActivity.CPU
-    for name, split, compile_tokens in VARIANTS:
+    chosen = [v for v in VARIANTS + [(f"split/{how}", True, 0) for how in ("inplace", "cat")]
+              if v[0] in (only.split(",") if only else [name for name, _, _ in VARIANTS])]
+    own = attention_module._causal_split_attention
+    for name, split, compile_tokens in chosen:
         torch._dynamo.reset()  # a fresh compilation, on this variant's first rows
+        how = name.split("/")[1]
+        attention_module._causal_split_attention = split_assembled(how) if how in ("inplace", "cat") else own
         sync()
         start = time.perf_counter()
         long_first = bool(compile_tokens) and torch.cuda.is_available()
@@ -89,7 +125,7 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
         del judge, backend
     # how far each variant's numbers are from the first one's: grade probabilities, and the expected grades
     result["against_first"] = {}
-    first = VARIANTS[0][0]
+    first = chosen[0][0]
     for kind, by_variant in probs.items():
         a = by_variant[first]
         grades = np.arange(a.shape[1])

@@ -254,9 +254,10 @@ def _causal_split_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     call (so the top-left causal mask is the head-plus-causal one), on whichever fused kernel SDPA picks (cuDNN on
     Hopper), which skips the masked half of the blocks; the pads are the same copy the rounded dense call made,
     fused with the rotary embedding. The X extra queries of each K/V head are then folded into its queries (no K/V
-    copies), read every key under their mask, and their rows are written over the causal call's (a slice of its
-    output, in place). Returns ([B, C + X, H, D], None). One module-level function, so a compiled layer that
-    calls it keeps its graph."""
+    copies) and read every key under their mask; the two outputs are concatenated in the kernel that transposes them
+    (writing the extra rows over the causal call's output instead made the compiler copy that output whole: 0.4-0.5
+    ms more a judgement on one H100, the same bits; bench/results/gpu.md). Returns ([B, C + X, H, D], None). One
+    module-level function, so a compiled layer that calls it keeps its graph."""
     pad = torch.nn.functional.pad
     batch, heads, queries, dim = query.shape
     kv_heads, keys, width = key.shape[1], key.shape[2], attention_mask.shape[-1]
@@ -269,8 +270,8 @@ def _causal_split_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     folded = query[:, :, context:].reshape(batch, kv_heads, groups * extra, dim)
     nodes = torch.nn.functional.scaled_dot_product_attention(  # the mask's rows once per query head of a group
         folded, key, value, attn_mask=attention_mask.repeat(1, 1, groups, 1), scale=scaling)
-    out[:, :, head + context:head + queries] = nodes.reshape(batch, heads, extra, dim)
-    return out[:, :, head:head + queries].transpose(1, 2).contiguous(), None
+    out = torch.cat([out[:, :, head:head + context], nodes.reshape(batch, heads, extra, dim)], 2)
+    return out.transpose(1, 2).contiguous(), None
 
 
 @contextmanager
