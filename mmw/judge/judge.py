@@ -319,6 +319,11 @@ class Judge:
             [[len(other) <= len(node) and node[: len(other)] == other for other in inner] for node in inner],
             dtype=torch.bool, device=device,
         ).reshape(len(inner), len(inner))
+        # The causal split's extra tokens (:meth:`_split_node_logits`): the root (the row's last token), then the
+        # inner nodes; each sees the root and its own ancestors.
+        self._extra_ancestors = torch.ones(1 + len(inner), 1 + len(inner), dtype=torch.bool, device=device)
+        self._extra_ancestors[0, 1:] = False
+        self._extra_ancestors[1:, 1:] = self._tree_ancestors
         vocab_size = model.get_output_embeddings().weight.shape[0]
         self.digit_start = digit_start_mask(tokenizer, vocab_size).to(device)
         self._digit_ids = self.digit_start.nonzero().flatten()
@@ -395,10 +400,11 @@ class Judge:
             self._token_counts.update(zip(missing, map(len, encoded), strict=True))
         return [self._token_counts[text] for text in texts]
 
-    def _pad(self, sequences: Sequence[Sequence[int]], multiple: int | None) -> dict[str, torch.Tensor]:
-        """``input_ids`` and ``attention_mask`` of ``sequences`` left-padded to one width (the longest, rounded up
-        to ``multiple`` when given), on the model's device."""
-        batch = self.tokenizer.pad({"input_ids": list(sequences)}, padding=True, padding_side="left",
+    def _pad(self, sequences: Sequence[Sequence[int]], multiple: int | None, side: str = "left"
+             ) -> dict[str, torch.Tensor]:
+        """``input_ids`` and ``attention_mask`` of ``sequences`` padded on ``side`` to one width (the longest, rounded
+        up to ``multiple`` when given), on the model's device."""
+        batch = self.tokenizer.pad({"input_ids": list(sequences)}, padding=True, padding_side=side,
                                    return_tensors="pt", pad_to_multiple_of=multiple)
         if self.model.device.type != "cuda":
             return {k: v.to(self.model.device) for k, v in batch.items()}
@@ -508,40 +514,39 @@ class Judge:
         positions = torch.cat([context_positions, context_positions[:, -1:] + self._tree_depth], 1)
         key_ok = torch.cat([torch.ones(n_rows, head, dtype=torch.bool, device=device), mask.bool(),
                             torch.ones(n_rows, n_tree, dtype=torch.bool, device=device)], 1)
-        cache = self._head_cache(n_rows) if head else None  # the head's own forward runs eagerly, once
         wide = self.round_attention and getattr(self.model.config, "_attn_implementation", None) == "sdpa"
-        with self._compiled.active() if self._compiled is not None else contextlib.nullcontext(), \
-                grouped_query_prompts(self.model) if self.grouped_query else contextlib.nullcontext(), \
-                attention_at_mask_widths(self.model, wide):
-            return self.model(
-                input_ids=torch.cat([ids, tree_tokens.expand(n_rows, n_tree)], 1),
-                attention_mask=self._dense_mask(key_ok, head, context_len, wide),
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=bool(head),
-                logits_to_keep=n_tree + 1,
-            ).logits
+        attention = [grouped_query_prompts(self.model)] * self.grouped_query + [attention_at_mask_widths(self.model,
+                                                                                                        wide)]
+        return self._forward(attention, torch.cat([ids, tree_tokens.expand(n_rows, n_tree)], 1),
+                             self._dense_mask(key_ok, head, context_len, wide), positions, head)
+
+    def _forward(self, attention: Sequence[contextlib.AbstractContextManager], ids: torch.Tensor,
+                 mask: torch.Tensor, positions: torch.Tensor, head: int) -> torch.Tensor:
+        """The forward both layouts of :meth:`node_logits` end in: ``ids`` after the shared head's cache (when
+        ``head``), under the compiled layers and the layout's ``attention`` switches; logits of the last
+        1 + n_inner positions."""
+        cache = self._head_cache(ids.shape[0]) if head else None  # the head's own forward runs eagerly, once
+        with contextlib.ExitStack() as stack:
+            if self._compiled is not None:
+                stack.enter_context(self._compiled.active())
+            for switch in attention:
+                stack.enter_context(switch)
+            return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                              use_cache=bool(head), logits_to_keep=1 + self._tree_tokens.shape[0]).logits
 
     def _split_node_logits(self, sequences: Sequence[Sequence[int]], head: int) -> torch.Tensor:
         """:meth:`node_logits` under ``causal_split_attention``: each row (less the shared head) is laid out as its
-        context (its tokens but the last, padded on the right to the batch's longest), then X = 1 + n_inner extra
-        tokens: its last token (the trie's root) and the inner nodes. The context runs under a causal mask (its pads
+        context (its tokens but the last, padded on the right to the batch's longest; the last may stay in its
+        place, unseen), then X = 1 + n_inner extra tokens: its last token (the trie's root) and the inner nodes. The context runs under a causal mask (its pads
         come after every real token); the extra tokens see the head, their row's real context, the root and their
         own ancestors (the mask this method builds), at the positions they have in :meth:`node_logits`."""
-        rows = [s[head:] for s in sequences]
-        n_rows, width = len(rows), max(len(r) for r in rows) - 1
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        host = torch.full((n_rows, width + 1), pad_id, dtype=torch.long)
-        lengths = torch.tensor([len(r) - 1 for r in rows], dtype=torch.long)
-        for i, row in enumerate(rows):
-            host[i, :len(row) - 1] = torch.tensor(row[:-1], dtype=torch.long)
-            host[i, width] = row[-1]  # the root: the row's last token
-        device = self.model.device
-        if device.type == "cuda":  # from page-locked memory without waiting for the batch before
-            host, lengths = host.pin_memory(), lengths.pin_memory()
-        ids, lengths = host.to(device, non_blocking=True), lengths.to(device, non_blocking=True)
-        n_tree = self._tree_tokens.shape[0]
-        extra = 1 + n_tree
+        # each row padded on the right; its last token stays in place too, where no kept query sees it (the causal
+        # queries after it are pads, the extra ones' mask stops before it)
+        batch = self._pad([s[head:] for s in sequences], None, side="right")
+        ids, lengths = batch["input_ids"], batch["attention_mask"].sum(-1) - 1  # lengths: each row's context
+        n_rows, width = ids.shape[0], ids.shape[1] - 1
+        device = ids.device
+        extra = self._extra_ancestors.shape[0]
         root = head + lengths[:, None]  # the root's position: right after the row's context
         positions = torch.cat([head + torch.arange(width, device=device).expand(n_rows, width), root,
                                root + self._tree_depth], 1)
@@ -550,23 +555,13 @@ class Judge:
         allowed = torch.zeros(n_rows, extra, keys, dtype=torch.bool, device=device)
         allowed[:, :, :head] = True
         allowed[:, :, head:head + width] = (torch.arange(width, device=device) < lengths[:, None])[:, None, :]
-        ancestors = torch.zeros(extra, extra, dtype=torch.bool, device=device)
-        ancestors[:, 0] = True
-        ancestors[1:, 1:] = self._tree_ancestors
-        allowed[:, :, head + width:head + width + extra] = ancestors
+        allowed[:, :, head + width:head + width + extra] = self._extra_ancestors
         additive = torch.zeros(n_rows, 1, extra, keys, dtype=self.model.dtype, device=device)
         additive.masked_fill_(~allowed[:, None], torch.finfo(self.model.dtype).min)
-        cache = self._head_cache(n_rows) if head else None
-        with self._compiled.active() if self._compiled is not None else contextlib.nullcontext(), \
-                causal_split_attention(self.model):
-            return self.model(
-                input_ids=torch.cat([ids, self._tree_tokens.expand(n_rows, n_tree)], 1),
-                attention_mask=additive,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=bool(head),
-                logits_to_keep=extra,
-            ).logits
+        roots = ids.gather(1, lengths[:, None])
+        return self._forward([causal_split_attention(self.model)],
+                             torch.cat([ids[:, :width], roots, self._tree_tokens.expand(n_rows, extra - 1)], 1),
+                             additive, positions, head)
 
     def _dense_mask(self, key_ok: torch.Tensor, head: int, context_len: int, wide: bool = False) -> torch.Tensor:
         """The tree mask as an additive float mask (batch, 1, query, key), understood by the sdpa and eager
