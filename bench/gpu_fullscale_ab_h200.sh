@@ -3,8 +3,8 @@
 #   bash bench/gpu_fullscale_ab_h200.sh TREE:LABEL:CACHE [TREE:LABEL:CACHE ...]
 # Each SPEC runs `bash bench/gpu_fullscale_h200.sh LABEL "" --in-process` inside .gpu/TREE (a `git archive` of the
 # commit to measure, with this bench/ folder copied in) under MMW_BENCH_SPLIT=1 (bench/warm_stages.py: where each
-# stage's time goes), with the compiler caches (Inductor, Triton, the driver's PTX cache) in /tmp/cache-CACHE: a
-# CACHE name not used before on the machine is a cold run, one used before a warm run. Every run reads the same
+# stage's time goes), with the compiler caches (Inductor, Triton, the driver's PTX cache, numba's) in /tmp/cache-CACHE:
+# a CACHE name not used before on the machine is a cold run, one used before a warm run. Every run reads the same
 # random-init generator folder (built by the first). .gpu/ holds whl/, prt.tar.xz and tok.tar.xz as
 # bench/gpu_fullscale_h200.sh says; the results land in $OUT/LABEL/gpu_fullscale.json.
 set -uo pipefail
@@ -19,7 +19,7 @@ for spec in "$@"; do
   state=$([ -d "/tmp/cache-$cache" ] && echo warm || echo cold)
   echo "== $(date +%T) tree $tree, label $label, caches /tmp/cache-$cache ($state)"
   TORCHINDUCTOR_CACHE_DIR=/tmp/cache-$cache/inductor TRITON_CACHE_DIR=/tmp/cache-$cache/triton \
-    CUDA_CACHE_PATH=/tmp/cache-$cache/nv MMW_BENCH_SPLIT=1 bash bench/gpu_fullscale_h200.sh "$label" "" --in-process
+    CUDA_CACHE_PATH=/tmp/cache-$cache/nv NUMBA_CACHE_DIR=/tmp/cache-$cache/numba MMW_BENCH_SPLIT=1 bash bench/gpu_fullscale_h200.sh "$label" "" --in-process
   if [ ! -d /tmp/models/llama3-8b ] && [ -d "/tmp/mmw-full-$label/models/llama3-8b" ]; then
     mkdir -p /tmp/models && mv "/tmp/mmw-full-$label/models/llama3-8b" /tmp/models/ \
       && ln -s /tmp/models/llama3-8b "/tmp/mmw-full-$label/models/llama3-8b"

@@ -27,7 +27,8 @@ from pathlib import Path
 class Split:
     """``MMW_BENCH_SPLIT=1``: where a stage's time goes, from timers wrapped around a few calls (no profiler): the
     decode loop (``static_decode``, synchronised at both ends) and its parts (the prefill, the eager steps, which
-    compile the watermark step and the decoding attention, and the CUDA-graph captures), model loads, and Dynamo's
+    compile the watermark step and the decoding attention, and the CUDA-graph captures), model loads, the judge's
+    set-up after its load (``judge_init``), the detector's numba calls (``detect_kernels``), and Dynamo's
     own compile-time metrics (``torch._dynamo.utils.compilation_time_metrics``). One JSON line a stage:
     ``{"split": STAGE, ...seconds, calls}``. Built before the stage modules are imported (which bind ``load_model``
     by name); a timer that never ran is absent from the line."""
@@ -46,6 +47,12 @@ class Split:
         self._wrap(graph_decode._Decoder, "step", "eager_steps", None)  # also runs under capture: never sync
         self._wrap(graph_decode, "_capture", "captures", None)  # synchronises itself
         self._wrap(models, "load_model", "load_model", None)
+        from mmw.judge.judge import Judge
+        from mmw.kernels.backend import NumbaBackend
+
+        self._wrap(Judge, "__init__", "judge_init", sync)  # its tables, the head, the compile on two rows
+        for method in ("sum_prefix_batch", "empirical_prefix_batch", "anytime_batch"):  # numpy out: synchronous
+            self._wrap(NumbaBackend, method, "detect_kernels", None)  # the first call compiles numba's kernels
         fused_layers = generate.fused_layers  # imported by name there: what each batch fused, if anything
         self.fused: list[int] = []
 

@@ -9,40 +9,16 @@ text first, which with a chunk size of 1 balances the threads (longest-processin
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import numpy as np
 from numba import njit, parallel_chunksize, prange
 
+from mmw.kernels.disk_cache import drop_stale
 from mmw.kernels.prf import prf
 from mmw.kernels.stats import (FIXED, SAMPLER_CODES, TAG_FIXED, anytime_text, edit_cell, fixed_seed, key_at, source_base,
                                sum_prefix_text, text_seed, token_statistic)
 
 
-def _drop_stale_cache(here: Path = Path(__file__).resolve().parent) -> None:
-    """numba's on-disk cache (``cache=True``) is keyed by this file alone, but the kernels inline the shared spec
-    (stats.py, prf.py): a cached kernel compiled before a change there would run the old statistic. Drop this
-    module's cached kernels whenever any of the three sources, or the sampler codes (declared in
-    ``mmw.watermark.samplers.parts``), changed since they were compiled."""
-    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in ("cpu.py", "stats.py", "prf.py"))
-                            + repr(sorted(SAMPLER_CODES.items())).encode())
-    cache, stamp = here / "__pycache__", here / "__pycache__" / "cpu.sources.sha256"
-    try:
-        if stamp.read_text() == digest.hexdigest():
-            return
-    except OSError:
-        pass
-    try:
-        cache.mkdir(exist_ok=True)
-        for stale in [*cache.glob("cpu.*.nbi"), *cache.glob("cpu.*.nbc")]:
-            stale.unlink(missing_ok=True)
-        stamp.write_text(digest.hexdigest())
-    except OSError:  # a read-only install: numba then cannot cache here either
-        pass
-
-
-_drop_stale_cache()
+drop_stale("cpu")  # the shared spec changed since a cached kernel was compiled: compile it again
 
 
 @njit(parallel=True, cache=True)

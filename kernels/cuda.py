@@ -27,6 +27,7 @@ if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still refers to np.row_sta
 from numba import config, cuda, float64, int64, uint64  # noqa: E402
 from numba.extending import register_jitable  # noqa: E402
 
+from mmw.kernels.disk_cache import drop_stale  # noqa: E402
 from mmw.kernels.prf import prf  # noqa: E402
 from mmw.kernels.stats import (FIXED, TAG_FIXED, anytime_text, edit_cell, fixed_seed, key_at,  # noqa: E402
                                source_base, sum_prefix_text, text_seed, token_statistic)
@@ -45,8 +46,13 @@ def available() -> bool:
     return cuda.is_available()
 
 
+# Each kernel is compiled once per signature and machine and kept on disk (else numba compiles it again in every
+# process that detects on the GPU); dropped when the spec it inlines changes.
+drop_stale("cuda")
+
+
 # ---------------------------------------------------------------------------------------------------- kernels
-@cuda.jit
+@cuda.jit(cache=True)
 def _key_sequences(key, sequences):
     """sequences[t, r] = r-th entry of trial t's fixed key sequence (uint64 [K, L])."""
     n_keys, length = sequences.shape
@@ -57,7 +63,7 @@ def _key_sequences(key, sequences):
         sequences[t, r] = fixed_seed(prf(key_at(key, t), TAG_FIXED), r)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _sum_kernel(tokens, offsets, source, window, key, kind, gamma, rank, denominator, path_nodes, path_bits,
                 table_offsets, keys, used, total, count):
     """One thread per text (see ``stats.sum_prefix_text``)."""
@@ -69,7 +75,7 @@ def _sum_kernel(tokens, offsets, source, window, key, kind, gamma, rank, denomin
                         table_offsets[b + 1] - table_offsets[b], total, count)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _align_kernel(tokens, offsets, order, n_keys, sequences, kind, gamma, rank, denominator, path_nodes,
                   path_bits, scores):
     """Block = one (text, key) pair; blockDim is a power of two; thread = shift (several if L > blockDim)."""
@@ -210,7 +216,7 @@ def band_edit_dp(n_rows, shift, columns, use_table, table, tokens, row_start, se
                 row += stride
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _edit_fixed_kernel(tokens, offsets, order, n_keys, sequences, psi, steps, kind, gamma, rank, denominator,
                        path_nodes, path_bits, queue, tables, boundary, best, scores):
     """Persistent block: takes (text, key) pairs from ``queue``; thread = shift (several if L > blockDim).
@@ -262,7 +268,7 @@ def _edit_fixed_kernel(tokens, offsets, order, n_keys, sequences, psi, steps, ki
         cuda.syncthreads()
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _edit_window_kernel(tokens, offsets, text_order, n_keys, key, source, psi, steps, kind, gamma, rank,
                         denominator, path_nodes, path_bits, queue, boundary, scores):
     """Persistent block: takes (text, group of blockDim keys) items from ``queue``; thread = one key's DP."""
@@ -300,7 +306,7 @@ def _edit_window_kernel(tokens, offsets, text_order, n_keys, key, source, psi, s
                              rank, denominator, path_nodes, path_bits)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _anytime_kernel(total, count, offsets, a, b, log_weights, log_threshold, log_e, sizes):
     """One thread per text (see ``stats.anytime_text``)."""
     t = cuda.grid(1)
@@ -309,7 +315,7 @@ def _anytime_kernel(total, count, offsets, a, b, log_weights, log_threshold, log
         sizes[t] = anytime_text(total, count, start, offsets[t + 1] - start, a, b, log_weights, log_threshold, log_e)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _count_kernel(scores, n_le):
     p = cuda.grid(1)
     if p < scores.shape[1]:

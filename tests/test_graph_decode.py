@@ -198,6 +198,25 @@ def test_fused_layers_compute_the_same_forward_with_one_graph_for_every_layer_an
     assert torch.equal(after, eager)
 
 
+def test_fused_decoding_compiles_the_steps_shape_only_and_runs_the_prefill_eagerly(tiny, monkeypatch):
+    """With engine.fuse_layers on (forced on the CPU) a batch compiles the three fused pieces once, for its decoding
+    step's shape: the prefill, which runs once a batch, runs transformers' own code (compiling it for the prompt's
+    shape cost a process seconds on a GPU for a forward of a fraction of one)."""
+    from torch._dynamo.utils import counters
+
+    from mmw.engines import fused_layers as fusing
+
+    tokenizer, model = tiny
+    chats, _ = tiny_chats(3)
+    monkeypatch.setattr(engine, "fuse_default", lambda device, on=True: on)
+    torch._dynamo.reset()
+    monkeypatch.setattr(fusing, "_COMPILED", {})
+    graphs = counters["stats"]["unique_graphs"]
+    fused = run(tokenizer, model, chats, SPECS["c4"], True, monkeypatch, max_new_tokens=6)
+    assert counters["stats"]["unique_graphs"] - graphs == 3  # norm, MLP, rotary at [rows, 1]; none at the prompt's
+    assert all(len(tokens) > 0 for tokens in fused["tokens"])
+
+
 def test_fusing_is_cuda_only_and_a_compiler_failure_decodes_unfused_with_a_warning(tiny, monkeypatch):
     """On the CPU nothing is fused by default; where fusing is on and the compiled code fails (a compiler bug),
     the batch is decoded again with transformers' code: the same tokens as with engine.fuse_layers false, a warning

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -76,6 +77,15 @@ def word_tokenizer(vocab_words: list[str], digits_split: bool) -> PreTrainedToke
     tokenizer.padding_side = "left"
     tokenizer.chat_template = CHATML
     return tokenizer
+
+
+class RecordedLogs(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def tiny_judge(digits_split: bool) -> Judge:
@@ -221,8 +231,18 @@ def test_compiled_layers_match_the_eager_forward_and_compile_once_for_every_widt
     eager, compiled = tiny_judge(digits_split=False), tiny_judge(digits_split=False)
     torch._dynamo.reset()
     counters.clear()
-    compiled = Judge(compiled.tokenizer, compiled.model, batch_size=2, compiled=True,
-                     round_attention=layout != "rows", split_attention=layout == "causal")
+    restarts = RecordedLogs()  # Dynamo restarting its analysis: the trace paid twice in every process's set-up
+    tracer = logging.getLogger("torch._dynamo.convert_frame")
+    level = tracer.level
+    tracer.setLevel(logging.INFO)
+    tracer.addHandler(restarts)
+    try:
+        compiled = Judge(compiled.tokenizer, compiled.model, batch_size=2, compiled=True,
+                         round_attention=layout != "rows", split_attention=layout == "causal")
+    finally:
+        tracer.removeHandler(restarts)
+        tracer.setLevel(level)
+    assert not [m for m in restarts.messages if "Restarting analysis" in m], restarts.messages
     assert compiled.arithmetic != eager.arithmetic
     assert TransformersBackend(compiled, "tiny").cache_id("expected") != \
         TransformersBackend(eager, "tiny").cache_id("expected")

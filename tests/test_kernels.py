@@ -554,3 +554,35 @@ def test_gpu_matches_cpu_twin(sampler, scheme):
     for (value, integer), (want_value, want_integer) in zip(getattr(gpu, method)(texts), getattr(cpu, method)(texts)):
         assert_close(value, want_value, "score")
         np.testing.assert_array_equal(integer, want_integer)
+
+
+def test_cached_kernels_are_dropped_where_numba_keeps_them_when_a_source_they_inline_changes(tmp_path, monkeypatch):
+    """kernels/disk_cache.py: numba keys a cached kernel by its own file only, so a twin's cache is dropped when the
+    spec it inlines changes, in the folder numba really writes (beside the file, or under NUMBA_CACHE_DIR: a real
+    numba compile in a subprocess says where), and kept while the sources are the same."""
+    from mmw.kernels.disk_cache import cache_folders, drop_stale
+
+    here = tmp_path / "kernels"
+    here.mkdir()
+    (here / "cpu.py").write_text("from numba import njit\n\n\n@njit(cache=True)\ndef twice(x):\n    return 2 * x\n")
+    for name in ("stats.py", "prf.py"):
+        (here / name).write_text(f"# {name}\n")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+
+    def compile_twice() -> None:
+        subprocess.run([sys.executable, "-c", "import cpu; assert cpu.twice(3) == 6"], cwd=here, check=True)
+
+    compile_twice()
+    beside, user = cache_folders(here / "cpu.py")
+    assert list(user.glob("cpu.twice-*.nbi")) and not beside.exists()  # numba wrote under NUMBA_CACHE_DIR
+    drop_stale("cpu", here)  # never stamped: dropped
+    assert not list(user.glob("cpu.*.nb?"))
+    compile_twice()
+    (user / "cuda.other-1.py311.nbi").write_text("another twin")
+    drop_stale("cpu", here)  # the same sources: kept
+    assert list(user.glob("cpu.twice-*.nbi")) and list(user.glob("cpu.twice-*.nbc"))
+    (here / "stats.py").write_text("# stats.py, changed\n")
+    drop_stale("cpu", here)  # the spec changed: dropped, the other twin's kept
+    assert not list(user.glob("cpu.*.nb?")) and (user / "cuda.other-1.py311.nbi").exists()
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    assert cache_folders(here / "cpu.py") == [beside]

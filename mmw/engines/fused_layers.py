@@ -17,11 +17,12 @@ Measured on one H200 (bench/results/gpu.md): 749 kernels a step instead of 1,492
 1.31 ms, a step 19.7 -> 16.6-16.8 ms. The attention, the cache writes, the residual additions and the matrix products
 are transformers' own code, untouched, so the patch does not depend on how a transformers version writes its
 attention forward, and a model without these pieces runs as it is. The modules' parameters are graph inputs
-(Dynamo's default ``inline_inbuilt_nn_modules``), so one compiled graph serves every layer. Each distinct shape (a
-batch's prefill, its decoding step) compiles a static graph once and later batches of that shape reuse it
-(``dynamic=False``, as in the measurement above. With torch's default, automatic dynamic shapes, the machine's first
-process decoded no faster fused than unfused: 22.0 s against 20.6 s of decode loop, one H200; a later process 17.9
-s). Past Dynamo's recompile limit a new shape runs transformers' code unfused, which computes the same.
+(Dynamo's default ``inline_inbuilt_nn_modules``), so one compiled graph serves every layer. Each distinct decoding
+step's shape compiles a static graph once and later batches of that shape reuse it (``dynamic=False``, as in the
+measurement above. With torch's default, automatic dynamic shapes, the machine's first process decoded no faster
+fused than unfused: 22.0 s against 20.6 s of decode loop, one H200; a later process 17.9 s). A batch's prefill, run
+once, stays eager (``mmw.engines.graph_decode``). Past Dynamo's recompile limit a new shape runs transformers'
+code unfused, which computes the same.
 
 The patches are class and module attributes, so they hold only inside the context and are put back after it (the
 judge, a greedy rating or another role sharing the classes runs transformers' code as always). The tokens keep their

@@ -104,10 +104,14 @@ class _Decoder:
         self.input_ids, self.attention_mask = input_ids, attention_mask
 
     def prefill_scores(self) -> torch.Tensor:
-        """The prompt's forward; float32 [B, V] logits of its last position."""
-        out = self.model(input_ids=self.input_ids, attention_mask=self.attention_mask,
-                         position_ids=self.prompt_positions, past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1)
+        """The prompt's forward; float32 [B, V] logits of its last position. Eager whatever is compiled around it
+        (params ``engine.fuse_layers``): it runs once a batch, and compiling the fused pieces for its shape cost
+        more than they could save (one H100, bench/results/gpu.md: the first prefill of a process took 3.4 s warm
+        and 9.6 s with cold caches against 0.45 s for a later one)."""
+        with torch.compiler.set_stance("force_eager"):
+            out = self.model(input_ids=self.input_ids, attention_mask=self.attention_mask,
+                             position_ids=self.prompt_positions, past_key_values=self.cache, use_cache=True,
+                             logits_to_keep=1)
         return out.logits[:, -1].to(copy=True, dtype=torch.float32)
 
     def choose(self, scores: torch.Tensor) -> None:
