@@ -31,6 +31,7 @@ compute the same tokens; tests/test_graph_decode.py compares it with transformer
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 
@@ -108,7 +109,7 @@ class _Decoder:
         (params ``engine.fuse_layers``): it runs once a batch, and compiling the fused pieces for its shape cost
         more than they could save (one H100, bench/results/gpu.md: the first prefill of a process took 3.4 s warm
         and 9.6 s with cold caches against 0.45 s for a later one)."""
-        with torch.compiler.set_stance("force_eager"):
+        with _eager():
             out = self.model(input_ids=self.input_ids, attention_mask=self.attention_mask,
                              position_ids=self.prompt_positions, past_key_values=self.cache, use_cache=True,
                              logits_to_keep=1)
@@ -139,6 +140,13 @@ class _Decoder:
 
     def any_unfinished(self) -> bool:
         return bool(self.unfinished.any())
+
+
+def _eager() -> contextlib.AbstractContextManager:
+    """Compiled functions run as their eager selves inside (``torch.compiler.set_stance``, torch >= 2.6; with an
+    older torch nothing changes: the prefill then runs the fused pieces too, the same computation)."""
+    stance = getattr(torch.compiler, "set_stance", None)
+    return stance("force_eager") if stance is not None else contextlib.nullcontext()
 
 
 def key_limit(prompt_len: int, done: int, cache_len: int, bounded: bool = True) -> int:

@@ -253,10 +253,13 @@ class CompiledLayers:
             # No duck sizing: two widths that happen to be equal in one batch (the attention's query and key
             # widths, rounded) must not be traced as one symbol, or another batch recompiles the layers.
             # The layer numbers as tensors: see __init__. Floats (the norms' epsilon, the attention's scale) as
-            # constants from the start: traced as symbols, Dynamo specialized them at the end and restarted its
-            # analysis, paying the trace twice in every process's set-up (the same graph, the same bits).
-            with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=numbered is None, specialize_float=True), \
-                    torch.fx.experimental._config.patch(use_duck_shape=False):
+            # constants from the start: traced as symbols (the default of recent torch), Dynamo specialized them at the
+            # end and restarted its analysis, paying the trace twice in every process's set-up (the same graph,
+            # the same bits).
+            dynamo = {"allow_unspec_int_on_nn_module": numbered is None}
+            if hasattr(torch._dynamo.config, "specialize_float"):
+                dynamo["specialize_float"] = True
+            with torch._dynamo.config.patch(**dynamo), torch.fx.experimental._config.patch(use_duck_shape=False):
                 for attention, _, number in numbered or ():
                     attention.layer_idx = number
                 yield
