@@ -18,7 +18,7 @@ from mmw.kernels.stats import (FIXED, SAMPLER_CODES, TAG_FIXED, anytime_text, ed
                                sum_prefix_text, text_seed, token_statistic)
 
 
-drop_stale("cpu")  # the shared spec changed since a cached kernel was compiled: compile it again
+drop_stale(__file__)  # the shared spec changed since a cached kernel was compiled: compile it again
 
 
 @njit(parallel=True, cache=True)

@@ -48,7 +48,7 @@ def available() -> bool:
 
 # Each kernel is compiled once per signature and machine and kept on disk (else numba compiles it again in every
 # process that detects on the GPU); dropped when the spec it inlines changes.
-drop_stale("cuda")
+drop_stale(__file__)
 
 
 # ---------------------------------------------------------------------------------------------------- kernels

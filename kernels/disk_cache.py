@@ -16,11 +16,10 @@ from pathlib import Path
 
 from mmw.kernels.stats import SAMPLER_CODES
 
-HERE = Path(__file__).resolve().parent
-
 
 def cache_folders(source: Path) -> list[Path]:
-    """Where numba may keep the cached kernels of ``source``: beside it, and under ``NUMBA_CACHE_DIR`` when set."""
+    """Where numba may keep the cached kernels of ``source`` (absolute, as imported: numba names the folder after the
+    path it imported the file by, links unresolved): beside it, and under ``NUMBA_CACHE_DIR`` when set."""
     folders = [source.parent / "__pycache__"]
     root = os.environ.get("NUMBA_CACHE_DIR")
     if root:
@@ -32,12 +31,14 @@ def cache_folders(source: Path) -> list[Path]:
     return folders
 
 
-def drop_stale(twin: str, here: Path = HERE) -> None:
-    """Drop ``twin``'s (``"cpu"`` or ``"cuda"``: the module name) cached kernels unless they were compiled from the
-    current ``{twin}.py``, ``stats.py``, ``prf.py`` and sampler codes; then stamp the folder with those."""
-    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in (f"{twin}.py", "stats.py", "prf.py"))
+def drop_stale(twin_file: str | Path) -> None:
+    """Drop the cached kernels of the twin module at ``twin_file`` (its ``__file__``) unless they were compiled from
+    the current twin, ``stats.py``, ``prf.py`` and sampler codes; then stamp the folder with those."""
+    source = Path(os.path.abspath(twin_file))
+    twin, here = source.stem, source.parent
+    digest = hashlib.sha256(b"".join((here / name).read_bytes() for name in (source.name, "stats.py", "prf.py"))
                             + repr(sorted(SAMPLER_CODES.items())).encode()).hexdigest()
-    for cache in cache_folders(here / f"{twin}.py"):
+    for cache in cache_folders(source):
         stamp = cache / f"{twin}.sources.sha256"
         try:
             if stamp.read_text() == digest:

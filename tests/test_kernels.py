@@ -558,31 +558,35 @@ def test_gpu_matches_cpu_twin(sampler, scheme):
 
 def test_cached_kernels_are_dropped_where_numba_keeps_them_when_a_source_they_inline_changes(tmp_path, monkeypatch):
     """kernels/disk_cache.py: numba keys a cached kernel by its own file only, so a twin's cache is dropped when the
-    spec it inlines changes, in the folder numba really writes (beside the file, or under NUMBA_CACHE_DIR: a real
-    numba compile in a subprocess says where), and kept while the sources are the same."""
+    spec it inlines changes, in the folder numba really writes (beside the file, or under NUMBA_CACHE_DIR, named
+    after the path the file was imported by: here through a link, as mmw/kernels links to kernels/; a real numba
+    compile in a subprocess says where), and kept while the sources are the same."""
     from mmw.kernels.disk_cache import cache_folders, drop_stale
 
-    here = tmp_path / "kernels"
-    here.mkdir()
-    (here / "cpu.py").write_text("from numba import njit\n\n\n@njit(cache=True)\ndef twice(x):\n    return 2 * x\n")
+    real = tmp_path / "kernels"
+    real.mkdir()
+    (real / "cpu.py").write_text("from numba import njit\n\n\n@njit(cache=True)\ndef twice(x):\n    return 2 * x\n")
     for name in ("stats.py", "prf.py"):
-        (here / name).write_text(f"# {name}\n")
+        (real / name).write_text(f"# {name}\n")
+    here = tmp_path / "linked"
+    here.symlink_to(real)
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
 
     def compile_twice() -> None:
-        subprocess.run([sys.executable, "-c", "import cpu; assert cpu.twice(3) == 6"], cwd=here, check=True)
+        subprocess.run([sys.executable, "-c", "import cpu; assert cpu.twice(3) == 6"], cwd=tmp_path, check=True,
+                       env={**os.environ, "PYTHONPATH": str(here)})  # imported by the link's path
 
     compile_twice()
     beside, user = cache_folders(here / "cpu.py")
     assert list(user.glob("cpu.twice-*.nbi")) and not beside.exists()  # numba wrote under NUMBA_CACHE_DIR
-    drop_stale("cpu", here)  # never stamped: dropped
+    drop_stale(here / "cpu.py")  # never stamped: dropped
     assert not list(user.glob("cpu.*.nb?"))
     compile_twice()
     (user / "cuda.other-1.py311.nbi").write_text("another twin")
-    drop_stale("cpu", here)  # the same sources: kept
+    drop_stale(here / "cpu.py")  # the same sources: kept
     assert list(user.glob("cpu.twice-*.nbi")) and list(user.glob("cpu.twice-*.nbc"))
-    (here / "stats.py").write_text("# stats.py, changed\n")
-    drop_stale("cpu", here)  # the spec changed: dropped, the other twin's kept
+    (real / "stats.py").write_text("# stats.py, changed\n")
+    drop_stale(here / "cpu.py")  # the spec changed: dropped, the other twin's kept
     assert not list(user.glob("cpu.*.nb?")) and (user / "cuda.other-1.py311.nbi").exists()
     monkeypatch.delenv("NUMBA_CACHE_DIR")
     assert cache_folders(here / "cpu.py") == [beside]
