@@ -14,7 +14,7 @@ from numba import njit, parallel_chunksize, prange
 
 from mmw.kernels.disk_cache import drop_stale
 from mmw.kernels.prf import prf
-from mmw.kernels.stats import (FIXED, SAMPLER_CODES, TAG_FIXED, anytime_text, edit_cell, fixed_seed, key_at, source_base,
+from mmw.kernels.stats import (FIXED, TAG_FIXED, anytime_text, edit_cell, fixed_seed, key_at, source_base,
                                sum_prefix_text, text_seed, token_statistic)
 
 

@@ -235,6 +235,12 @@ class CompiledLayers:
         # another int (layer_numbers None) every int is made symbolic, as before. The tensors are made once: a
         # copy from host memory in every batch would wait for the device's queue (as in Judge).
         numbers = layer_numbers(self.layers)
+        # Floats (the norms' epsilon, the attention's scale) as constants from the start: traced as symbols (the
+        # default of recent torch), Dynamo specialized them at the end and restarted its analysis, paying the trace
+        # twice in every process's set-up (the same graph, the same bits).
+        self._dynamo = {"allow_unspec_int_on_nn_module": numbers is None}
+        if hasattr(torch._dynamo.config, "specialize_float"):
+            self._dynamo["specialize_float"] = True
         self._numbered = None if numbers is None else [
             (attention, number, torch.tensor(number, device=next(attention.parameters()).device))
             for attention, number in numbers.items()]
@@ -252,14 +258,9 @@ class CompiledLayers:
         try:
             # No duck sizing: two widths that happen to be equal in one batch (the attention's query and key
             # widths, rounded) must not be traced as one symbol, or another batch recompiles the layers.
-            # The layer numbers as tensors: see __init__. Floats (the norms' epsilon, the attention's scale) as
-            # constants from the start: traced as symbols (the default of recent torch), Dynamo specialized them at the
-            # end and restarted its analysis, paying the trace twice in every process's set-up (the same graph,
-            # the same bits).
-            dynamo = {"allow_unspec_int_on_nn_module": numbered is None}
-            if hasattr(torch._dynamo.config, "specialize_float"):
-                dynamo["specialize_float"] = True
-            with torch._dynamo.config.patch(**dynamo), torch.fx.experimental._config.patch(use_duck_shape=False):
+            # The layer numbers as tensors and the floats as constants: see __init__.
+            with torch._dynamo.config.patch(**self._dynamo), \
+                    torch.fx.experimental._config.patch(use_duck_shape=False):
                 for attention, _, number in numbered or ():
                     attention.layer_idx = number
                 yield
