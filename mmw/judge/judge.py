@@ -506,6 +506,10 @@ class Judge:
         written right after the row. When every row begins with the judge's :attr:`head`, the head comes from a
         shared key/value cache and only the rest of each row (left-padded) is computed.
         """
+        if self._compiled is not None and len(sequences) == 1:
+            # A batch of one row (a group's remainder) would recompile the layers (~5 s on a GPU): Dynamo fixes a
+            # dimension of size 1 in its graph. The row twice, the copy's logits dropped, runs the shared graph.
+            return self.node_logits([sequences[0], sequences[0]])[:1]
         head = len(self.head) if all(len(s) > len(self.head) and tuple(s[:len(self.head)]) == self.head
                                      for s in sequences) else 0
         if self._splits and max(map(len, sequences)) > head + 1:
