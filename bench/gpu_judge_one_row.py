@@ -20,14 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import typer
-from gpu_judge_plan import stand_in_judge_model, stand_in_rows  # bench/ is run as scripts, not a package
+from gpu_judge_plan import stand_in_judge_model, stand_in_rows, sync  # bench/ is run as scripts, not a package
 
 from mmw.judge.judge import Judge
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def main(tokenizer: Path = typer.Option(...), texts: int = 16, tokens: int = 1024, batch: int = 16,
