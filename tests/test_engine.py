@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from mmw.engines.generate import generate, generate_table, row_seed
-from mmw.engines.models import load_model
+from mmw.engines.models import load_model, start_compile_workers
 from mmw.errors import SpecError
 
 WORDS = "the a cat dog sat ran on under mat tree red big small and then quickly slowly it was very".split()
@@ -274,6 +274,19 @@ def test_bad_engine_arguments_name_the_parameter(tiny):
         generate(model, tokenizer, chats, SeededSampler, 4, 0, prompt_ids=ids, progress=False)
     with pytest.raises(ValueError, match="prompt_ids"):
         generate(model, tokenizer, chats, SeededSampler, 4, 1, prompt_ids=ids[:1], progress=False)
+
+
+def test_compile_workers_start_early_on_cuda_only(monkeypatch):
+    """The stages that compile on a GPU start Inductor's workers before their model's load; on a CPU nothing
+    starts."""
+    from torch._inductor import async_compile
+
+    started = []
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: started.append(True))
+    start_compile_workers(torch.device("cpu"))
+    assert started == []
+    start_compile_workers(torch.device("cuda", 0))
+    assert started == [True]
 
 
 @pytest.mark.parametrize(
