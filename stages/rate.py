@@ -50,13 +50,13 @@ def load_backend(rate: RateParams, want_expected: bool, compile_judge: bool = Tr
         from mmw.judge.backends import VLLMBackend
 
         return VLLMBackend(rate.judge, rate.dtype, rate.max_new_tokens), ""
-    from mmw.engines.models import load_model, resolve_device, start_compile_workers
+    from mmw.engines.models import load_model, start_compile_workers
     from mmw.judge.judge import Judge
     from mmw.judge.backends import TransformersBackend
 
     try:
         if want_expected and compile_judge:  # the judge's layers compile on a GPU
-            start_compile_workers(resolve_device(rate.device))
+            start_compile_workers(rate.device)
         tokenizer, model = load_model(rate.judge, rate.device, rate.dtype)
     except SpecError as err:  # the loader names model.name, but this is the judge
         raise SpecError("rate.judge", err.problem, err.allowed) from None

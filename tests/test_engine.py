@@ -283,9 +283,9 @@ def test_compile_workers_start_early_on_cuda_only(monkeypatch):
 
     started = []
     monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: started.append(True))
-    start_compile_workers(torch.device("cpu"))
+    start_compile_workers("cpu")
     assert started == []
-    start_compile_workers(torch.device("cuda", 0))
+    start_compile_workers("cuda:0")
     assert started == [True]
 
 
