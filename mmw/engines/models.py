@@ -94,12 +94,13 @@ def resolve_device(device: str) -> torch.device:
 
 
 def start_compile_workers(device: str) -> None:
-    """On CUDA (``device`` as :func:`resolve_device` reads it), start Inductor's compile workers now, so that they come up while the model loads. torch starts them
-    at a process's first compilation and, until they are ready, compiles each Triton kernel in the main process, one
-    after another: with fresh compiler caches that is the first stage to compile paying for its kernels serially.
-    Called by the stages that compile on a GPU (generation, the compiled judge) before their model's load. Nothing
-    computes differently: the workers compile the same kernels. Elsewhere (a CPU, a torch without the hook) it does
-    nothing, and torch starts them at the first compilation, as before."""
+    """On CUDA (``device`` as :func:`resolve_device` reads it), start Inductor's compile workers now, so that they
+    come up while the model loads. torch starts them at a process's first compilation and, until they are ready,
+    compiles each Triton kernel in the main process, one after another: with fresh compiler caches that is the first
+    stage to compile paying for its kernels serially. Called by the stages that compile on a GPU (generation, the
+    compiled judge) before their model's load. Nothing computes differently: the workers compile the same kernels.
+    Elsewhere (a CPU, a torch without the hook) it does nothing, and torch starts them at the first compilation, as
+    before."""
     if resolve_device(device).type != "cuda":
         return
     try:
