@@ -98,9 +98,9 @@ def start_compile_workers(device: str) -> None:
     come up while the model loads. torch starts them at a process's first compilation and, until they are ready,
     compiles each Triton kernel in the main process, one after another: with fresh compiler caches that is the first
     stage to compile paying for its kernels serially. Called by the stages that compile on a GPU (generation, the
-    compiled judge) before their model's load. Nothing computes differently: the workers compile the same kernels.
-    Elsewhere (a CPU, a torch without the hook) it does nothing, and torch starts them at the first compilation, as
-    before."""
+    compiled judge) before their model's load. It can change what the compiled generator computes: on one H100 the texts
+    differed from those made without it, the same in every run of either (bench/results/gpu.md). Elsewhere (a CPU,
+    a torch without the hook) it does nothing, and torch starts them at the first compilation, as before."""
     if resolve_device(device).type != "cuda":
         return
     try:
