@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from mmw.engines.generate import generate_table
-from mmw.engines.models import load_model, start_compile_workers
+from mmw.engines.models import compile_workers_up, load_model
 from mmw.io import GENERATIONS, PROMPTS, read_table
 from mmw.keys import key_fingerprint, resolve_key
 from mmw.params import load_params
@@ -55,8 +55,8 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
             return
         prompts = read_table(PROMPTS)
         loading = time.perf_counter()
-        start_compile_workers(params.model.device)  # the decoding step compiles on a GPU
-        tokenizer, model = load_model(params.model.name, params.model.device, params.model.dtype)
+        with compile_workers_up(params.model.device):  # the decoding step compiles on a GPU
+            tokenizer, model = load_model(params.model.name, params.model.device, params.model.dtype)
         info["load_s"] = round(time.perf_counter() - loading, 3)  # ~0 where a warm process shares its load
         vocab_size = generator_vocab_size(tokenizer, model)
         temperature = params.model.temperature

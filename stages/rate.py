@@ -50,14 +50,13 @@ def load_backend(rate: RateParams, want_expected: bool, compile_judge: bool = Tr
         from mmw.judge.backends import VLLMBackend
 
         return VLLMBackend(rate.judge, rate.dtype, rate.max_new_tokens), ""
-    from mmw.engines.models import load_model, start_compile_workers
+    from mmw.engines.models import compile_workers_up, load_model
     from mmw.judge.judge import Judge
     from mmw.judge.backends import TransformersBackend
 
     try:
-        if want_expected and compile_judge:  # the judge's layers compile on a GPU
-            start_compile_workers(rate.device)
-        tokenizer, model = load_model(rate.judge, rate.device, rate.dtype)
+        with compile_workers_up(rate.device, enabled=want_expected and compile_judge):  # the judge's layers compile
+            tokenizer, model = load_model(rate.judge, rate.device, rate.dtype)
     except SpecError as err:  # the loader names model.name, but this is the judge
         raise SpecError("rate.judge", err.problem, err.allowed) from None
     # The compiled forward serves the expected mode only: a greedy-only judge does not pay its compilation.

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from mmw.engines.generate import generate, generate_table, row_seed
-from mmw.engines.models import load_model, start_compile_workers
+from mmw.engines.models import compile_workers_up, load_model
 from mmw.errors import SpecError
 
 WORDS = "the a cat dog sat ran on under mat tree red big small and then quickly slowly it was very".split()
@@ -276,17 +276,67 @@ def test_bad_engine_arguments_name_the_parameter(tiny):
         generate(model, tokenizer, chats, SeededSampler, 4, 1, prompt_ids=ids[:1], progress=False)
 
 
-def test_compile_workers_start_early_on_cuda_only(monkeypatch):
-    """The stages that compile on a GPU start Inductor's workers before their model's load; on a CPU nothing
-    starts."""
+class _Ready:
+    """A stand-in for the future torch sets when the compile workers are asked for."""
+
+    def __init__(self, events: list[str], error: Exception | None = None) -> None:
+        self.events, self.error = events, error
+
+    def result(self, timeout: float | None = None):
+        self.events.append(f"wait {timeout:g}")
+        if self.error is not None:
+            raise self.error
+        return "ready"
+
+
+def _fake_workers(monkeypatch, events: list[str], error: Exception | None = None, off: bool = False) -> None:
     from torch._inductor import async_compile
 
-    started = []
-    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: started.append(True))
-    start_compile_workers("cpu")
-    assert started == []
-    start_compile_workers("cuda:0")
-    assert started == [True]
+    monkeypatch.setattr(async_compile.AsyncCompile, "_ready_future", None)
+
+    def warm() -> None:
+        events.append("start")
+        if not off:  # TORCH_WARM_POOL=0 / one compile thread: torch returns without asking for workers
+            async_compile.AsyncCompile._ready_future = _Ready(events, error)
+
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", warm)
+
+
+def test_compile_workers_start_before_the_load_and_are_waited_for_after_it_on_cuda_only(monkeypatch):
+    """On CUDA the workers start as the block (a model's load) begins and are waited for as it ends, so every kernel
+    compiled afterwards compiles in a worker; on a CPU, or when not enabled, nothing starts and nothing waits."""
+    events: list[str] = []
+    _fake_workers(monkeypatch, events)
+    with compile_workers_up("cpu"):
+        events.append("load")
+    with compile_workers_up("cuda:0", enabled=False):
+        events.append("load")
+    assert events == ["load", "load"]
+    events.clear()
+    with compile_workers_up("cuda:0"):
+        events.append("load")
+    assert events == ["start", "load", "wait 60"]
+
+
+def test_compile_workers_that_are_off_or_fail_leave_the_stage_going(monkeypatch, caplog):
+    """Workers turned off are not waited for; workers that do not come up are logged, not raised; a load that fails
+    propagates without a wait."""
+    events: list[str] = []
+    _fake_workers(monkeypatch, events, off=True)
+    with compile_workers_up("cuda"):
+        events.append("load")
+    assert events == ["start", "load"]
+    events.clear()
+    _fake_workers(monkeypatch, events, error=TimeoutError("slow"))
+    with caplog.at_level("WARNING", logger="mmw.engines.models"), compile_workers_up("cuda"):
+        events.append("load")
+    assert events == ["start", "load", "wait 60"]
+    assert "compile workers did not come up (TimeoutError: slow)" in caplog.text
+    events.clear()
+    _fake_workers(monkeypatch, events)
+    with pytest.raises(SpecError, match="model.name"), compile_workers_up("cuda"):
+        raise SpecError("model.name", "no such model", "a model folder")
+    assert events == ["start"]
 
 
 @pytest.mark.parametrize(

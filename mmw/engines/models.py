@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -93,21 +94,45 @@ def resolve_device(device: str) -> torch.device:
         raise SpecError("model.device", f"unknown device {device!r} ({err})", "auto, cpu, cuda, cuda:N") from None
 
 
-def start_compile_workers(device: str) -> None:
-    """On CUDA (``device`` as :func:`resolve_device` reads it), start Inductor's compile workers now, so that they
-    come up while the model loads. torch starts them at a process's first compilation and, until they are ready,
-    compiles each Triton kernel in the main process, one after another: with fresh compiler caches that is the first
-    stage to compile paying for its kernels serially. Called by the stages that compile on a GPU (generation, the
-    compiled judge) before their model's load. It can change what the compiled generator computes: on one H100 the texts
-    differed from those made without it, the same in every run of either (bench/results/gpu.md). Elsewhere (a CPU,
-    a torch without the hook) it does nothing, and torch starts them at the first compilation, as before."""
-    if resolve_device(device).type != "cuda":
+#: Seconds a stage waits for Inductor's compile workers after its model's load before it compiles without them.
+COMPILE_WORKERS_PATIENCE_S = 60.0
+
+
+@contextmanager
+def compile_workers_up(device: str, enabled: bool = True) -> Iterator[None]:
+    """On CUDA (``device`` as :func:`resolve_device` reads it), start Inductor's compile workers as the block begins
+    (a model's load) and wait for them as it ends, so that every Triton kernel the stage compiles after the block
+    compiles in a worker.
+
+    Why start early: torch starts the workers at a process's first compilation and, until they are ready, compiles
+    each kernel in the main process, one after another: with fresh compiler caches the first stage to compile paid
+    for its kernels serially. Why wait: where a kernel compiles changes what it computes (on one H100 the generated
+    texts from kernels compiled in the main process differ from those from the workers, each the same in every run;
+    bench/results/gpu.md), so which kernels the workers get must not hang on how fast they come up. Elsewhere (a
+    CPU, ``enabled`` false, a torch without the hooks, workers turned off by ``TORCHINDUCTOR_COMPILE_THREADS=1``
+    or ``TORCH_WARM_POOL=0``) the block runs alone and torch compiles as it would; workers that do not come up
+    within :data:`COMPILE_WORKERS_PATIENCE_S` are logged and the stage goes on without waiting longer."""
+    pool = None
+    if enabled and resolve_device(device).type == "cuda":
+        try:
+            from torch._inductor.async_compile import AsyncCompile, maybe_warm_pool
+        except ImportError:
+            pass
+        else:
+            maybe_warm_pool()
+            pool = AsyncCompile
+    yield
+    ready = getattr(pool, "_ready_future", None)  # set once the workers were asked for (not where they are off)
+    if ready is None:
         return
+    waited = time.perf_counter()
     try:
-        from torch._inductor.async_compile import maybe_warm_pool
-    except ImportError:
+        ready.result(timeout=COMPILE_WORKERS_PATIENCE_S)
+    except Exception as err:  # noqa: BLE001 - a pool that fails to start leaves torch compiling in this process
+        log.warning("Inductor's compile workers did not come up (%s: %s); kernels compile in the main process "
+                    "until they do", type(err).__name__, err)
         return
-    maybe_warm_pool()
+    log.info("Inductor's compile workers ready after the load (waited %.2f s)", time.perf_counter() - waited)
 
 
 def vllm_enforce_eager(device: str = "auto") -> bool:

@@ -48,7 +48,7 @@ from typing import Any
 import polars as pl
 import yaml
 
-from mmw.engines.models import load_model, shared_loads, start_compile_workers
+from mmw.engines.models import compile_workers_up, load_model, shared_loads
 from mmw.errors import SpecError
 from mmw.io import PROMPTS, read_table, write_table
 from mmw.keys import resolve_key
@@ -254,8 +254,8 @@ class PackedExecutor:
         decode_rows = self.decode_rows or model_params.batch_size
         if decode_rows // max(min(prompts.height, model_params.batch_size), 1) < 2:
             return {}  # a batch already fills a decode: each configuration's own (resumable) stage does the same
-        start_compile_workers(model_params.device)  # the decoding step compiles on a GPU
-        tokenizer, model = load_model(model_params.name, model_params.device, model_params.dtype)
+        with compile_workers_up(model_params.device):  # the decoding step compiles on a GPU
+            tokenizer, model = load_model(model_params.name, model_params.device, model_params.dtype)
         vocab_size = generator_vocab_size(tokenizer, model)
 
         def factory(spec: SchemeSpec, key: int):
