@@ -25,5 +25,8 @@ for spec in "$@"; do
       && ln -s /tmp/models/llama3-8b "/tmp/mmw-full-$label/models/llama3-8b"
   fi
   rm -f "$OUT/$label/summary.md" "$OUT/$label/metrics.json"  # at most 8 files come back a call
+  # The texts' token counts, baseline / watermarked: equal runs of one tree must print the same pair.
+  python3 -c "import json, sys; t = {s['stage']: s.get('timing', {}).get('tokens') for s in json.load(open(sys.argv[1]))['stages']}
+print('== tokens', t.get('generate_baseline'), '/', t.get('generate_watermarked'))" "$OUT/$label/gpu_fullscale.json" || true
 done
 echo "== $(date +%T) done"
