@@ -141,6 +141,12 @@ class EngineParams(Section):
     # The judge's decoder layers through torch.compile for its expected-mode forward (false: eager).
     compile_judge: bool = allowed("true or false", default=True)
 
+    @property
+    def compiles_generation(self) -> bool:
+        """Whether generation on CUDA compiles anything: the watermark step, or inside mmw's own loop the fused
+        layers or flex attention (the stage then starts and waits for Inductor's compile workers)."""
+        return self.compile_step or (self.static_decode and (self.fuse_layers or self.decode_attention == "flex"))
+
 
 class _Seed(Section):
     seed: Integer = allowed("an integer >= 0", ge=0)

@@ -55,7 +55,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
             return
         prompts = read_table(PROMPTS)
         loading = time.perf_counter()
-        with compile_workers_up(params.model.device):  # the decoding step compiles on a GPU
+        with compile_workers_up(params.model.device, enabled=params.engine.compiles_generation):
             tokenizer, model = load_model(params.model.name, params.model.device, params.model.dtype)
         info["load_s"] = round(time.perf_counter() - loading, 3)  # ~0 where a warm process shares its load
         vocab_size = generator_vocab_size(tokenizer, model)

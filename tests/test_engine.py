@@ -318,6 +318,20 @@ def test_compile_workers_start_before_the_load_and_are_waited_for_after_it_on_cu
     assert events == ["start", "load", "wait 60"]
 
 
+@pytest.mark.parametrize(("switches", "compiles"), [
+    ({}, True),
+    ({"compile_step": False}, True),  # the fused layers and flex attention in mmw's loop
+    ({"compile_step": False, "fuse_layers": False}, True),  # flex attention alone
+    ({"compile_step": False, "fuse_layers": False, "decode_attention": "efficient"}, False),
+    ({"compile_step": False, "static_decode": False}, False),  # transformers' generate, the step eager
+    ({"static_decode": False}, True),
+])
+def test_generation_waits_for_compile_workers_only_where_a_switch_compiles(switches, compiles):
+    from mmw.params import EngineParams
+
+    assert EngineParams(**switches).compiles_generation is compiles
+
+
 def test_compile_workers_that_are_off_or_fail_leave_the_stage_going(monkeypatch, caplog):
     """Workers turned off are not waited for; workers that do not come up are logged, not raised; a load that fails
     propagates without a wait."""

@@ -254,7 +254,7 @@ class PackedExecutor:
         decode_rows = self.decode_rows or model_params.batch_size
         if decode_rows // max(min(prompts.height, model_params.batch_size), 1) < 2:
             return {}  # a batch already fills a decode: each configuration's own (resumable) stage does the same
-        with compile_workers_up(model_params.device):  # the decoding step compiles on a GPU
+        with compile_workers_up(model_params.device, enabled=settings.compiles_generation):
             tokenizer, model = load_model(model_params.name, model_params.device, model_params.dtype)
         vocab_size = generator_vocab_size(tokenizer, model)
 
