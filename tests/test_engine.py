@@ -282,6 +282,9 @@ class _Ready:
     def __init__(self, events: list[str], error: Exception | None = None) -> None:
         self.events, self.error = events, error
 
+    def done(self) -> bool:
+        return False
+
     def result(self, timeout: float | None = None):
         self.events.append(f"wait {timeout:g}")
         if self.error is not None:

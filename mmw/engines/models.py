@@ -122,12 +122,12 @@ def compile_workers_up(device: str, enabled: bool = True) -> Iterator[None]:
             maybe_warm_pool()
             pool = AsyncCompile
     yield
-    ready = getattr(pool, "_ready_future", None)  # set once the workers were asked for (not where they are off)
-    if ready is None:
+    # torch's own wait would start the workers where maybe_warm_pool chose not to: wait only once they were asked for
+    if getattr(pool, "_ready_future", None) is None:
         return
     waited = time.perf_counter()
     try:
-        ready.result(timeout=COMPILE_WORKERS_PATIENCE_S)
+        pool.wait_pool_ready(timeout=COMPILE_WORKERS_PATIENCE_S)
     except Exception as err:  # noqa: BLE001 - a pool that fails to start leaves torch compiling in this process
         log.warning("Inductor's compile workers did not come up (%s: %s); kernels compile in the main process "
                     "until they do", type(err).__name__, err)
