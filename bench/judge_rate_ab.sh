@@ -11,13 +11,15 @@ mkdir -p "$OUT"
 python3 bench/gpu_fullscale.py --params params-full.yaml --random-weights llama3-8b --tokenizer "$TOK" \
   --workdir "$W" --set model.batch_size=296 --set rate.batch_size=16 \
   --stages key,low_entropy_inputs,prompts,generate_baseline --out "$OUT" --timeout-s 240
+SITE=$(PYTHONPATH=bench python3 -c "import sys; from pathlib import Path; from gpu_fullscale import site_folder
+print(site_folder(Path(sys.argv[1])))" "$W")
 cd "$W"
-export PYTHONPATH=$W/site:${PYTHONPATH:-} MMW_CACHE_DIR=$W/cache HF_HUB_OFFLINE=1 \
+export PYTHONPATH=$SITE:${PYTHONPATH:-} MMW_CACHE_DIR=$W/cache HF_HUB_OFFLINE=1 \
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 i=0
 for tree in "$BASE" "$NEW" "$BASE" "$NEW"; do
   i=$((i+1))
-  cp "$tree/mmw/judge.py" "$tree/mmw/judge_backends.py" "$W/site/mmw/"
+  cp "$tree/mmw/judge/judge.py" "$tree/mmw/judge/backends.py" "$SITE/mmw/judge/"
   rm -rf "$W/cache/judgements"
   s=$(date +%s%N)
   python3 -m mmw rate baseline > "$OUT/rate_$i.log" 2>&1; rc=$?
