@@ -106,12 +106,13 @@ def compile_workers_up(device: str, enabled: bool = True) -> Iterator[None]:
 
     Why start early: torch starts the workers at a process's first compilation and, until they are ready, compiles
     each kernel in the main process, one after another: with fresh compiler caches the first stage to compile paid
-    for its kernels serially. Why wait: where a kernel compiles changes what it computes (on one H100 the generated
-    texts from kernels compiled in the main process differ from those from the workers, each the same in every run;
-    bench/results/gpu.md), so which kernels the workers get must not hang on how fast they come up. Elsewhere (a
-    CPU, ``enabled`` false, a torch without the hooks, workers turned off by ``TORCHINDUCTOR_COMPILE_THREADS=1``
-    or ``TORCH_WARM_POOL=0``) the block runs alone and torch compiles as it would; workers that do not come up
-    within :data:`COMPILE_WORKERS_PATIENCE_S` are logged and the stage goes on without waiting longer."""
+    for its kernels serially. Why wait: a generator whose kernels compiled while the workers were coming up
+    generated other texts than one whose kernels all compiled in the main process or all in the workers (on one
+    H100, each the same in every run; bench/results/gpu.md), so the texts must not hang on how fast they come up.
+    Elsewhere (a CPU, ``enabled`` false, a torch without the hooks, workers turned off by
+    ``TORCHINDUCTOR_COMPILE_THREADS=1`` or ``TORCH_WARM_POOL=0``) the block runs alone and torch compiles as it
+    would; workers that do not come up within :data:`COMPILE_WORKERS_PATIENCE_S` are logged and the stage goes on
+    without waiting longer."""
     pool = None
     if enabled and resolve_device(device).type == "cuda":
         try:
