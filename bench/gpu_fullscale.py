@@ -182,6 +182,9 @@ def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
            "MMW_CACHE_DIR": os.environ.get("MMW_CACHE_DIR", str(workdir / "cache")), "HF_HUB_OFFLINE": "1",
            "PYTHONUNBUFFERED": "1",
+           # numba's kernels cached beside the work folders unless the caller names a folder (the A/B script names
+           # one per cache state): in the package copy's own __pycache__ each run's fresh copy would drop them.
+           "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", str(workdir.resolve().parent / "mmw-numba")),
            # HF's DynamicCache grows by concatenation every step: without expandable segments a 296-row batch
            # fragments the allocator into an out-of-memory long before the cache fills the card.
            "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")}
