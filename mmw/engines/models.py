@@ -106,9 +106,9 @@ def compile_workers_up(device: str, enabled: bool = True) -> Iterator[None]:
 
     Why start early: torch starts the workers at a process's first compilation and, until they are ready, compiles
     each kernel in the main process, one after another: with fresh compiler caches the first stage to compile paid
-    for its kernels serially. Why wait: a generator whose kernels compiled while the workers were coming up
-    generated other texts than one whose kernels all compiled in the main process or all in the workers (on one
-    H100, each the same in every run; bench/results/gpu.md), so the texts must not hang on how fast they come up.
+    for its kernels serially. Why wait: a kernel compiled while they come up compiles in the main process, serially
+    again, and a stage whose compile time hangs on how fast a pool starts is harder to measure (the wait itself cost
+    nothing measurable on H100s; bench/results/gpu.md).
     Elsewhere (a CPU, ``enabled`` false, a torch without the hooks, workers turned off by
     ``TORCHINDUCTOR_COMPILE_THREADS=1`` or ``TORCH_WARM_POOL=0``) the block runs alone and torch compiles as it
     would; workers that do not come up within :data:`COMPILE_WORKERS_PATIENCE_S` are logged and the stage goes on
