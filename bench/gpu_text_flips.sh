@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Do fresh compiler caches on one machine give the same texts? The baseline generation (296 prompts x NEW tokens)
 # of the tree .gpu/TREE, ROUNDS times with Inductor's deterministic mode off and on (TORCHINDUCTOR_DETERMINISTIC),
-# each run with caches of its own (a cold compile), interleaved; prints a digest of the generated token ids a run:
+# each run with caches of its own (a cold compile), interleaved; prints a digest of the generated token ids a run
+# (also in $OUT/digests.txt) and adds each run's Inductor cache manifest to $OUT/manifests.json, for
+# `python bench/inductor_cache_diff.py diff manifests.json flip01 flip02` between runs whose digests differ:
 #   bash bench/gpu_text_flips.sh TREE ROUNDS [NEW] | grep --line-buffered "^=="   (a cut-off call keeps its lines)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 tree=$1; rounds=$2; new=${3:-128}
+root=$PWD
 cd ".gpu/$tree" || exit 1
 [ -e .gpu ] || ln -sfn .. .gpu
 S=key,low_entropy_inputs,prompts,generate_baseline
@@ -27,7 +30,8 @@ for i in $(seq 1 "$rounds"); do
 import hashlib, sys, polars as pl
 t = pl.read_parquet(sys.argv[1]); col = 'tokens' if 'tokens' in t.columns else 'text'
 print('== deterministic', sys.argv[2], 'round', sys.argv[3], 'tokens', int(t['n_tokens'].sum()),
-      'digest', hashlib.sha256(str(t[col].to_list()).encode()).hexdigest()[:16])" "$f" "$mode" "$i" \
-      || tail -5 "/tmp/$label.log"
+      'digest', hashlib.sha256(str(t[col].to_list()).encode()).hexdigest()[:16], sys.argv[4])" "$f" "$mode" "$i" \
+      "$label" | tee -a "$OUT/digests.txt" || tail -5 "/tmp/$label.log"
+    python3 "$root/bench/inductor_cache_diff.py" manifest "$c/inductor" "$label" "$OUT/manifests.json"
   done
 done
