@@ -7,7 +7,8 @@
 # a CACHE name not used before on the machine is a cold run, one used before a warm run. STAGES (comma-separated,
 # gpu_fullscale.py --stages) runs only those stages, e.g. key,low_entropy_inputs,prompts,generate_baseline. Every
 # run reads the same random-init generator folder (built by the first). .gpu/ holds whl/, prt.tar.xz and tok.tar.xz as
-# bench/gpu_fullscale_h200.sh says; the results land in $OUT/LABEL/gpu_fullscale.json.
+# bench/gpu_fullscale_h200.sh says; the results land in $OUT/LABEL/gpu_fullscale.json. MMW_BENCH_ARGS: more
+# gpu_fullscale.py arguments for every run (split on spaces), e.g. "--set model.max_new_tokens=128".
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 root=$PWD
@@ -21,7 +22,7 @@ for spec in "$@"; do
   echo "== $(date +%T) tree $tree, label $label, caches /tmp/cache-$cache ($state)"
   TORCHINDUCTOR_CACHE_DIR=/tmp/cache-$cache/inductor TRITON_CACHE_DIR=/tmp/cache-$cache/triton \
     CUDA_CACHE_PATH=/tmp/cache-$cache/nv NUMBA_CACHE_DIR=/tmp/cache-$cache/numba MMW_BENCH_SPLIT=1 bash bench/gpu_fullscale_h200.sh "$label" "" --in-process \
-    ${stages:+--stages "$stages"}
+    ${stages:+--stages "$stages"} ${MMW_BENCH_ARGS:-}
   if [ ! -d /tmp/models/llama3-8b ] && [ -d "/tmp/mmw-full-$label/models/llama3-8b" ]; then
     mkdir -p /tmp/models && mv "/tmp/mmw-full-$label/models/llama3-8b" /tmp/models/ \
       && ln -s /tmp/models/llama3-8b "/tmp/mmw-full-$label/models/llama3-8b"
