@@ -12,11 +12,14 @@ cache; a name in one cache only is code the other did not generate. Nothing here
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 #: Keys of a ``.best_config`` that differ between caches without a different choice.
 VARYING = frozenset({"found_by_coordesc", "time_taken_ms", "triton_cache_hash"})
+#: Inductor's names for reduction kernels (looped and persistent).
+REDUCTION = re.compile(r"triton_(red|per)_")
 
 
 def manifest(cache: Path) -> dict[str, dict[str, object]]:
@@ -26,11 +29,16 @@ def manifest(cache: Path) -> dict[str, dict[str, object]]:
     for path in sorted(cache.rglob("*.py")):
         text = path.read_text(errors="replace")
         kind = "triton" if "@triton.jit" in text else "graph" if "def call(" in text else "other"
-        best = path.with_suffix(".best_config")
-        config = json.loads(best.read_text()) if best.is_file() else None
+        # Inductor keeps a kernel's timed settings beside it, named by a hash of the kernel's file name and torch's
+        # own sources: paired here where the folder holds this one kernel (as every folder of the probed caches did).
+        timed = sorted(path.parent.glob("*.best_config"))
+        kernels = [p for p in path.parent.glob("*.py") if "@triton.jit" in p.read_text(errors="replace")]
+        config = json.loads(timed[0].read_text()) if kind == "triton" and len(timed) == 1 and kernels == [path] \
+            else None
         if isinstance(config, dict):  # the timing itself and the file's own hashes differ run to run
             config = {k: v for k, v in config.items() if k not in VARYING}
-        entries[path.name] = {"kind": kind, "best_config": config}
+        kernel = re.search(r"def (triton_\w+)\(", text) if kind == "triton" else None
+        entries[path.name] = {"kind": kind, "best_config": config, "kernel": kernel.group(1) if kernel else None}
     return entries
 
 
@@ -44,7 +52,9 @@ def diff(a: dict[str, dict[str, object]], b: dict[str, dict[str, object]]) -> li
         lines += [f"  {n} ({left[n]['kind']})" for n in names]
     settled = [n for n in sorted(set(a) & set(b)) if a[n]["best_config"] != b[n]["best_config"]]
     lines.append(f"in both, timed settings differ: {len(settled)} of {len(set(a) & set(b))}")
-    lines += [f"  {n}: {a[n]['best_config']} | {b[n]['best_config']}" for n in settled]
+    # A reduction's settings (triton_red_*, triton_per_*) set the order its sums run in; a pointwise kernel's do not.
+    lines += [f"  {n} {a[n].get('kernel') or ''}{' (a reduction)' if REDUCTION.match(a[n].get('kernel') or '') else ''}"
+              f": {a[n]['best_config']} | {b[n]['best_config']}" for n in settled]
     return lines
 
 

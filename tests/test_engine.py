@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from mmw.engines.generate import generate, generate_table, row_seed
-from mmw.engines.models import compile_workers_up, load_model
+from mmw.engines.models import compile_workers_up, inductor_options, load_model
 from mmw.errors import SpecError
 
 WORDS = "the a cat dog sat ran on under mat tree red big small and then quickly slowly it was very".split()
@@ -354,6 +354,42 @@ def test_compile_workers_that_are_off_or_fail_leave_the_stage_going(monkeypatch,
     with pytest.raises(SpecError, match="model.name"), compile_workers_up("cuda"):
         raise SpecError("model.name", "no such model", "a model folder")
     assert events == ["start"]
+
+
+def test_inductor_options_keep_the_mode_and_add_the_deterministic_mode():
+    assert inductor_options() == {"deterministic": True}
+    assert inductor_options("default") == {"deterministic": True}
+    assert inductor_options("reduce-overhead") == {"triton.cudagraphs": True, "deterministic": True}
+    assert inductor_options("max-autotune")["max_autotune"] is True
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on the CPU needs a C++ compiler")
+def test_a_compile_with_mmws_options_generates_code_in_deterministic_mode_after_other_compiles(one_thread):
+    """Inductor's deterministic mode (reduction settings by rule, not timed on the device, so fresh compiler caches
+    compile one arithmetic) must reach the code generation of every graph mmw compiles, the second and later ones
+    of a process included: a global setting can be written back by Dynamo after a traced frame, so mmw passes the
+    mode with each compile. Read inside Inductor's compilation by a post-grad pass."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    seen: list[bool] = []
+
+    class Probe(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            seen.append(torch._inductor.config.deterministic)
+
+        def uuid(self) -> None:  # not cacheable: every call compiles
+            return None
+
+    x = torch.arange(8.0)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(deterministic=True):  # as TORCHINDUCTOR_DETERMINISTIC=1 sets it
+        torch.compile(lambda t: t * 2)(x)  # some other compile first
+        for scale in (3.0, 4.0):
+            out = torch.compile(lambda t: t * scale + 1, dynamic=False,
+                                options={**inductor_options(), "post_grad_custom_post_pass": Probe()})(x)
+            assert torch.equal(out, x * scale + 1)
+    assert seen == [True, True]
 
 
 @pytest.mark.parametrize(

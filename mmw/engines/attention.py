@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from mmw.engines.models import inductor_options
 from mmw.engines.transformers_patches import (DECODE_WINDOW_KWARG, gqa_rule_replaced, sdpa_function_replaced,
                                               sdpa_module)
 
@@ -122,7 +123,7 @@ def flex_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blo
     if not query.is_cuda:
         return flex_attention(query, key, value, block_mask=blocks, enable_gqa=True, scale=scaling)
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=FLEX_DYNAMIC)
+        _compiled_flex = torch.compile(flex_attention, dynamic=FLEX_DYNAMIC, options=inductor_options())
     limits = {name: setting for name, setting in (("recompile_limit", FLEX_SHAPES),
                                                   ("fail_on_recompile_limit_hit", True))
               if hasattr(torch._dynamo.config, name)}  # the names of torch >= 2.7

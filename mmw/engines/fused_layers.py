@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from mmw.engines.models import inductor_options
+
 #: (owner, attribute) -> the compiled version of the owner's original attribute, made once per process: a second
 #: batch or stage reuses its graphs.
 _COMPILED: dict[tuple[Any, str], Callable[..., Any]] = {}
@@ -79,7 +81,8 @@ def fused_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[list[
             for owner, name in fusable(model):
                 compiled = _COMPILED.get((owner, name))
                 if compiled is None:
-                    compiled = _COMPILED[(owner, name)] = torch.compile(getattr(owner, name), dynamic=False)
+                    compiled = _COMPILED[(owner, name)] = torch.compile(getattr(owner, name), dynamic=False,
+                                                                          options=inductor_options())
                 replaced.append((owner, name, vars(owner).get(name)))
                 setattr(owner, name, compiled)
         yield [(owner, name) for owner, name, _ in replaced]

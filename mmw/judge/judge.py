@@ -44,6 +44,7 @@ from mmw.engines.attention import (
     rounded_width,
 )
 from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
+from mmw.engines.models import inductor_options
 from mmw.errors import SpecError
 
 RATING_SYSTEM = (
@@ -219,7 +220,7 @@ class CompiledLayers:
         self.layers = list(getattr(getattr(model, "model", None), "layers", None) or [])
         self.calls: list = []
         for layer in self.layers:
-            layer.compile(dynamic=True)
+            layer.compile(dynamic=True, options=inductor_options())
             self.calls.append(getattr(layer, "_compiled_call_impl", None))
             layer._compiled_call_impl = None  # off until active()
         if not self.layers or any(call is None for call in self.calls):

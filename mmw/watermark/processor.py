@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
+from mmw.engines.models import inductor_options
 from mmw.watermark import prf
 from mmw.watermark.randomness import FixedKey, RandomnessSource
 from mmw.watermark.samplers import build_sampler
@@ -101,7 +102,7 @@ class WatermarkStep:
             # reduce-overhead = CUDA graphs: one replay instead of ~15 kernel launches and Inductor's wrapper, the
             # host time that dominates a step at small batches (bench/RESULTS.md, "processor overhead").
             self.mode = mode or "reduce-overhead"  # params engine.compile_mode
-            self._run = torch.compile(self._step, dynamic=dynamic, mode=self.mode)
+            self._run = torch.compile(self._step, dynamic=dynamic, options=inductor_options(self.mode))
 
     def _prepare(self, device: torch.device) -> None:
         """Device constants built outside the traced function (the compiled graph only reads them)."""
