@@ -20,8 +20,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from mmw.engines.generate import generate, generate_table, row_seed
-from mmw.engines.models import compile_workers_up, inductor_options, load_model
+from mmw.engines.models import compile_workers_up, load_model
 from mmw.errors import SpecError
+from mmw.inductor import inductor_options
 
 WORDS = "the a cat dog sat ran on under mat tree red big small and then quickly slowly it was very".split()
 SPECIALS = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]

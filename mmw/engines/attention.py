@@ -51,9 +51,9 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mmw.engines.models import inductor_options
 from mmw.engines.transformers_patches import (DECODE_WINDOW_KWARG, gqa_rule_replaced, sdpa_function_replaced,
                                               sdpa_module)
+from mmw.inductor import inductor_options
 
 #: A decoding step's attention on CUDA (params ``engine.decode_attention``): "flex" (in the static decode loop:
 #: compiled ``flex_attention`` over the written blocks; elsewhere as "efficient"), "efficient" (``decode_attention``'s

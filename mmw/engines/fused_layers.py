@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from mmw.engines.models import inductor_options
+from mmw.inductor import inductor_options
+
 
 #: (owner, attribute) -> the compiled version of the owner's original attribute, made once per process: a second
 #: batch or stage reuses its graphs.

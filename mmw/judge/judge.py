@@ -44,8 +44,8 @@ from mmw.engines.attention import (
     rounded_width,
 )
 from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
-from mmw.engines.models import inductor_options
 from mmw.errors import SpecError
+from mmw.inductor import inductor_options
 
 RATING_SYSTEM = (
     "You are given a prompt and a response, and you provide a grade out of 100 measuring the quality of the "

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from mmw.engines.models import inductor_options
+from mmw.inductor import inductor_options
 from mmw.watermark import prf
 from mmw.watermark.randomness import FixedKey, RandomnessSource
 from mmw.watermark.samplers import build_sampler
