@@ -19,6 +19,9 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +52,26 @@ LIBRARIES = ("torch", "transformers", "tokenizers", "numpy", "numba", "numba-cud
 _MODELS: dict[str, dict[str, str]] = {}
 #: The running stage's params ``engine`` section (``mmw.params.EngineParams``), when it reads one.
 _ENGINE: dict[str, Any] = {}
+#: ``unrecorded`` is set on a thread that prepares a later stage's models (mmw.engines.ahead).
+_THREAD = threading.local()
 
 
 def note(spec: str, dtype: str, device: str) -> None:
-    """Record that this stage computes with the model ``spec`` in ``dtype`` on ``device``."""
-    _MODELS[spec] = {"dtype": dtype, "device": device}
+    """Record that this stage computes with the model ``spec`` in ``dtype`` on ``device`` (not inside
+    :func:`unrecorded`)."""
+    if not getattr(_THREAD, "unrecorded", False):
+        _MODELS[spec] = {"dtype": dtype, "device": device}
+
+
+@contextmanager
+def unrecorded() -> Iterator[None]:
+    """Models this thread loads inside the block are not the running stage's: a side thread loading a later stage's
+    judge while a generation stage runs (:mod:`mmw.engines.ahead`; the later stage notes the model it takes)."""
+    _THREAD.unrecorded = True
+    try:
+        yield
+    finally:
+        _THREAD.unrecorded = False
 
 
 def note_model(spec: str, model: Any) -> None:

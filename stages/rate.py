@@ -9,6 +9,7 @@ from typing import Literal
 
 import polars as pl
 
+from mmw.engines.ahead import built_ahead
 from mmw.errors import SpecError
 from mmw.io import (
     GENERATIONS,
@@ -24,7 +25,7 @@ from mmw.io import (
 from mmw.judge.judge import MODES, judge_discrimination
 from mmw.judge.backends import CachedRater, JudgementCache, RatingBackend, default_cache_root
 from mmw.params import RateParams, load_params
-from mmw.provenance import note_engine
+from mmw.provenance import note_engine, note_model
 from mmw.seeds import derive_seed
 from mmw.stages.timing import timed
 
@@ -50,6 +51,22 @@ def load_backend(rate: RateParams, want_expected: bool, compile_judge: bool = Tr
         from mmw.judge.backends import VLLMBackend
 
         return VLLMBackend(rate.judge, rate.dtype, rate.max_new_tokens), ""
+    from mmw.engines import ahead
+
+    backend = ahead.take(_judge_key(rate, want_expected, compile_judge),
+                         lambda: _in_process_backend(rate, want_expected, compile_judge))
+    note_model(rate.judge, backend.judge.model)  # also where it was built ahead, beside another stage
+    return backend, ""
+
+
+def _judge_key(rate: RateParams, want_expected: bool, compile_judge: bool) -> tuple:
+    """What decides the in-process judge :func:`_in_process_backend` builds."""
+    return ("judge", rate.judge, rate.device, rate.dtype, rate.batch_size, rate.max_new_tokens, want_expected,
+            compile_judge)
+
+
+def _in_process_backend(rate: RateParams, want_expected: bool, compile_judge: bool) -> RatingBackend:
+    """The judge in this process: its model loaded and, for the expected mode on CUDA, its layers compiled."""
     from mmw.engines.models import compile_workers_up, load_model
     from mmw.judge.judge import Judge
     from mmw.judge.backends import TransformersBackend
@@ -63,7 +80,27 @@ def load_backend(rate: RateParams, want_expected: bool, compile_judge: bool = Tr
     # compile_judge: params engine.compile_judge (None below: compile on CUDA).
     judge = Judge(tokenizer, model, batch_size=rate.batch_size, max_new_tokens=rate.max_new_tokens,
                   compiled=None if want_expected and compile_judge else False)
-    return TransformersBackend(judge, rate.judge), ""
+    return TransformersBackend(judge, rate.judge)
+
+
+def schedule_ahead(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
+    """In a process that runs several stages (``mmw.sweep.pipeline.schedule_ahead``): have the baseline's in-process
+    judge built while a generation stage decodes (``mmw.engines.ahead``), where the judge is not the generator (whose
+    layers that decode is using) and its weights are on this machine. The watermarked stage's judge is the one the
+    baseline's stage took, where the mode is the same."""
+    if which != "baseline":
+        return
+    from mmw.engines import ahead
+    from mmw.engines.models import weight_bytes
+
+    params = load_params(params_path, ("model", "rate", "engine"))
+    rate = params.rate
+    if rate.backend != "transformers" or rate.judge == params.model.name:
+        return
+    want_expected = rate.mode != "greedy"
+    compile_judge = params.engine.compile_judge
+    ahead.schedule(_judge_key(rate, want_expected, compile_judge),
+                   lambda: _in_process_backend(rate, want_expected, compile_judge), weight_bytes(rate.judge))
 
 
 def _modes(requested: str, backend: RatingBackend) -> tuple[str, ...]:
@@ -114,6 +151,9 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         loading = time.perf_counter()
         backend, note = load_backend(rate, want_expected, params.engine.compile_judge)
         info["load_s"] = round(time.perf_counter() - loading, 3)  # ~0 where a warm process shares its load
+        ahead_s = built_ahead(_judge_key(rate, want_expected, params.engine.compile_judge))
+        if ahead_s is not None:  # built beside a generation stage's decode (mmw.engines.ahead)
+            info["built_ahead_s"] = round(ahead_s, 3)
         if chosen is not None and chosen["mode"] == "expected" and backend.expected_via is None:
             raise SpecError("rate.base_url", "the baseline was rated in expected mode, but this judge server returns "
                                              f"no top_logprobs ({note}); rerun rate_baseline", ["greedy"])

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, StaticCache
 
-from mmw.engines import attention
+from mmw.engines import ahead, attention
 from mmw.engines.attention import DecodeWindow, checked_decode_attention, decode_blocks
 from mmw.engines.transformers_patches import DECODE_WINDOW_KWARG
 
@@ -178,8 +178,21 @@ def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
     processor.begin_static(input_ids.shape[0], max_new_tokens, device, graph=graph)
     dec = _Decoder(model, input_ids, attention_mask, processor, max_new_tokens, eos_ids, pad_id, flex=flex)
     dec.choose(dec.prefill_scores())
-    done = 1
+    try:
+        done = _loop(dec, graph, flex, bounded, max_new_tokens)
+    finally:
+        ahead.settle()  # a later stage's set-up that ran beside the loop is done before anything else runs
+    processor.end_static(done)
+    return dec.out[:, :done]
+
+
+def _loop(dec: _Decoder, graph: bool, flex: bool, bounded: bool, max_new_tokens: int) -> int:
+    """``static_decode``'s steps after the prefill's token; returns the number of tokens chosen. Once the one graph
+    of a flex decode has replayed, the host only replays it and reads the stop flag: later stages' set-up may run
+    beside it (``mmw.engines.ahead``)."""
+    device = dec.out.device
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    done, host_free = 1, False
     window = dec.window
     while done < max_new_tokens:
         if done % STOP_CHECK_EVERY == 0 and not dec.any_unfinished():
@@ -198,14 +211,16 @@ def static_decode(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
             start.record()
         if graph and window.key_limit in graphs:
             graphs[window.key_limit].replay()
+            if flex and not host_free:  # one graph: no capture or eager step follows its first replay
+                host_free = True
+                ahead.device_busy(device)
         else:
             dec.step()
         if events:
             end.record()
             STEP_EVENTS.append((start, end))
         done += 1
-    processor.end_static(done)
-    return dec.out[:, :done]
+    return done
 
 
 def _capture(dec: _Decoder, pool=None) -> torch.cuda.CUDAGraph | None:

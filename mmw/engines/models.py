@@ -28,6 +28,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from mmw import provenance
+from mmw.engines import ahead
 from mmw.errors import SpecError
 from mmw.io import atomic_path, write_text
 
@@ -348,6 +349,26 @@ def resolve_source(spec: str, cache_dir: Path) -> str:
     return spec
 
 
+def weight_bytes(spec: str) -> int | None:
+    """The bytes of ``spec``'s weight files where they are on this machine without a conversion (an HF folder, or a
+    hub id in the local hub cache; a device holds about as many in the files' dtype), else None."""
+    path = Path(spec).expanduser()
+    if spec.startswith(EMBEDDED_PREFIX) or spec.endswith(".gguf"):
+        return None
+    if path.is_dir():
+        files = [f for pattern in ("*.safetensors", "*.bin") for f in path.glob(pattern)]
+        return sum(f.stat().st_size for f in files) or None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    index = try_to_load_from_cache(spec, "model.safetensors.index.json")
+    if isinstance(index, str):
+        return int(json.loads(Path(index).read_text()).get("metadata", {}).get("total_size") or 0) or None
+    single = try_to_load_from_cache(spec, "model.safetensors")
+    return Path(single).stat().st_size if isinstance(single, str) else None
+
+
 def _padding_left(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """Pad on the left (batched decoding appends on the right) and always have a pad token."""
     tokenizer.padding_side = "left"
@@ -428,6 +449,8 @@ def shared_loads() -> Iterator[None]:
     try:
         yield
     finally:
+        if outer is None:  # what was prepared ahead for the block's stages goes with it
+            ahead.forget()
         _LOADED = outer
 
 

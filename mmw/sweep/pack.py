@@ -58,7 +58,7 @@ from mmw.selection.reading import METRICS_FILE, run_values
 from mmw.stages.common import generator_vocab_size
 from mmw.sweep.definition import apply_overrides, pack_key
 from mmw.sweep.evidence import run_rows
-from mmw.sweep.pipeline import PARAMS, run_stage, stage_plan
+from mmw.sweep.pipeline import PARAMS, run_stage, schedule_ahead, stage_plan
 from mmw.sweep.runner import LOG_DIR, Job, Outcome, hold_run_lock
 from mmw.sweep.units import TIMED_STAGES, RunEvidence
 
@@ -191,6 +191,7 @@ class PackedExecutor:
         try:
             self._prepare(shared_dir, apply_overrides(self.board, jobs[0].overrides))
             with _inside(shared_dir, {}):
+                schedule_ahead([s for s in self.plan if s.shared])  # the judge, built while the baseline decodes
                 for stage in (s for s in self.plan if s.shared):
                     try:
                         run_stage(stage)

@@ -94,6 +94,21 @@ def run_stage(stage: Stage) -> None:
     importlib.import_module(f"mmw.stages.{stage.module}").run(*stage.args, PARAMS)
 
 
+def schedule_ahead(stages: Sequence[Stage]) -> None:
+    """Have the set-up of ``stages`` that declare one (their module's ``schedule_ahead``: the rate stage's judge) run
+    while an earlier stage of this process decodes (:mod:`mmw.engines.ahead`). Call in their workspace, inside
+    :func:`mmw.engines.models.shared_loads`, before running them in one process; a stage whose params are invalid
+    schedules nothing (it reports the error when it runs)."""
+    for stage in stages:
+        hook = getattr(importlib.import_module(f"mmw.stages.{stage.module}"), "schedule_ahead", None)
+        if hook is None:
+            continue
+        try:
+            hook(*stage.args, PARAMS)
+        except SpecError:
+            continue
+
+
 def cached_file(repo: Path, digest: str | None) -> Path | None:
     """The file of md5 ``digest`` in ``repo``'s local DVC cache (DVC 3's layout, ``.dvc/cache/files/md5/ab/cdef..``),
     or None when it is not there (a directory's digest, another cache folder, a file only a remote holds)."""

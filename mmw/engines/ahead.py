@@ -1,0 +1,176 @@
+"""Set-up of a later stage, run on a side thread while this process's device decodes.
+
+A configuration run in one process (a packed sweep unit, ``bench/gpu_fullscale.py --in-process``) spends ~20 s in
+each generation stage's decode loop, where the host only replays a captured CUDA graph and waits on the device,
+and then builds the judge (its weights, its compiled layers: 5-13 s on an H100) with the device idle. Here a stage
+schedules such set-up (:func:`schedule`), the decode loop says when its device is busy and its host free
+(:func:`device_busy`, after the graph's first replay) and when that ends (:func:`settle`, before the loop returns),
+and the stage that needs the set-up takes it (:func:`take`): ready, waited for, or built there and then when it
+never ran (a CPU, vLLM, an eager loop, too little free device memory) or failed on the side thread.
+
+What a job may rely on, and what it must keep:
+
+* between :func:`device_busy` and :func:`settle` the main thread runs graph replays and stop checks only (no
+  Python forward, no compilation, no capture), so a job may compile (Dynamo's frame hook is per thread) and enter
+  the attention switches (it puts back what it found before the loop's own switches are undone);
+* a job's device work runs on a CUDA stream of its own, synchronised before :func:`settle` returns, so the
+  decode's stream never waits on it;
+* a job computes what the stage would have computed inline (the same function, the same arguments): scheduling
+  changes when set-up happens, never its result;
+* nothing a job loads is noted in the running stage's provenance (:func:`mmw.provenance.unrecorded`): the stage
+  that takes it notes what it uses.
+
+Jobs live as long as the process's shared loads (:func:`mmw.engines.models.shared_loads` forgets them when it
+ends); a taken result is kept for a later :func:`take` of the same key (the watermarked texts' rating stage takes
+the judge the baseline's stage took).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from mmw import provenance
+
+log = logging.getLogger(__name__)
+
+#: Device memory a job must leave free beyond its own weights: its compile's trial forward and the allocator's
+#: rounding. Below ``weights + margin`` free bytes the job waits and runs in its stage.
+DEVICE_MARGIN_BYTES = 2 << 30
+
+
+@dataclass
+class _Job:
+    build: Callable[[], Any]
+    device_bytes: int
+    state: str = "pending"  # pending -> running -> done | failed; pending jobs run inline when taken
+    value: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+
+_JOBS: dict[Hashable, _Job] = {}
+_WORKER: threading.Thread | None = None
+
+
+def schedule(key: Hashable, build: Callable[[], Any], device_bytes: int | None) -> None:
+    """Run ``build()`` on the side thread at the next :func:`device_busy` (``device_bytes``: the device memory its
+    result keeps; None where unknown, then it never runs ahead). A key already scheduled or built is kept."""
+    if key in _JOBS or device_bytes is None:
+        return
+    _JOBS[key] = _Job(build, int(device_bytes))
+
+
+def pending() -> list[Hashable]:
+    """The keys of the jobs not started yet."""
+    return [key for key, job in _JOBS.items() if job.state == "pending"]
+
+
+def device_busy(device: Any) -> bool:
+    """The caller's device (a ``torch.device``) has queued work its host only waits on: start the pending jobs that
+    fit in its free memory on the side thread. Returns whether a thread started (False off CUDA, with no job, or
+    with one already running)."""
+    global _WORKER
+    if _WORKER is not None or not pending():
+        return False
+    free = _free_bytes(device)
+    if free is None:
+        return False
+    chosen = []
+    for key in pending():
+        job = _JOBS[key]
+        if job.device_bytes + DEVICE_MARGIN_BYTES <= free:
+            free -= job.device_bytes
+            job.state = "running"
+            chosen.append((key, job))
+        else:
+            log.info("not preparing %s ahead: %.1f GiB free, it needs %.1f GiB", key, free / 2**30,
+                     (job.device_bytes + DEVICE_MARGIN_BYTES) / 2**30)
+    if not chosen:
+        return False
+    _WORKER = threading.Thread(target=_work, args=(chosen, device), name="mmw-ahead", daemon=True)
+    _WORKER.start()
+    return True
+
+
+def _free_bytes(device: Any) -> int | None:
+    """Free memory of a CUDA ``device`` (a ``torch.device``), counting blocks the caching allocator holds but no
+    tensor uses (released to a job that needs them); None off CUDA, where no job runs ahead."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+@contextmanager
+def _side_stream(device: Any) -> Iterator[Callable[[], None]]:
+    """On CUDA, a pool stream of ``device`` current in the block (never synchronised with the decode's stream);
+    yields its synchronize."""
+    if getattr(device, "type", None) != "cuda":
+        yield lambda: None
+        return
+    import torch
+
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        yield stream.synchronize
+
+
+def _work(jobs: list[tuple[Hashable, _Job]], device: Any) -> None:
+    with provenance.unrecorded(), _side_stream(device) as synchronize:
+        for key, job in jobs:
+            started = time.perf_counter()
+            try:
+                job.value = job.build()
+                synchronize()
+                job.state = "done"
+            except BaseException as err:  # noqa: BLE001 - the stage builds it again, and reports its own error
+                job.error, job.state = err, "failed"
+            job.seconds = time.perf_counter() - started
+            log.info("prepared %s ahead in %.1f s (%s)", key, job.seconds, job.state)
+
+
+def settle() -> None:
+    """Wait for the side thread's jobs (the caller's busy device is about to become free or to be used by the main
+    thread's own compiles and captures)."""
+    global _WORKER
+    if _WORKER is not None:
+        _WORKER.join()
+        _WORKER = None
+
+
+def take(key: Hashable, build: Callable[[], Any]) -> Any:
+    """The value of job ``key``: built ahead (waited for if still running), else ``build()`` now (never scheduled,
+    never started, or failed ahead: then built again here, where an error is the stage's own)."""
+    job = _JOBS.get(key)
+    if job is None:
+        return build()
+    if job.state == "running":
+        settle()
+    if job.state == "done":
+        return job.value
+    if job.state == "failed":
+        log.warning("preparing %s ahead failed (%s: %s); building it now", key, type(job.error).__name__, job.error)
+    del _JOBS[key]
+    value = build()
+    _JOBS[key] = _Job(build, 0, "done", value)
+    return value
+
+
+def built_ahead(key: Hashable) -> float | None:
+    """The seconds job ``key`` took on the side thread, where it was built there; else None."""
+    job = _JOBS.get(key)
+    return job.seconds if job is not None and job.state == "done" and job.seconds else None
+
+
+def forget() -> None:
+    """Wait for the side thread, then drop every job and result."""
+    settle()
+    _JOBS.clear()

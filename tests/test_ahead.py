@@ -1,0 +1,219 @@
+"""A later stage's set-up run beside a decode (mmw.engines.ahead): when it runs, what the stage then takes, what
+happens where it cannot run or fails, and where the decode loop lets it start."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mmw import provenance
+from mmw.engines import ahead, graph_decode
+from mmw.engines.models import shared_loads, weight_bytes
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def room(monkeypatch):
+    """Jobs may run on the CPU with ``room.free`` bytes free (off CUDA none runs otherwise); no job outlives a test."""
+    state = SimpleNamespace(free=10 << 30)
+    monkeypatch.setattr(ahead, "_free_bytes", lambda device: state.free)
+    yield state
+    ahead.forget()
+
+
+class Build:
+    """A job's build: records the thread it ran on, notes a model as a loader does, fails its first ``fails``
+    calls."""
+
+    def __init__(self, fails: int = 0):
+        self.threads: list[str] = []
+        self.fails = fails
+
+    def __call__(self) -> object:
+        self.threads.append(threading.current_thread().name)
+        provenance.note("judge-model", "bfloat16", "cuda:0")
+        if len(self.threads) <= self.fails:
+            raise RuntimeError("out of memory on the side")
+        return object()
+
+
+def test_a_scheduled_job_runs_beside_and_its_stage_takes_the_same_object(room):
+    provenance.reset_models()
+    build = Build()
+    ahead.schedule("judge", build, 1 << 30)
+    assert ahead.pending() == ["judge"]
+    assert ahead.device_busy(CPU)
+    ahead.settle()
+    assert build.threads == ["mmw-ahead"]
+    assert provenance._MODELS == {}  # not the running stage's model
+    first = ahead.take("judge", Build())
+    assert ahead.take("judge", Build()) is first  # the next rate stage takes the judge the first one took
+    assert build.threads == ["mmw-ahead"]
+
+
+def test_a_job_without_room_waits_and_runs_in_its_stage(room):
+    room.free = (1 << 30) + ahead.DEVICE_MARGIN_BYTES - 1
+    build = Build()
+    ahead.schedule("judge", build, 1 << 30)
+    assert not ahead.device_busy(CPU)
+    assert ahead.pending() == ["judge"]
+    ahead.take("judge", build)
+    assert build.threads == [threading.current_thread().name]
+
+
+def test_a_job_of_unknown_size_never_runs_ahead(room):
+    build = Build()
+    ahead.schedule("judge", build, None)
+    assert ahead.pending() == [] and not ahead.device_busy(CPU)
+    ahead.take("judge", build)
+    assert build.threads == [threading.current_thread().name]
+
+
+def test_a_job_that_failed_beside_is_built_again_in_its_stage(room, caplog):
+    build = Build(fails=1)
+    ahead.schedule("judge", build, 1 << 30)
+    assert ahead.device_busy(CPU)
+    value = ahead.take("judge", build)  # waits for the side thread, then builds here
+    assert value is not None and build.threads == ["mmw-ahead", threading.current_thread().name]
+    assert "preparing judge ahead failed (RuntimeError: out of memory on the side)" in caplog.text
+
+
+def test_jobs_that_fit_run_and_the_rest_wait(room):
+    room.free = (3 << 30) + ahead.DEVICE_MARGIN_BYTES
+    small, large = Build(), Build()
+    ahead.schedule("small", small, 2 << 30)
+    ahead.schedule("large", large, 2 << 30)  # 1 GiB short once the first has its 2
+    assert ahead.device_busy(CPU)
+    ahead.settle()
+    assert small.threads == ["mmw-ahead"] and large.threads == [] and ahead.pending() == ["large"]
+
+
+def test_no_job_runs_off_cuda():
+    build = Build()
+    ahead.schedule("judge", build, 1)
+    try:
+        assert not ahead.device_busy(CPU)
+    finally:
+        ahead.forget()
+
+
+def test_shared_loads_forget_their_jobs(room):
+    with shared_loads():
+        ahead.schedule("judge", Build(), 1)
+        assert ahead.device_busy(CPU)
+    assert ahead.pending() == [] and ahead._JOBS == {}
+
+
+def test_weight_bytes_of_a_folder_and_of_what_is_not_on_this_machine(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 300)
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"\0" * 200)
+    assert weight_bytes(str(tmp_path)) == 500
+    assert weight_bytes("embedded:smollm2-135m") is None
+    assert weight_bytes("nobody-has/this-model-locally") is None
+
+
+class _Graph:
+    def __init__(self, log):
+        self.log = log
+
+    def replay(self):
+        self.log.append("replay")
+
+    def pool(self):
+        return None
+
+
+class _Decoder:
+    """The state ``graph_decode._loop`` reads: its steps logged, a row unfinished until ``steps`` tokens."""
+
+    def __init__(self, log, steps):
+        self.log, self.steps = log, steps
+        self.out = torch.zeros(1, steps, dtype=torch.int64)
+        self.window = SimpleNamespace(key_limit=None)
+        self.prompt_len, self.cache_len = 4, 4 + steps
+
+    def any_unfinished(self):
+        return True
+
+    def step(self):
+        self.log.append("step")
+
+
+@pytest.mark.parametrize("flex", [True, False])
+def test_the_decode_loop_frees_the_host_after_its_one_graph_first_replays(monkeypatch, flex):
+    log: list[str] = []
+    monkeypatch.setattr(graph_decode, "_capture", lambda dec, pool=None: log.append("capture") or _Graph(log))
+    monkeypatch.setattr(ahead, "device_busy", lambda device: log.append("busy"))
+    monkeypatch.setattr(graph_decode, "KEY_BUCKET", 4)
+    done = graph_decode._loop(_Decoder(log, 20), graph=True, flex=flex, bounded=not flex, max_new_tokens=20)
+    assert done == 20
+    if flex:  # after the first replay only replays follow
+        assert log[:log.index("busy")] == ["step", "step", "capture", "replay"] and log.count("busy") == 1
+        assert set(log[log.index("busy") + 1:]) == {"replay"}
+    else:  # a capture per key bound until the end: the host never is free
+        assert "busy" not in log and log.count("capture") > 1
+
+
+SMOLLM2 = "embedded:smollm2-135m"
+PROMPTS = ["Write a story about a cat.", "Write a news article about the president's visit to Paris."]
+TEXTS = ["The cat sat on the mat. It was a sunny day and the cat was happy. Then it slept by the fire.",
+         "visit the a president news the capital city yesterday was on met ministers and Paris"]
+
+
+def _rate_dir(root, monkeypatch):
+    """A rate stage's workspace: the board (an in-process judge that is not the generator) and baseline texts."""
+    import polars as pl
+    import yaml
+
+    root.mkdir()
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MMW_JUDGE_CACHE", str(root / "judgements"))
+    generator = {"name": "embedded:qwen2.5-coder-1.5b", "device": "cpu", "dtype": "float32", "batch_size": 2,
+                 "max_new_tokens": 8, "temperature": 0.7, "engine": "transformers"}
+    board = {"seed": 0, "model": generator,
+             "rate": {"judge": SMOLLM2, "device": "cpu", "dtype": "float32", "batch_size": 2, "mode": "expected",
+                      "max_new_tokens": 8}}
+    (root / "params.yaml").write_text(yaml.safe_dump(board))
+    (root / "data" / "generations").mkdir(parents=True)
+    pl.DataFrame({"prompt_id": ["p0", "p1"], "task": ["story", "fake_news"], "prompt": PROMPTS, "text": TEXTS}
+                 ).write_parquet(root / "data" / "generations" / "baseline.parquet")
+
+
+@pytest.mark.heavy
+def test_the_rate_stage_takes_the_judge_built_beside_and_rates_as_it_would_alone(tmp_path, monkeypatch, room):
+    """The packed unit's path: the baseline's judge scheduled, built on the side thread, taken by the stage; the
+    same ratings and the same provenance as the stage building its own judge."""
+    import json
+
+    import polars as pl
+
+    from mmw.stages import rate
+    from mmw.sweep.pipeline import Stage, schedule_ahead
+
+    monkeypatch.setattr("mmw.engines.models.weight_bytes", lambda spec: 1 << 20)  # the embedded judge: a GGUF
+    built_on, build = [], rate._in_process_backend
+
+    def recorded(*args):
+        built_on.append(threading.current_thread().name)
+        return build(*args)
+
+    monkeypatch.setattr(rate, "_in_process_backend", recorded)
+    outputs = {}
+    for name in ("alone", "ahead"):
+        _rate_dir(tmp_path / name, monkeypatch)
+        with shared_loads():
+            if name == "ahead":
+                schedule_ahead([Stage("rate_baseline", "rate", ("baseline",), (), True)])
+                assert ahead.pending() and ahead.device_busy(CPU)
+            rate.run("baseline", Path("params.yaml"))
+        outputs[name] = (pl.read_parquet("data/ratings/baseline.parquet"),
+                         json.loads(Path("reports/provenance/rate_baseline.json").read_text())["models"])
+    assert built_on == [threading.current_thread().name, "mmw-ahead"]
+    assert outputs["ahead"][0].equals(outputs["alone"][0])
+    assert outputs["ahead"][1] == outputs["alone"][1] == {SMOLLM2: {"dtype": "float32", "device": "cpu"}}
