@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import polars as pl
@@ -32,6 +33,19 @@ from mmw.stages.timing import timed
 FIGURE = Path("reports/tamper_resistance.png")
 #: Written by the ``quality`` stage; its section is appended to the summary.
 QUALITY_REPORT = Path("reports/quality.json")
+
+
+#: The report's drawing modules: matplotlib's import is ~0.8 s of the stage on a GPU host (bench/results/gpu.md).
+DRAWING_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.backends.backend_svg",
+                   "mmw.reporting.figures")
+
+
+def schedule_ahead(params_path: Path) -> None:
+    """In a process that runs several stages (``mmw.sweep.pipeline.schedule_ahead``): import the report's drawing
+    modules while a generation stage decodes (``mmw.engines.ahead``); a module is the same whoever imports it."""
+    from mmw.engines import ahead
+
+    ahead.schedule(("import", *DRAWING_MODULES), lambda: [importlib.import_module(m) for m in DRAWING_MODULES], 0)
 
 
 def run(params_path: Path) -> None:

@@ -3,6 +3,7 @@ happens where it cannot run or fails, and where the decode loop lets it start.""
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -217,3 +218,22 @@ def test_the_rate_stage_takes_the_judge_built_beside_and_rates_as_it_would_alone
     assert built_on == [threading.current_thread().name, "mmw-ahead"]
     assert outputs["ahead"][0].equals(outputs["alone"][0])
     assert outputs["ahead"][1] == outputs["alone"][1] == {SMOLLM2: {"dtype": "float32", "device": "cpu"}}
+
+
+def test_the_switch_interval_is_short_while_a_job_runs_and_put_back_after(room):
+    before = sys.getswitchinterval()
+    seen = []
+    ahead.schedule("judge", lambda: seen.append(sys.getswitchinterval()), 1)
+    assert ahead.device_busy(CPU)
+    ahead.settle()
+    assert seen == [min(before, ahead.SWITCH_INTERVAL_S)] and sys.getswitchinterval() == before
+
+
+def test_the_aggregate_stage_imports_its_drawing_modules_ahead(room):
+    from mmw.stages import aggregate
+
+    aggregate.schedule_ahead(Path("params.yaml"))
+    assert ahead.device_busy(CPU)
+    ahead.settle()
+    assert [job.state for job in ahead._JOBS.values()] == ["done"]  # every module found and imported
+    assert all(name in sys.modules for name in aggregate.DRAWING_MODULES)

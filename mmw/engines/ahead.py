@@ -28,6 +28,7 @@ the judge the baseline's stage took).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 #: Device memory a job must leave free beyond its own weights: its compile's trial forward and the allocator's
 #: rounding. Below ``weights + margin`` free bytes the job waits and runs in its stage.
 DEVICE_MARGIN_BYTES = 2 << 30
+#: The interpreter's switch interval (s) while a job runs beside the decode.
+SWITCH_INTERVAL_S = 0.001
 
 
 @dataclass
@@ -56,6 +59,7 @@ class _Job:
 
 _JOBS: dict[Hashable, _Job] = {}
 _WORKER: threading.Thread | None = None
+_SWITCH: float | None = None  # the interpreter's switch interval while no job runs
 
 
 def schedule(key: Hashable, build: Callable[[], Any], device_bytes: int | None) -> None:
@@ -93,6 +97,11 @@ def device_busy(device: Any) -> bool:
                      (job.device_bytes + DEVICE_MARGIN_BYTES) / 2**30)
     if not chosen:
         return False
+    global _SWITCH
+    # The decode's host wakes from a stop check to queue the next replay: let it have the interpreter within
+    # ~1 ms of asking (a job compiling holds it otherwise for up to Python's 5 ms interval, the device idle).
+    _SWITCH = sys.getswitchinterval()
+    sys.setswitchinterval(min(_SWITCH, SWITCH_INTERVAL_S))
     _WORKER = threading.Thread(target=_work, args=(chosen, device), name="mmw-ahead", daemon=True)
     _WORKER.start()
     return True
@@ -140,10 +149,13 @@ def _work(jobs: list[tuple[Hashable, _Job]], device: Any) -> None:
 def settle() -> None:
     """Wait for the side thread's jobs (the caller's busy device is about to become free or to be used by the main
     thread's own compiles and captures)."""
-    global _WORKER
+    global _WORKER, _SWITCH
     if _WORKER is not None:
         _WORKER.join()
         _WORKER = None
+    if _SWITCH is not None:
+        sys.setswitchinterval(_SWITCH)
+        _SWITCH = None
 
 
 def take(key: Hashable, build: Callable[[], Any]) -> Any:
