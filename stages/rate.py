@@ -54,7 +54,8 @@ def load_backend(rate: RateParams, want_expected: bool, compile_judge: bool = Tr
     from mmw.engines import ahead
 
     backend = ahead.take(_judge_key(rate, want_expected, compile_judge),
-                         lambda: _in_process_backend(rate, want_expected, compile_judge))
+                         lambda: _in_process_backend(rate, want_expected, compile_judge),
+                         problem=lambda built: built.judge.compile_error)  # compiled ahead, or built again here
     note_model(rate.judge, backend.judge.model)  # also where it was built ahead, beside another stage
     return backend, ""
 

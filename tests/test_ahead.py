@@ -237,3 +237,12 @@ def test_the_aggregate_stage_imports_its_drawing_modules_ahead(room):
     ahead.settle()
     assert [job.state for job in ahead._JOBS.values()] == ["done"]  # every module found and imported
     assert all(name in sys.modules for name in aggregate.DRAWING_MODULES)
+
+
+def test_a_value_built_ahead_with_a_problem_is_built_again_in_its_stage(room, caplog):
+    build = Build()
+    ahead.schedule("judge", build, 1)
+    assert ahead.device_busy(CPU)
+    ahead.take("judge", build, problem=lambda value: "compiling the judge failed (ValueError: signal)")
+    assert build.threads == ["mmw-ahead", threading.current_thread().name]
+    assert "compiling the judge failed (ValueError: signal)" in caplog.text

@@ -28,6 +28,7 @@ the judge the baseline's stage took).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 #: Device memory a job must leave free beyond its own weights: its compile's trial forward and the allocator's
 #: rounding. Below ``weights + margin`` free bytes the job waits and runs in its stage.
 DEVICE_MARGIN_BYTES = 2 << 30
+#: transformers' switch that keeps its weight loading on the calling thread.
+SEQUENTIAL_LOAD = "HF_DEACTIVATE_ASYNC_LOAD"
 #: The interpreter's switch interval (s) while a job runs beside the decode.
 SWITCH_INTERVAL_S = 0.001
 
@@ -128,8 +131,19 @@ def _side_stream(device: Any) -> Iterator[Callable[[], None]]:
     import torch
 
     stream = torch.cuda.Stream(device)
-    with torch.cuda.device(device), torch.cuda.stream(stream):
-        yield stream.synchronize
+    # transformers' loader copies weights to the device from a pool of threads, each on its default stream, where a
+    # copy from pageable memory waits for the decode's queued replays: on the side thread it loads on this thread,
+    # on the side stream (HF_DEACTIVATE_ASYNC_LOAD; the main thread loads nothing while a job runs).
+    saved = os.environ.get(SEQUENTIAL_LOAD)
+    os.environ[SEQUENTIAL_LOAD] = "1"
+    try:
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            yield stream.synchronize
+    finally:
+        if saved is None:
+            os.environ.pop(SEQUENTIAL_LOAD, None)
+        else:
+            os.environ[SEQUENTIAL_LOAD] = saved
 
 
 def _work(jobs: list[tuple[Hashable, _Job]], device: Any) -> None:
@@ -158,16 +172,21 @@ def settle() -> None:
         _SWITCH = None
 
 
-def take(key: Hashable, build: Callable[[], Any]) -> Any:
+def take(key: Hashable, build: Callable[[], Any], problem: Callable[[Any], str | None] = lambda value: None) -> Any:
     """The value of job ``key``: built ahead (waited for if still running), else ``build()`` now (never scheduled,
-    never started, or failed ahead: then built again here, where an error is the stage's own)."""
+    never started, or failed ahead: then built again here, where an error is the stage's own). ``problem(value)``:
+    why a value built ahead is not what ``build()`` gives here (e.g. a compile that fell back to eager on the side
+    thread), or None; such a value is built again too."""
     job = _JOBS.get(key)
     if job is None:
         return build()
     if job.state == "running":
         settle()
     if job.state == "done":
-        return job.value
+        reason = problem(job.value) if job.seconds else None
+        if reason is None:
+            return job.value
+        job.state, job.error = "failed", RuntimeError(reason)
     if job.state == "failed":
         log.warning("preparing %s ahead failed (%s: %s); building it now", key, type(job.error).__name__, job.error)
     del _JOBS[key]

@@ -339,6 +339,8 @@ class Judge:
         self._token_counts: dict[str, int] = {}
         # ``compiled`` None: compile on CUDA (``compile_judge_default``); the expected mode's forward only.
         want = compile_judge_default(model.device) if compiled is None else compiled
+        #: Why the layers run eagerly although compiling them was asked for (None: compiled, or not asked for).
+        self.compile_error: str | None = None
         self._compiled = CompiledLayers(model) if want else None
         if self._compiled is not None and not self._compiled.usable:
             self._compiled = None
@@ -347,8 +349,8 @@ class Judge:
                 self.node_logits([self.tokenizer.encode(self._chat("?", text) + self.trie.prefill,
                                                         add_special_tokens=False) for text in ("a", "a b c d")])
             except Exception as err:  # a compiler bug must not cost a run: the eager forward is the same function
-                warnings.warn(f"compiling the judge failed ({type(err).__name__}: {str(err)[:1000]}); "
-                              "it runs eagerly", stacklevel=2)
+                self.compile_error = f"{type(err).__name__}: {str(err)[:1000]}"
+                warnings.warn(f"compiling the judge failed ({self.compile_error}); it runs eagerly", stacklevel=2)
                 self._compiled = None
 
     @property
