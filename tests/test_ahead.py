@@ -246,3 +246,55 @@ def test_a_value_built_ahead_with_a_problem_is_built_again_in_its_stage(room, ca
     ahead.take("judge", build, problem=lambda value: "compiling the judge failed (ValueError: signal)")
     assert build.threads == ["mmw-ahead", threading.current_thread().name]
     assert "compiling the judge failed (ValueError: signal)" in caplog.text
+
+
+class _Base:
+    def forward(self):
+        return "base"
+
+
+class _Child(_Base):
+    pass
+
+
+def test_swapped_sets_and_puts_back_attributes_inherited_ones_and_dict_items():
+    table = {"kept": 1}
+    with ahead.swapped(_Child, "forward", lambda self: "swapped"), ahead.swapped(table, "sdpa", "mine"), \
+            ahead.swapped(table, "kept", 2):
+        assert _Child().forward() == "swapped" and table == {"kept": 2, "sdpa": "mine"}
+    assert "forward" not in vars(_Child) and _Child().forward() == "base"  # inherited again
+    assert table == {"kept": 1}
+
+
+def test_a_job_sees_shared_code_as_before_the_decodes_patches_and_they_return(room):
+    seen = []
+    ahead.schedule("judge", lambda: seen.append((_Child().forward(), ahead._get(_Child, "forward"))), 1)
+    with ahead.swapped(_Child, "forward", lambda self: "fused"):
+        assert ahead.device_busy(CPU)
+        ahead.settle()
+        assert _Child().forward() == "fused"  # back for the rest of the decoding stage
+    assert seen == [("base", ahead._ABSENT)]
+
+
+def test_the_fused_layer_classes_are_lifted_for_a_job_beside_the_decode(room):
+    """The judge of the generator's architecture, built beside its decode, runs the classes' own forwards (fused
+    ones would compile for its shapes and give other last bits than its stage's judge)."""
+    from transformers.models.llama import modeling_llama
+
+    from mmw.engines.fused_layers import fused_layers
+
+    config = modeling_llama.LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1)
+    model = modeling_llama.LlamaForCausalLM(config)
+    own = (modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaMLP.forward, modeling_llama.apply_rotary_pos_emb)
+    seen = []
+    ahead.schedule("judge", lambda: seen.append((modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaMLP.forward,
+                                                 modeling_llama.apply_rotary_pos_emb)), 1)
+    with fused_layers(model) as replaced:
+        assert len(replaced) == 3 and modeling_llama.LlamaRMSNorm.forward is not own[0]
+        assert ahead.device_busy(CPU)
+        ahead.settle()
+        assert modeling_llama.LlamaRMSNorm.forward is not own[0]
+    assert seen == [own]
+    assert (modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaMLP.forward,
+            modeling_llama.apply_rotary_pos_emb) == own

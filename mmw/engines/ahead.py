@@ -11,8 +11,9 @@ never ran (a CPU, vLLM, an eager loop, too little free device memory) or failed 
 What a job may rely on, and what it must keep:
 
 * between :func:`device_busy` and :func:`settle` the main thread runs graph replays and stop checks only (no
-  Python forward, no compilation, no capture), so a job may compile (Dynamo's frame hook is per thread) and enter
-  the attention switches (it puts back what it found before the loop's own switches are undone);
+  Python forward, no compilation, no capture), so a job may compile (Dynamo's frame hook is per thread), and the
+  decode's patches of shared code (its attention switches, its fused layer classes: :func:`swapped`) are lifted
+  while the jobs run and put back before :func:`settle` returns: a job sees the code its stage would see;
 * a job's device work runs on a CUDA stream of its own, synchronised before :func:`settle` returns, so the
   decode's stream never waits on it;
 * a job computes what the stage would have computed inline (the same function, the same arguments): scheduling
@@ -146,8 +147,55 @@ def _side_stream(device: Any) -> Iterator[Callable[[], None]]:
             os.environ[SEQUENTIAL_LOAD] = saved
 
 
+_ABSENT = object()
+#: The open :func:`swapped` blocks, oldest first: [owner, name, value before, value inside].
+_OPEN: list[list[Any]] = []
+
+
+def _get(owner: Any, name: str) -> Any:
+    return owner.get(name, _ABSENT) if isinstance(owner, dict) else vars(owner).get(name, _ABSENT)
+
+
+def _put(owner: Any, name: str, value: Any) -> None:
+    if isinstance(owner, dict):
+        owner.pop(name, None) if value is _ABSENT else owner.__setitem__(name, value)
+    elif value is _ABSENT:
+        delattr(owner, name)  # inherited before (a class's forward from its base): inherited again
+    else:
+        setattr(owner, name, value)
+
+
+@contextmanager
+def swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` (``owner[name]`` for a dict) is ``value`` inside the block and what it was after (absent
+    again where it was absent). The decode's patches of shared code (transformers' attention function and GQA rule,
+    the fused layer classes) go through here, so a job beside the decode sees that code as it was before them: a
+    later stage's judge, of the generator's architecture, is built as its stage would build it."""
+    entry = [owner, name, _get(owner, name), value]
+    _put(owner, name, value)
+    _OPEN.append(entry)
+    try:
+        yield
+    finally:
+        _OPEN[:] = [e for e in _OPEN if e is not entry]
+        _put(owner, name, entry[2])
+
+
+@contextmanager
+def _as_before_swaps() -> Iterator[None]:
+    """Every open :func:`swapped` block undone inside this block (newest first), then redone (oldest first)."""
+    opened = list(_OPEN)
+    for owner, name, before, _ in reversed(opened):
+        _put(owner, name, before)
+    try:
+        yield
+    finally:
+        for owner, name, _, value in opened:
+            _put(owner, name, value)
+
+
 def _work(jobs: list[tuple[Hashable, _Job]], device: Any) -> None:
-    with provenance.unrecorded(), _side_stream(device) as synchronize:
+    with provenance.unrecorded(), _as_before_swaps(), _side_stream(device) as synchronize:
         for key, job in jobs:
             started = time.perf_counter()
             try:

@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
 
+from mmw.engines import ahead
 from mmw.inductor import inductor_options
 
 
@@ -76,20 +77,14 @@ def fusable(model: torch.nn.Module) -> list[tuple[Any, str]]:
 def fused_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[list[tuple[Any, str]]]:
     """Inside the block, the pieces :func:`fusable` names run compiled (``enabled``; else nothing changes); yields
     the replaced (owner, attribute) pairs. Put back on exit, whatever happens inside."""
-    replaced: list[tuple[Any, str, Any]] = []  # (owner, name, its own attribute before, or None: inherited)
-    try:
+    replaced: list[tuple[Any, str]] = []
+    with ExitStack() as patches:  # each put back (or inherited again) on exit: mmw.engines.ahead.swapped
         if enabled:
             for owner, name in fusable(model):
                 compiled = _COMPILED.get((owner, name))
                 if compiled is None:
                     compiled = _COMPILED[(owner, name)] = torch.compile(getattr(owner, name), dynamic=False,
                                                                           options=inductor_options())
-                replaced.append((owner, name, vars(owner).get(name)))
-                setattr(owner, name, compiled)
-        yield [(owner, name) for owner, name, _ in replaced]
-    finally:
-        for owner, name, own in reversed(replaced):
-            if own is None:
-                delattr(owner, name)  # inherited before: inherited again
-            else:
-                setattr(owner, name, own)
+                patches.enter_context(ahead.swapped(owner, name, compiled))
+                replaced.append((owner, name))
+        yield replaced

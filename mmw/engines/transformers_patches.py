@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from mmw.engines import ahead
+
 #: transformers versions whose internals the patches below were read and tested against.
 PATCHED_VERSIONS = ("5.17.0", "5.19.0")
 #: The forward keyword the static decode loop passes its ``DecodeWindow`` under (patch 3).
@@ -66,16 +68,8 @@ def sdpa_function_replaced(replace: Callable[[Any], Any]) -> Iterator[None]:
     require_patched_version()
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    local = ALL_ATTENTION_FUNCTIONS._local_mapping
-    saved = local.get("sdpa")
-    local["sdpa"] = replace(ALL_ATTENTION_FUNCTIONS["sdpa"])
-    try:
+    with ahead.swapped(ALL_ATTENTION_FUNCTIONS._local_mapping, "sdpa", replace(ALL_ATTENTION_FUNCTIONS["sdpa"])):
         yield
-    finally:
-        if saved is None:
-            local.pop("sdpa", None)
-        else:
-            local["sdpa"] = saved
 
 
 def sdpa_module() -> Any:
@@ -92,11 +86,6 @@ def gqa_rule_replaced(rule: Callable[[Any, Any, Any], bool]) -> Iterator[None]:
     """``use_gqa_in_sdpa`` is ``rule`` while the block runs, transformers' own after (patch 2). Every entry with the
     same ``rule`` installs the same object (a compiled layer that calls it keeps its graph)."""
     require_patched_version()
-    sdpa_attention = sdpa_module()
-    original = sdpa_attention.use_gqa_in_sdpa
-    sdpa_attention.use_gqa_in_sdpa = rule
-    try:
+    with ahead.swapped(sdpa_module(), "use_gqa_in_sdpa", rule):
         yield
-    finally:
-        sdpa_attention.use_gqa_in_sdpa = original
 
