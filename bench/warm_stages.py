@@ -7,7 +7,9 @@ configuration. Used by ``bench/gpu_fullscale.py --in-process``; run in the stage
 Prints one JSON line per stage: ``{"stage", "wall_s", "rc"}`` (a failing stage is recorded with its error and
 the run goes on, as the subprocess harness does); the first stage's time includes the imports it needs and the
 loads of the models it uses. ``MMW_BENCH_PROFILE=DIR`` runs each stage under cProfile and writes
-``DIR/<stage>.prof`` and ``DIR/<stage>.txt`` (the 40 calls with the most cumulative time).
+``DIR/<stage>.prof`` and ``DIR/<stage>.txt`` (the 40 calls with the most cumulative time). As a pack does, the
+stages' set-up that can run beside a decode is scheduled (``mmw.sweep.pipeline.schedule_ahead``: the judge built while
+the baseline decodes); ``MMW_BENCH_NO_AHEAD=1`` leaves every stage to build its own, for an A/B on one tree.
 """
 
 from __future__ import annotations
