@@ -9,7 +9,7 @@ from typing import Literal
 
 import polars as pl
 
-from mmw.engines.ahead import built_ahead
+from mmw.engines import ahead
 from mmw.errors import SpecError
 from mmw.io import (
     GENERATIONS,
@@ -51,8 +51,6 @@ def load_backend(rate: RateParams, want_expected: bool, compile_judge: bool = Tr
         from mmw.judge.backends import VLLMBackend
 
         return VLLMBackend(rate.judge, rate.dtype, rate.max_new_tokens), ""
-    from mmw.engines import ahead
-
     backend = ahead.take(_judge_key(rate, want_expected, compile_judge),
                          lambda: _in_process_backend(rate, want_expected, compile_judge),
                          problem=lambda built: built.judge.compile_error)  # compiled ahead, or built again here
@@ -91,7 +89,6 @@ def schedule_ahead(which: Literal["baseline", "watermarked"], params_path: Path)
     baseline's stage took, where the mode is the same."""
     if which != "baseline":
         return
-    from mmw.engines import ahead
     from mmw.engines.models import weight_bytes
 
     params = load_params(params_path, ("model", "rate", "engine"))
@@ -152,8 +149,8 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         loading = time.perf_counter()
         backend, note = load_backend(rate, want_expected, params.engine.compile_judge)
         info["load_s"] = round(time.perf_counter() - loading, 3)  # ~0 where a warm process shares its load
-        ahead_s = built_ahead(_judge_key(rate, want_expected, params.engine.compile_judge))
-        if ahead_s is not None:  # built beside a generation stage's decode (mmw.engines.ahead)
+        ahead_s = ahead.built_ahead(_judge_key(rate, want_expected, params.engine.compile_judge))
+        if which == "baseline" and ahead_s is not None:  # built beside the baseline's decode (mmw.engines.ahead)
             info["built_ahead_s"] = round(ahead_s, 3)
         if chosen is not None and chosen["mode"] == "expected" and backend.expected_via is None:
             raise SpecError("rate.base_url", "the baseline was rated in expected mode, but this judge server returns "

@@ -114,6 +114,7 @@ def test_weight_bytes_of_a_folder_and_of_what_is_not_on_this_machine(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 300)
     (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"\0" * 200)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 400)  # the same weights again: not read where safetensors are
     assert weight_bytes(str(tmp_path)) == 500
     assert weight_bytes("embedded:smollm2-135m") is None
     assert weight_bytes("nobody-has/this-model-locally") is None

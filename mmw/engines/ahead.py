@@ -55,7 +55,7 @@ SWITCH_INTERVAL_S = 0.001
 class _Job:
     build: Callable[[], Any]
     device_bytes: int
-    state: str = "pending"  # pending -> running -> done | failed; pending jobs run inline when taken
+    state: str = "pending"  # pending -> running -> done | failed; "here": built by its stage, not ahead
     value: Any = None
     error: BaseException | None = None
     seconds: float = 0.0
@@ -83,7 +83,7 @@ def device_busy(device: Any) -> bool:
     """The caller's device (a ``torch.device``) has queued work its host only waits on: start the pending jobs that
     fit in its free memory on the side thread. Returns whether a thread started (False off CUDA, with no job, or
     with one already running)."""
-    global _WORKER
+    global _WORKER, _SWITCH
     if _WORKER is not None or not pending():
         return False
     free = _free_bytes(device)
@@ -101,7 +101,6 @@ def device_busy(device: Any) -> bool:
                      (job.device_bytes + DEVICE_MARGIN_BYTES) / 2**30)
     if not chosen:
         return False
-    global _SWITCH
     # The decode's host wakes from a stop check to queue the next replay: let it have the interpreter within
     # ~1 ms of asking (a job compiling holds it otherwise for up to Python's 5 ms interval, the device idle).
     _SWITCH = sys.getswitchinterval()
@@ -230,8 +229,10 @@ def take(key: Hashable, build: Callable[[], Any], problem: Callable[[Any], str |
         return build()
     if job.state == "running":
         settle()
+    if job.state == "here":
+        return job.value
     if job.state == "done":
-        reason = problem(job.value) if job.seconds else None
+        reason = problem(job.value)
         if reason is None:
             return job.value
         job.state, job.error = "failed", RuntimeError(reason)
@@ -239,14 +240,14 @@ def take(key: Hashable, build: Callable[[], Any], problem: Callable[[Any], str |
         log.warning("preparing %s ahead failed (%s: %s); building it now", key, type(job.error).__name__, job.error)
     del _JOBS[key]
     value = build()
-    _JOBS[key] = _Job(build, 0, "done", value)
+    _JOBS[key] = _Job(build, 0, "here", value)
     return value
 
 
 def built_ahead(key: Hashable) -> float | None:
     """The seconds job ``key`` took on the side thread, where it was built there; else None."""
     job = _JOBS.get(key)
-    return job.seconds if job is not None and job.state == "done" and job.seconds else None
+    return job.seconds if job is not None and job.state == "done" else None
 
 
 def forget() -> None:

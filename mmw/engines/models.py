@@ -356,7 +356,7 @@ def weight_bytes(spec: str) -> int | None:
     if spec.startswith(EMBEDDED_PREFIX) or spec.endswith(".gguf"):
         return None
     if path.is_dir():
-        files = [f for pattern in ("*.safetensors", "*.bin") for f in path.glob(pattern)]
+        files = list(path.glob("*.safetensors")) or list(path.glob("*.bin"))  # what from_pretrained reads
         return sum(f.stat().st_size for f in files) or None
     try:
         from huggingface_hub import try_to_load_from_cache
