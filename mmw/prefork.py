@@ -406,18 +406,27 @@ def serve(path: Path, idle: float) -> int:
                         _run_copy(request, fds, preloaded)
                     for fd in fds:
                         os.close(fd)
-                    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                    try:
+                        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                    except OSError:  # the caller died since its request: its closed connection ends the copy below
+                        pass
                     copies[pid] = conn
                     started[pid] = (time.monotonic(), request["argv"][1:3])
                 else:  # a caller's connection: it only ever closes (the caller died) before its copy ends
                     pid = next(p for p, c in copies.items() if c is ready)
+                    # Logged before the kill, not after the reap: whoever sees the copy's pid gone then finds the
+                    # line (written after the reap, it could still be missing for a moment).
+                    print(f"prefork: copy {pid} killed: its caller is gone", flush=True)
+                    # The copy itself too: one caught right after the fork has not made its process group yet
+                    # (killpg finds none), and would otherwise run the whole command with the server waiting on it.
+                    # Its pid stays its own until the wait below reaps it.
+                    os.kill(pid, signal.SIGKILL)
                     try:
                         os.killpg(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
                     os.waitpid(pid, 0)
                     copies.pop(pid).close()
-                    print(f"prefork: copy {pid} killed: its caller is gone", flush=True)
                     started.pop(pid, None)
             for pid in list(copies):
                 done, status, usage = os.wait4(pid, os.WNOHANG)
@@ -428,8 +437,8 @@ def serve(path: Path, idle: float) -> int:
                     conn = copies.pop(pid)
                     try:
                         conn.sendall(json.dumps({"status": status}).encode() + b"\n")
-                    except OSError:
-                        pass
+                    except OSError:  # the caller died after the copy ended, before the server read its close
+                        print(f"prefork: copy {pid} ended: its caller is gone", flush=True)
                     conn.close()
             if copies or readable:
                 last = time.monotonic()
