@@ -22,7 +22,8 @@ import numpy as np
 import torch
 import typer
 from gpu_judge_plan import stand_in_judge_model, stand_in_rows  # bench/ is run as scripts
-from gpu_judge_rows import categories, sync
+from gpu_judge_rows import sync
+from gpu_judge_split import numbers_apart, timed_kinds
 
 from mmw.engines import gated_mlp
 from mmw.engines.models import _padding_left
@@ -64,33 +65,11 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
             run: dict = {"round": round_, "variant": name, "judge_build_s": round(time.perf_counter() - start, 2),
                          "arithmetic": judge.arithmetic, "compile_error": judge.compile_error, "kinds": {}}
             backend = TransformersBackend(judge, "stand-in")
-            row_tokens = judge.token_counts(rows)
-            list(judge.grade_distributions([([prompts[i] for i in u], [rows[i] for i in u])
-                                            for u in backend.plan(rows[:2 * batch])]))  # warm-up
-            for kind, members in kinds.items():
-                kind_rows, kind_prompts = [rows[i] for i in members], [prompts[i] for i in members]
-                units = [([kind_prompts[i] for i in u], [kind_rows[i] for i in u]) for u in backend.plan(kind_rows)]
-                seconds = []
-                for _ in range(passes):
-                    sync()
-                    start = time.perf_counter()
-                    got = np.concatenate(list(judge.grade_distributions(units)))
-                    sync()
-                    seconds.append(time.perf_counter() - start)
-                entry = {"rows": len(members),
-                         "text_tokens_per_row": round(sum(row_tokens[i] for i in members) / len(members), 1),
-                         "ms_per_judgement": [round(1000 * s / len(members), 2) for s in seconds]}
+            for kind, (measured, got) in timed_kinds(judge, backend, rows, prompts, kinds, passes, batch,
+                                                     profiled=round_ == 0).items():
+                run["kinds"][kind] = measured
                 if round_ == 0:
                     probs.setdefault(kind, {})[name] = got
-                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-                        list(judge.grade_distributions(units[:4]))
-                        sync()
-                    split = categories(profile)
-                    profiled = sum(len(u[1]) for u in units[:4])
-                    entry["device_ms_per_judgement_profiled"] = {k: round(v / profiled, 2)
-                                                                 for k, v in split["ms"].items()}
-                    entry["top_kernels_ms"] = split["top"][:12]
-                run["kinds"][kind] = entry
             result["runs"].append(run)
             print(json.dumps({k: v if k != "kinds" else {kk: {x: y for x, y in vv.items() if x != "top_kernels_ms"}
                                                           for kk, vv in v.items()} for k, v in run.items()}),
@@ -98,13 +77,7 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
             del judge, backend
     result["gated_against_unfused"] = {}
     for kind, by_variant in probs.items():
-        a, b = by_variant["unfused"], by_variant["gated"]
-        grades = np.arange(a.shape[1])
-        mean_a, mean_b = (p @ grades / np.maximum(p.sum(-1), 1e-30) for p in (a, b))
-        result["gated_against_unfused"][kind] = {
-            "probability_max_abs_diff": float(np.abs(a - b).max()),
-            "expected_grade_max_abs_diff": round(float(np.abs(mean_a - mean_b).max()), 5),
-            "expected_grade_mean_abs_diff": round(float(np.abs(mean_a - mean_b).mean()), 6)}
+        result["gated_against_unfused"][kind] = numbers_apart(by_variant["unfused"], by_variant["gated"])
     print(json.dumps(result["gated_against_unfused"]), flush=True)
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ runs its own code.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -87,14 +88,19 @@ def gated_up(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch
     Triton kernel on CUDA, :func:`reference` elsewhere. Opaque to the compiler: a compiled layer calls it as it is."""
     if not x.is_cuda:
         return reference(x, w_gate, w_up)
+    return launch(x.contiguous(), w_gate, w_up, CONFIG)
+
+
+def launch(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, config: tuple[int, ...]) -> torch.Tensor:
+    """The Triton kernel under launch settings ``config`` (as :data:`CONFIG`): x (M, K), the weights (N, K), all
+    contiguous on one CUDA device (or under Triton's interpreter), K a multiple of the block's BK."""
     import triton
 
-    x = x.contiguous()
-    bm, bn, bk, warps, stages, group = CONFIG
+    bm, bn, bk, warps, stages, group = config
     (m, k), n = x.shape, w_gate.shape[0]
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    out = torch.empty(m, n, device=x.device, dtype=torch.bfloat16 if x.dtype == torch.float32 else x.dtype)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    with torch.cuda.device(x.device):
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _kernel()[grid](x, w_gate, w_up, out, m, n, k, x.stride(0), w_gate.stride(0), out.stride(0),
                         BM=bm, BN=bn, BK=bk, GROUP_M=group, num_warps=warps, num_stages=stages)
     return out
@@ -117,7 +123,7 @@ def _triton_runs() -> bool:
 def usable(mlp: torch.nn.Module) -> bool:
     """Whether :func:`forward` computes ``mlp``'s own function on its device: a gated MLP (``gate_proj``,
     ``up_proj``, ``down_proj``, ``act_fn``) without biases, with SiLU, bf16 or fp16 weights contiguous on a CUDA
-    device of compute capability 9.0 (what :data:`CONFIG` was picked on), its hidden size a multiple of the block."""
+    device of compute capability 9.0 (what :data:`CONFIG` is for), its hidden size a multiple of the block."""
     parts = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
     if any(not isinstance(p, torch.nn.Linear) or p.bias is not None for p in parts):
         return False
