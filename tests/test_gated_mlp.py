@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo.testing
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP
 
@@ -60,3 +61,16 @@ def test_the_judge_keeps_its_mlps_unless_asked_and_refuses_where_unusable() -> N
     assert CompiledLayers(model).gated_classes == set()
     with pytest.raises(SpecError, match="rate.judge"):
         CompiledLayers(model, gated=True)
+
+
+def test_a_compiled_forward_traces_the_op_once_for_every_row_count() -> None:
+    mlp = _mlp()
+    counts = torch._dynamo.testing.CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: gated_mlp.forward(mlp, x), backend=counts, dynamic=True)
+    with torch.no_grad():
+        for rows in (3, 11, 40):
+            x = torch.randn(2, rows, 64)
+            torch.testing.assert_close(compiled(x), mlp(x), rtol=1e-5, atol=1e-6)
+    assert counts.frame_count == 1  # symbolic rows: the op's fake implementation serves every width
+    torch._dynamo.reset()
