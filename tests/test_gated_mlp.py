@@ -20,7 +20,7 @@ def _mlp(hidden: int = 64, inner: int = 96, **config) -> LlamaMLP:
     return LlamaMLP(LlamaConfig(hidden_size=hidden, intermediate_size=inner, **config)).eval()
 
 
-@pytest.mark.parametrize("shape", [(7, 64), (2, 5, 64), (1, 1, 64)])
+@pytest.mark.parametrize("shape", [(7, 64), (2, 5, 64), (1, 1, 64), (0, 64)])
 def test_forward_through_the_op_is_the_modules_own(shape: tuple[int, ...]) -> None:
     mlp = _mlp()
     x = torch.randn(shape)

@@ -86,7 +86,8 @@ def reference(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torc
 def gated_up(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
     """``silu(x W_gate^T) * (x W_up^T)``: x (M, K) and the weights (N, K) contiguous; (M, N) in x's dtype. The
     Triton kernel on CUDA, :func:`reference` elsewhere. Opaque to the compiler: a compiled layer calls it as it is."""
-    if not x.is_cuda:
+    # The kernel's offsets are 32-bit: an output of 2^31 values or more (or none) takes the reference's cuBLAS path.
+    if not x.is_cuda or not 0 < x.shape[0] * w_gate.shape[0] < 2**31:
         return reference(x, w_gate, w_up)
     return launch(x.contiguous(), w_gate, w_up, CONFIG)
 
