@@ -29,21 +29,6 @@ from gpu_judge_attention import timed  # bench/ is run as scripts
 from mmw.engines import gated_mlp
 
 
-def gated_up(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, cfg: tuple) -> torch.Tensor:
-    """mmw's kernel (``mmw.engines.gated_mlp``) under launch settings ``cfg`` = (BM, BN, BK, warps, stages,
-    GROUP_M)."""
-    assert x.shape[1] % cfg[2] == 0 and x.is_contiguous() and w_gate.is_contiguous() and w_up.is_contiguous()
-    return gated_mlp.launch(x, w_gate, w_up, cfg)
-
-
-def reference(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
-    """The unfused arithmetic in float32 from bf16 products (what the kernel computes)."""
-    g = (x @ w_gate.T).float()
-    u = (x @ w_up.T).float()
-    return (g.to(torch.bfloat16).float() * torch.sigmoid(g.to(torch.bfloat16).float())
-            * u.to(torch.bfloat16).float()).to(torch.bfloat16)
-
-
 CONFIGS = [(128, 128, 64, 8, 3, 8), (128, 128, 64, 8, 4, 8), (128, 64, 64, 4, 4, 8), (128, 64, 64, 8, 5, 8),
            (64, 128, 64, 4, 4, 8), (128, 128, 32, 8, 5, 8), (256, 64, 64, 8, 3, 8), (128, 128, 64, 8, 3, 16),
            (64, 256, 64, 8, 3, 8), (64, 256, 64, 8, 4, 8)]
@@ -51,12 +36,13 @@ CONFIGS = [(128, 128, 64, 8, 3, 8), (128, 128, 64, 8, 4, 8), (128, 64, 64, 4, 4,
 
 def agreement(got: torch.Tensor, want: torch.Tensor) -> dict:
     diff = (got.float() - want.float()).abs()
-    return {"max_abs_diff": float(diff.max()), "max_rel_diff": float((diff / want.float().abs().clamp(min=1e-2)).max()),
+    return {"max_abs_diff": float(diff.max()),
+            "max_rel_diff": float((diff / want.float().abs().clamp(min=1e-2)).max()),
             "equal_share": float((got == want).float().mean())}
 
 
 def check(device: str) -> dict:
-    """Each kernel against :func:`reference` on small shapes (ragged rows, two column blocks)."""
+    """The kernel against ``gated_mlp.reference`` on small shapes (ragged rows, two column blocks)."""
     torch.manual_seed(0)
     m, n, k = 70, 96, 128
     # Triton's interpreter multiplies bf16 tiles as their raw bits, and it rounds float32 to bf16 towards zero: on
@@ -65,7 +51,7 @@ def check(device: str) -> dict:
     x = torch.randn(m, k, dtype=dtype, device=device)
     wg, wu = (torch.randn(n, k, dtype=dtype, device=device) / k ** 0.5 for _ in range(2))
     if device == "cuda":
-        want = reference(x, wg, wu)
+        want = gated_mlp.reference(x, wg, wu)
     else:
         def truncated(t: torch.Tensor) -> torch.Tensor:
             return (t.view(torch.int32) & ~0xFFFF).view(torch.float32)
@@ -73,7 +59,7 @@ def check(device: str) -> dict:
         want = truncated(g * torch.sigmoid(g) * u).to(torch.bfloat16)
     out = {}
     try:
-        out["kernel"] = agreement(gated_up(x, wg, wu, (32, 32, 32, 4, 2, 2)), want)
+        out["kernel"] = agreement(gated_mlp.launch(x, wg, wu, (32, 32, 32, 4, 2, 2)), want)
     except Exception as err:  # report, don't stop: the timings below say the rest
         out["kernel"] = f"{type(err).__name__}: {str(err)[:300]}"
     return out
@@ -114,8 +100,8 @@ def main(rows: str = "17744,20160", hidden: int = 4096, inner: int = 14336, repe
         for cfg in CONFIGS:
             name = "triton/" + "x".join(map(str, cfg))
             try:
-                got = gated_up(x, w_gate, w_up, cfg)
-                ms = timed(lambda cfg=cfg: gated_up(x, w_gate, w_up, cfg), repeats)
+                got = gated_mlp.launch(x, w_gate, w_up, cfg)
+                ms = timed(lambda cfg=cfg: gated_mlp.launch(x, w_gate, w_up, cfg), repeats)
                 entry["variants"][name] = {"ms": ms, "tflops": round(flops / ms / 1e9, 1), **agreement(got, want)}
             except Exception as err:
                 entry["variants"][name] = f"{type(err).__name__}: {str(err)[:300]}"

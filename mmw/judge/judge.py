@@ -356,8 +356,8 @@ class Judge:
         #: Why the layers run eagerly although compiling them was asked for (None: compiled, or not asked for).
         self.compile_error: str | None = None
         # ``fused_mlp``: the compiled layers' gated MLPs compute SiLU(gate) x up inside one kernel with both products
-        # (``mmw.engines.gated_mlp``; Hopper GPUs; other last bits, named in arithmetic). Off unless asked for: its
-        # speed against cuBLAS's products is measured by bench/gpu_judge_gated.py, not yet on a GPU.
+        # (``mmw.engines.gated_mlp``; Hopper GPUs; other last bits, named in arithmetic). Off unless asked for, until
+        # bench/gpu_judge_gated.py shows on a GPU that it beats cuBLAS's products.
         self._compiled = CompiledLayers(model, gated=fused_mlp) if want else None
         if self._compiled is not None and not self._compiled.usable:
             self._compiled = None
@@ -570,8 +570,9 @@ class Judge:
         """:meth:`node_logits` under ``causal_split_attention``: each row (less the shared head) is laid out as its
         context (its tokens but the last, padded on the right to the batch's longest; the last may stay in its
         place, unseen), then X = 1 + n_inner extra tokens: its last token (the trie's root) and the inner nodes. The
-        context runs under a causal mask (its pads come after every real token); the extra tokens see the head, their row's real context, the root and their
-        own ancestors (the mask this method builds), at the positions they have in :meth:`node_logits`."""
+        context runs under a causal mask (its pads come after every real token); the extra tokens see the head,
+        their row's real context, the root and their own ancestors (the mask this method builds), at the positions
+        they have in :meth:`node_logits`."""
         # each row padded on the right; its last token stays in place too, where no kept query sees it (the causal
         # queries after it are pads, the extra ones' mask stops before it)
         batch = self._pad([s[head:] for s in sequences], None, side="right")
