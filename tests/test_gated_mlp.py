@@ -59,7 +59,7 @@ def test_the_judge_keeps_its_mlps_unless_asked_and_refuses_where_unusable() -> N
     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=128)).eval()
     assert CompiledLayers(model).gated_classes == set()
-    with pytest.raises(SpecError, match="rate.judge"):
+    with pytest.raises(SpecError, match="engine.judge_gated_mlp"):
         CompiledLayers(model, gated=True)
 
 

@@ -227,8 +227,9 @@ class CompiledLayers:
         if gated and mlps and all(m is not None and gated_mlp.usable(m) for m in mlps):
             self.gated_classes = {type(m) for m in mlps}
         elif gated:
-            raise SpecError("rate.judge", "the judge's MLPs cannot run the fused gated kernel here (a Hopper GPU, "
-                                          "bf16/fp16 weights, SiLU, no biases)")
+            raise SpecError("engine.judge_gated_mlp", "the judge's MLPs cannot run the fused gated kernel here "
+                                                      "(a Hopper GPU, bf16/fp16 weights, SiLU, no biases)",
+                            ["false"])
         self.calls: list = []
         for layer in self.layers:
             layer.compile(dynamic=True, options=inductor_options())
@@ -355,9 +356,9 @@ class Judge:
         want = compile_judge_default(model.device) if compiled is None else compiled
         #: Why the layers run eagerly although compiling them was asked for (None: compiled, or not asked for).
         self.compile_error: str | None = None
-        # ``fused_mlp``: the compiled layers' gated MLPs compute SiLU(gate) x up inside one kernel with both products
-        # (``mmw.engines.gated_mlp``; Hopper GPUs; other last bits, named in arithmetic). Off unless asked for, until
-        # bench/gpu_judge_gated.py shows on a GPU that it beats cuBLAS's products.
+        # ``fused_mlp`` (params engine.judge_gated_mlp): the compiled layers' gated MLPs compute SiLU(gate) x up
+        # inside one kernel with both products (``mmw.engines.gated_mlp``; Hopper GPUs; other last bits, named in
+        # arithmetic). Where the layers are not compiled (a CPU) it does not act.
         self._compiled = CompiledLayers(model, gated=fused_mlp) if want else None
         if self._compiled is not None and not self._compiled.usable:
             self._compiled = None
