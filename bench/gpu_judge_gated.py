@@ -23,7 +23,7 @@ import torch
 import typer
 from gpu_judge_plan import stand_in_judge_model, stand_in_rows  # bench/ is run as scripts
 from gpu_judge_rows import sync
-from gpu_judge_split import numbers_apart, timed_kinds
+from gpu_judge_split import brief, numbers_apart, timed_kinds, write_result
 
 from mmw.engines import gated_mlp
 from mmw.engines.models import _padding_left
@@ -71,17 +71,13 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
                 if round_ == 0:
                     probs.setdefault(kind, {})[name] = got
             result["runs"].append(run)
-            print(json.dumps({k: v if k != "kinds" else {kk: {x: y for x, y in vv.items() if x != "top_kernels_ms"}
-                                                          for kk, vv in v.items()} for k, v in run.items()}),
-                  flush=True)
+            print(brief(run), flush=True)
             del judge, backend
     result["gated_against_unfused"] = {}
     for kind, by_variant in probs.items():
         result["gated_against_unfused"][kind] = numbers_apart(by_variant["unfused"], by_variant["gated"])
     print(json.dumps(result["gated_against_unfused"]), flush=True)
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        Path(out, "gpu_judge_gated.json").write_text(json.dumps(result, indent=1))
+    write_result(out, "gpu_judge_gated.json", result)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,19 @@ def timed_kinds(judge: Judge, backend: TransformersBackend, rows: list[str], pro
     return out
 
 
+def brief(entry: dict) -> str:
+    """One run's figures as a JSON line, without the profiler's kernel lists."""
+    return json.dumps({k: v if k != "kinds" else {kind: {x: y for x, y in figures.items() if x != "top_kernels_ms"}
+                                                   for kind, figures in v.items()} for k, v in entry.items()})
+
+
+def write_result(out: str | None, name: str, result: dict) -> None:
+    """The whole result as ``out/name`` (indented JSON), where ``out`` is given."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, name).write_text(json.dumps(result, indent=1))
+
+
 def numbers_apart(a: np.ndarray, b: np.ndarray) -> dict:
     """How far two judges' (rows, 101) grade probabilities are apart: the probabilities, the mass, the expected
     grades."""
@@ -144,9 +157,7 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
             entry["kinds"][kind] = measured
             probs.setdefault(kind, {})[name] = got
         result["variants"][name] = entry
-        print(name, json.dumps({k: v if k != "kinds" else {kk: {x: y for x, y in vv.items() if x != "top_kernels_ms"}
-                                                           for kk, vv in v.items()} for k, v in entry.items()}),
-              flush=True)
+        print(name, brief(entry), flush=True)
         del judge, backend
     # how far each variant's numbers are from the first one's: grade probabilities, and the expected grades
     result["against_first"] = {}
@@ -155,9 +166,7 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
         for name, b in by_variant.items():
             result["against_first"][f"{kind}/{name}"] = numbers_apart(by_variant[first], b)
     print(json.dumps(result["against_first"]), flush=True)
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        Path(out, "gpu_judge_split.json").write_text(json.dumps(result, indent=1))
+    write_result(out, "gpu_judge_split.json", result)
 
 
 if __name__ == "__main__":
