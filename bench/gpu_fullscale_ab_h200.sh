@@ -6,7 +6,7 @@
 # stage's time goes), with the compiler caches (Inductor, Triton, the driver's PTX cache, numba's) in /tmp/cache-CACHE:
 # a CACHE name not used before on the machine is a cold run, one used before a warm run. STAGES (comma-separated,
 # gpu_fullscale.py --stages) runs only those stages, e.g. key,low_entropy_inputs,prompts,generate_baseline; SET, one
-# `--set KEY=VALUE` for this run only (e.g. engine.judge_gated_mlp=true; STAGES empty: all of them). Every
+# `--set KEY=VALUE` for this run only (e.g. engine.compile_judge=false; STAGES empty: all of them). Every
 # run reads the same random-init generator folder (built by the first). .gpu/ holds whl/, prt.tar.xz and tok.tar.xz as
 # bench/gpu_fullscale_h200.sh says; the results land in $OUT/LABEL/gpu_fullscale.json. MMW_BENCH_ARGS: more
 # gpu_fullscale.py arguments for every run (split on spaces), e.g. "--set model.max_new_tokens=128".

@@ -140,10 +140,6 @@ class EngineParams(Section):
     fuse_layers: bool = allowed("true or false", default=True)
     # The judge's decoder layers through torch.compile for its expected-mode forward (false: eager).
     compile_judge: bool = allowed("true or false", default=True)
-    # The compiled judge's gated MLPs compute SiLU(x W_gate^T) x (x W_up^T) in one Triton kernel, both products kept
-    # in registers (mmw.engines.gated_mlp; Hopper GPUs, bf16/fp16 SiLU MLPs without biases; false: cuBLAS's two
-    # products and a compiled SiLU x up). Other sums, other last digits: such judgements are cached apart.
-    judge_gated_mlp: bool = allowed("true or false", default=False)
 
     @property
     def compiles_generation(self) -> bool:

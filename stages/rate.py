@@ -64,7 +64,7 @@ def load_backend(rate: RateParams, want_expected: bool, engine: EngineParams | N
 def _judge_key(rate: RateParams, want_expected: bool, engine: EngineParams) -> tuple:
     """What decides the in-process judge :func:`_in_process_backend` builds."""
     return ("judge", rate.judge, rate.device, rate.dtype, rate.batch_size, rate.max_new_tokens, want_expected,
-            engine.compile_judge, engine.judge_gated_mlp)
+            engine.compile_judge)
 
 
 def _in_process_backend(rate: RateParams, want_expected: bool, engine: EngineParams) -> RatingBackend:
@@ -80,10 +80,9 @@ def _in_process_backend(rate: RateParams, want_expected: bool, engine: EnginePar
     except SpecError as err:  # the loader names model.name, but this is the judge
         raise SpecError("rate.judge", err.problem, err.allowed) from None
     # The compiled forward serves the expected mode only: a greedy-only judge does not pay its compilation.
-    # compile_judge: params engine.compile_judge (None below: compile on CUDA); the fused gated MLP lives in the
-    # compiled layers, so it acts only where they are (on CUDA).
+    # compile_judge: params engine.compile_judge (None below: compile on CUDA).
     judge = Judge(tokenizer, model, batch_size=rate.batch_size, max_new_tokens=rate.max_new_tokens,
-                  compiled=None if compile_judge else False, fused_mlp=engine.judge_gated_mlp)
+                  compiled=None if compile_judge else False)
     return TransformersBackend(judge, rate.judge)
 
 

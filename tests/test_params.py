@@ -158,12 +158,10 @@ def test_launcher_without_any_mmw_says_how_to_install_it(tmp_path: Path) -> None
     ("graph_decode", "yes", "engine.graph_decode: expected true or false, got 'yes'; allowed: true or false"),
     ("static_decode", 0, "engine.static_decode: expected true or false, got 0; allowed: true or false"),
     ("fuse_layers", "on", "engine.fuse_layers: expected true or false, got 'on'; allowed: true or false"),
-    ("judge_gated_mlp", "auto", "engine.judge_gated_mlp: expected true or false, got 'auto'; allowed: true or false"),
     ("compile_mode", "fast", "engine.compile_mode: unknown value 'fast'; allowed: reduce-overhead, default, "
                              "max-autotune, max-autotune-no-cudagraphs"),
     ("compile_jugde", True, "engine.compile_jugde: unknown key; allowed: static_decode, graph_decode, "
-                            "decode_attention, compile_step, compile_mode, fuse_layers, compile_judge, "
-                            "judge_gated_mlp"),
+                            "decode_attention, compile_step, compile_mode, fuse_layers, compile_judge"),
 ])
 def test_an_invalid_engine_switch_fails_naming_its_key_and_the_allowed_values(board: dict[str, Any], key: str,
                                                                               value: Any, message: str) -> None:

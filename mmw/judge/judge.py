@@ -43,7 +43,6 @@ from mmw.engines.attention import (
     grouped_query_sdpa,
     rounded_width,
 )
-from mmw.engines import ahead, gated_mlp
 from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
 from mmw.errors import SpecError
 from mmw.inductor import inductor_options
@@ -217,19 +216,8 @@ class CompiledLayers:
     1.23x faster compiled). Why layers, not the model: every layer runs the same code, so one compilation serves
     them all (a whole-model compile took ~2 min per shape)."""
 
-    def __init__(self, model: PreTrainedModel, gated: bool = False) -> None:
-        """``gated``: the layers' gated MLPs run their up-projection through ``mmw.engines.gated_mlp`` (where every
-        layer's MLP is :func:`mmw.engines.gated_mlp.usable`; a SpecError otherwise)."""
+    def __init__(self, model: PreTrainedModel) -> None:
         self.layers = list(getattr(getattr(model, "model", None), "layers", None) or [])
-        mlps = [getattr(layer, "mlp", None) for layer in self.layers]
-        #: The gated-MLP classes whose forward :meth:`active` swaps for ``mmw.engines.gated_mlp.forward``.
-        self.gated_classes: set[type] = set()
-        if gated and mlps and all(m is not None and gated_mlp.usable(m) for m in mlps):
-            self.gated_classes = {type(m) for m in mlps}
-        elif gated:
-            raise SpecError("engine.judge_gated_mlp", "the judge's MLPs cannot run the fused gated kernel here "
-                                                      "(a Hopper GPU, bf16/fp16 weights, SiLU, no biases)",
-                            ["false"])
         self.calls: list = []
         for layer in self.layers:
             layer.compile(dynamic=True, options=inductor_options())
@@ -273,9 +261,7 @@ class CompiledLayers:
             # widths, rounded) must not be traced as one symbol, or another batch recompiles the layers.
             # The layer numbers as tensors and the floats as constants: see __init__.
             with torch._dynamo.config.patch(**self._dynamo), \
-                    torch.fx.experimental._config.patch(use_duck_shape=False), contextlib.ExitStack() as swaps:
-                for cls in self.gated_classes:
-                    swaps.enter_context(ahead.swapped(cls, "forward", gated_mlp.forward))
+                    torch.fx.experimental._config.patch(use_duck_shape=False):
                 for attention, _, number in numbered or ():
                     attention.layer_idx = number
                 yield
@@ -305,7 +291,6 @@ class Judge:
         compiled: bool | None = None,
         round_attention: bool | None = None,
         split_attention: bool | None = None,
-        fused_mlp: bool = False,
     ):
         if not getattr(tokenizer, "chat_template", None):
             raise SpecError("rate.judge", "the judge's tokenizer has no chat template; use an instruction model")
@@ -356,10 +341,7 @@ class Judge:
         want = compile_judge_default(model.device) if compiled is None else compiled
         #: Why the layers run eagerly although compiling them was asked for (None: compiled, or not asked for).
         self.compile_error: str | None = None
-        # ``fused_mlp`` (params engine.judge_gated_mlp): the compiled layers' gated MLPs compute SiLU(gate) x up
-        # inside one kernel with both products (``mmw.engines.gated_mlp``; Hopper GPUs; other last bits, named in
-        # arithmetic). Where the layers are not compiled (a CPU) it does not act.
-        self._compiled = CompiledLayers(model, gated=fused_mlp) if want else None
+        self._compiled = CompiledLayers(model) if want else None
         if self._compiled is not None and not self._compiled.usable:
             self._compiled = None
         if self._compiled is not None:
@@ -377,10 +359,8 @@ class Judge:
         the forward is compiled (fused kernels round differently in the last bits) and whether, on CUDA, attention
         reads K/V heads by query-head group (another cuDNN kernel: other last bits) and rounds the attention's
         widths instead of the rows' (other matrix shapes: other last bits), or splits it causally
-        (:attr:`split_attention`: other kernels, other last bits), and whether its MLPs run the fused gated kernel
-        (``mmw.engines.gated_mlp``: other sums)."""
+        (:attr:`split_attention`: other kernels, other last bits)."""
         parts = [str(ARITHMETIC)] + ["compiled"] * (self._compiled is not None) \
-            + ["gated"] * bool(self._compiled is not None and self._compiled.gated_classes) \
             + ["gqa"] * (self.grouped_query and self.model.device.type == "cuda") \
             + [f"w{ROUNDED_WIDTH}"] * (self.round_attention and not self._splits) \
             + [f"causal{ROUNDED_WIDTH}"] * self._splits
