@@ -60,68 +60,6 @@ def split_assembled(how: str):
     return attention
 
 
-def timed_kinds(judge: Judge, backend: TransformersBackend, rows: list[str], prompts: list[str],
-                kinds: dict[str, list[int]], passes: int, batch: int, profiled: bool = True
-                ) -> dict[str, tuple[dict, np.ndarray]]:
-    """Per kind of row: (ms a judgement over ``passes`` passes of the rate stage's batches, with the device time by
-    kernel kind over its first 4 batches where ``profiled``; the grade probabilities), after a warm-up on two
-    batches."""
-    row_tokens = judge.token_counts(rows)
-    list(judge.grade_distributions([([prompts[i] for i in u], [rows[i] for i in u])
-                                    for u in backend.plan(rows[:2 * batch])]))  # warm-up
-    activity = torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else \
-        torch.profiler.ProfilerActivity.CPU
-    out = {}
-    for kind, members in kinds.items():
-        kind_rows, kind_prompts = [rows[i] for i in members], [prompts[i] for i in members]
-        units = [([kind_prompts[i] for i in u], [kind_rows[i] for i in u]) for u in backend.plan(kind_rows)]
-        seconds = []
-        for _ in range(passes):
-            sync()
-            start = time.perf_counter()
-            got = np.concatenate(list(judge.grade_distributions(units)))  # what rate_units reads
-            sync()
-            seconds.append(time.perf_counter() - start)
-        measured = {"rows": len(members),
-                    "text_tokens_per_row": round(sum(row_tokens[i] for i in members) / len(members), 1),
-                    "ms_per_judgement": [round(1000 * s / len(members), 2) for s in seconds]}
-        if profiled:
-            with torch.profiler.profile(activities=[activity]) as profile:
-                list(judge.grade_distributions(units[:4]))
-                sync()
-            split_ms = categories(profile)
-            rows_profiled = sum(len(u[1]) for u in units[:4])
-            measured["device_ms_per_judgement_profiled"] = {k: round(v / rows_profiled, 2)
-                                                            for k, v in split_ms["ms"].items()}
-            measured["top_kernels_ms"] = split_ms["top"][:10]
-        out[kind] = (measured, got)
-    return out
-
-
-def brief(entry: dict) -> str:
-    """One run's figures as a JSON line, without the profiler's kernel lists."""
-    return json.dumps({k: v if k != "kinds" else {kind: {x: y for x, y in figures.items() if x != "top_kernels_ms"}
-                                                   for kind, figures in v.items()} for k, v in entry.items()})
-
-
-def write_result(out: str | None, name: str, result: dict) -> None:
-    """The whole result as ``out/name`` (indented JSON), where ``out`` is given."""
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        Path(out, name).write_text(json.dumps(result, indent=1))
-
-
-def numbers_apart(a: np.ndarray, b: np.ndarray) -> dict:
-    """How far two judges' (rows, 101) grade probabilities are apart: the probabilities, the mass, the expected
-    grades."""
-    grades = np.arange(a.shape[1])
-    mean_a, mean_b = (p @ grades / np.maximum(p.sum(-1), 1e-30) for p in (a, b))
-    return {"probability_max_abs_diff": float(np.abs(a - b).max()),
-            "mass_max_rel_diff": float((np.abs(a.sum(-1) - b.sum(-1)) / a.sum(-1)).max()),
-            "expected_grade_max_abs_diff": round(float(np.abs(mean_a - mean_b).max()), 5),
-            "expected_grade_mean_abs_diff": round(float(np.abs(mean_a - mean_b).mean()), 6)}
-
-
 def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 1024, batch: int = 16,
          passes: int = 3, tiny: bool = False, only: str = "", out: str = "") -> None:
     """``only``: comma-separated variant names (default: the four of :data:`VARIANTS`); split/inplace and
@@ -134,6 +72,8 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
     model.set_attn_implementation("sdpa")
     kinds = {"texts": list(range(texts)), "attacked": list(range(texts, len(rows)))}
     probs: dict[str, dict[str, np.ndarray]] = {}
+    activity = torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else \
+        torch.profiler.ProfilerActivity.CPU
     chosen = [v for v in VARIANTS + [(f"split/{how}", True, 0) for how in ("inplace", "cat")]
               if v[0] in (only.split(",") if only else [name for name, _, _ in VARIANTS])]
     own = attention_module._causal_split_attention
@@ -153,20 +93,54 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
         entry: dict = {"judge_build_s": round(time.perf_counter() - start, 2), "compiled": judge._compiled is not None,
                        "arithmetic": judge.arithmetic, "kinds": {}}
         backend = TransformersBackend(judge, "stand-in")
-        for kind, (measured, got) in timed_kinds(judge, backend, rows, prompts, kinds, passes, batch).items():
-            entry["kinds"][kind] = measured
+        row_tokens = judge.token_counts(rows)
+        list(judge.grade_distributions([([prompts[i] for i in u], [rows[i] for i in u])
+                                        for u in backend.plan(rows[:2 * batch])]))  # warm-up
+        for kind, members in kinds.items():
+            kind_rows, kind_prompts = [rows[i] for i in members], [prompts[i] for i in members]
+            units = [([kind_prompts[i] for i in u], [kind_rows[i] for i in u]) for u in backend.plan(kind_rows)]
+            seconds = []
+            for _ in range(passes):
+                sync()
+                start = time.perf_counter()
+                got = np.concatenate(list(judge.grade_distributions(units)))  # what rate_units reads
+                sync()
+                seconds.append(time.perf_counter() - start)
             probs.setdefault(kind, {})[name] = got
+            with torch.profiler.profile(activities=[activity]) as profile:
+                list(judge.grade_distributions(units[:4]))
+                sync()
+            split_ms = categories(profile)
+            profiled = sum(len(u[1]) for u in units[:4])
+            entry["kinds"][kind] = {
+                "rows": len(members),
+                "text_tokens_per_row": round(sum(row_tokens[i] for i in members) / len(members), 1),
+                "ms_per_judgement": [round(1000 * s / len(members), 2) for s in seconds],
+                "device_ms_per_judgement_profiled": {k: round(v / profiled, 2) for k, v in split_ms["ms"].items()},
+                "top_kernels_ms": split_ms["top"][:10]}
         result["variants"][name] = entry
-        print(name, brief(entry), flush=True)
+        print(name, json.dumps({k: v if k != "kinds" else {kk: {x: y for x, y in vv.items() if x != "top_kernels_ms"}
+                                                           for kk, vv in v.items()} for k, v in entry.items()}),
+              flush=True)
         del judge, backend
     # how far each variant's numbers are from the first one's: grade probabilities, and the expected grades
     result["against_first"] = {}
     first = chosen[0][0]
     for kind, by_variant in probs.items():
+        a = by_variant[first]
+        grades = np.arange(a.shape[1])
+        mean_a = a @ grades / np.maximum(a.sum(-1), 1e-30)
         for name, b in by_variant.items():
-            result["against_first"][f"{kind}/{name}"] = numbers_apart(by_variant[first], b)
+            mean_b = b @ grades / np.maximum(b.sum(-1), 1e-30)
+            result["against_first"][f"{kind}/{name}"] = {
+                "probability_max_abs_diff": float(np.abs(a - b).max()),
+                "mass_max_rel_diff": float((np.abs(a.sum(-1) - b.sum(-1)) / a.sum(-1)).max()),
+                "expected_grade_max_abs_diff": round(float(np.abs(mean_a - mean_b).max()), 5),
+                "expected_grade_mean_abs_diff": round(float(np.abs(mean_a - mean_b).mean()), 6)}
     print(json.dumps(result["against_first"]), flush=True)
-    write_result(out, "gpu_judge_split.json", result)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, "gpu_judge_split.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

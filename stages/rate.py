@@ -24,7 +24,7 @@ from mmw.io import (
 )
 from mmw.judge.judge import MODES, judge_discrimination
 from mmw.judge.backends import CachedRater, JudgementCache, RatingBackend, default_cache_root
-from mmw.params import EngineParams, RateParams, load_params
+from mmw.params import RateParams, load_params
 from mmw.provenance import note_engine, note_model
 from mmw.seeds import derive_seed
 from mmw.stages.timing import timed
@@ -34,10 +34,8 @@ from mmw.stages.timing import timed
 FALLBACK_MODE = "expected"
 
 
-def load_backend(rate: RateParams, want_expected: bool, engine: EngineParams | None = None,
-                 ) -> tuple[RatingBackend, str]:
+def load_backend(rate: RateParams, want_expected: bool, compile_judge: bool = True) -> tuple[RatingBackend, str]:
     """The judge backend named by ``rate.backend``, checked before any rating, and a note for the report.
-    ``engine``: the in-process judge's switches (None: the defaults).
 
     An OpenAI-compatible server is probed first (reachable, serves ``rate.judge``, returns top_logprobs when
     ``want_expected``): a server that is down or serves another model fails here with a one-line error.
@@ -53,36 +51,34 @@ def load_backend(rate: RateParams, want_expected: bool, engine: EngineParams | N
         from mmw.judge.backends import VLLMBackend
 
         return VLLMBackend(rate.judge, rate.dtype, rate.max_new_tokens), ""
-    engine = engine or EngineParams()
-    backend = ahead.take(_judge_key(rate, want_expected, engine),
-                         lambda: _in_process_backend(rate, want_expected, engine),
+    backend = ahead.take(_judge_key(rate, want_expected, compile_judge),
+                         lambda: _in_process_backend(rate, want_expected, compile_judge),
                          problem=lambda built: built.judge.compile_error)  # compiled ahead, or built again here
     note_model(rate.judge, backend.judge.model)  # also where it was built ahead, beside another stage
     return backend, ""
 
 
-def _judge_key(rate: RateParams, want_expected: bool, engine: EngineParams) -> tuple:
+def _judge_key(rate: RateParams, want_expected: bool, compile_judge: bool) -> tuple:
     """What decides the in-process judge :func:`_in_process_backend` builds."""
     return ("judge", rate.judge, rate.device, rate.dtype, rate.batch_size, rate.max_new_tokens, want_expected,
-            engine.compile_judge)
+            compile_judge)
 
 
-def _in_process_backend(rate: RateParams, want_expected: bool, engine: EngineParams) -> RatingBackend:
+def _in_process_backend(rate: RateParams, want_expected: bool, compile_judge: bool) -> RatingBackend:
     """The judge in this process: its model loaded and, for the expected mode on CUDA, its layers compiled."""
     from mmw.engines.models import compile_workers_up, load_model
     from mmw.judge.judge import Judge
     from mmw.judge.backends import TransformersBackend
 
     try:
-        compile_judge = want_expected and engine.compile_judge
-        with compile_workers_up(rate.device, enabled=compile_judge):  # the judge's layers compile
+        with compile_workers_up(rate.device, enabled=want_expected and compile_judge):  # the judge's layers compile
             tokenizer, model = load_model(rate.judge, rate.device, rate.dtype)
     except SpecError as err:  # the loader names model.name, but this is the judge
         raise SpecError("rate.judge", err.problem, err.allowed) from None
     # The compiled forward serves the expected mode only: a greedy-only judge does not pay its compilation.
     # compile_judge: params engine.compile_judge (None below: compile on CUDA).
     judge = Judge(tokenizer, model, batch_size=rate.batch_size, max_new_tokens=rate.max_new_tokens,
-                  compiled=None if compile_judge else False)
+                  compiled=None if want_expected and compile_judge else False)
     return TransformersBackend(judge, rate.judge)
 
 
@@ -100,9 +96,9 @@ def schedule_ahead(which: Literal["baseline", "watermarked"], params_path: Path)
     if rate.backend != "transformers" or rate.judge == params.model.name:
         return
     want_expected = rate.mode != "greedy"
-    engine = params.engine
-    ahead.schedule(_judge_key(rate, want_expected, engine),
-                   lambda: _in_process_backend(rate, want_expected, engine), weight_bytes(rate.judge))
+    compile_judge = params.engine.compile_judge
+    ahead.schedule(_judge_key(rate, want_expected, compile_judge),
+                   lambda: _in_process_backend(rate, want_expected, compile_judge), weight_bytes(rate.judge))
 
 
 def _modes(requested: str, backend: RatingBackend) -> tuple[str, ...]:
@@ -151,9 +147,9 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         perturbed = read_table(PERTURBED) if which == "watermarked" else None
         want_expected = rate.mode != "greedy" if chosen is None else chosen["mode"] == "expected"
         loading = time.perf_counter()
-        backend, note = load_backend(rate, want_expected, params.engine)
+        backend, note = load_backend(rate, want_expected, params.engine.compile_judge)
         info["load_s"] = round(time.perf_counter() - loading, 3)  # ~0 where a warm process shares its load
-        ahead_s = ahead.built_ahead(_judge_key(rate, want_expected, params.engine))
+        ahead_s = ahead.built_ahead(_judge_key(rate, want_expected, params.engine.compile_judge))
         if which == "baseline" and ahead_s is not None:  # built beside the baseline's decode (mmw.engines.ahead)
             info["built_ahead_s"] = round(ahead_s, 3)
         if chosen is not None and chosen["mode"] == "expected" and backend.expected_via is None:
