@@ -31,7 +31,8 @@ from mmw.judge.judge import CompiledLayers, Judge
 #: settings on the first sizes it sees, which was a suspect for the split's slower elementwise kernels). A name
 #: ending in /inplace or /cat runs the split with its output assembled as this function says (same values, other
 #: copies); "split/..." otherwise runs mmw's own (which concatenates, as /cat; it wrote in place when the first
-#: four variants were measured).
+#: four variants were measured); "split/whole" runs mmw's split with its last decoder layer whole
+#: (``Judge.prune_last_layer`` off: every position's queries, output projection and MLP, as before the pruning).
 VARIANTS = [("dense/short", False, 0), ("split/short", True, 0), ("split/long", True, 1024), ("dense/long", False, 1024)]
 
 
@@ -61,11 +62,12 @@ def split_assembled(how: str):
 
 
 def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 1024, batch: int = 16,
-         passes: int = 3, tiny: bool = False, only: str = "", out: str = "") -> None:
-    """``only``: comma-separated variant names (default: the four of :data:`VARIANTS`); split/inplace and
-    split/cat are chosen by name only."""
+         passes: int = 3, rounds: int = 1, tiny: bool = False, only: str = "", out: str = "") -> None:
+    """``only``: comma-separated variant names (default: the four of :data:`VARIANTS`); split/inplace,
+    split/cat and split/whole are chosen by name only. ``rounds``: the chosen variants run that many times in turn
+    (A B A B ...), each run a fresh compilation; the profile and the numbers compared are the first round's."""
     result: dict = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                    "torch": torch.__version__, "passes": passes, "batch": batch, "variants": {}}
+                    "torch": torch.__version__, "passes": passes, "rounds": rounds, "batch": batch, "variants": {}}
     tok, rows, prompts = stand_in_rows(tokenizer, texts, tokens)
     _padding_left(tok)
     model = stand_in_judge_model(tok, tiny)
@@ -74,24 +76,25 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
     probs: dict[str, dict[str, np.ndarray]] = {}
     activity = torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else \
         torch.profiler.ProfilerActivity.CPU
-    chosen = [v for v in VARIANTS + [(f"split/{how}", True, 0) for how in ("inplace", "cat")]
+    chosen = [v for v in VARIANTS + [(f"split/{how}", True, 0) for how in ("inplace", "cat", "whole")]
               if v[0] in (only.split(",") if only else [name for name, _, _ in VARIANTS])]
     own = attention_module._causal_split_attention
-    for name, split, compile_tokens in chosen:
+    for round_, (name, split, compile_tokens) in ((r, v) for r in range(rounds) for v in chosen):
         torch._dynamo.reset()  # a fresh compilation, on this variant's first rows
         how = name.split("/")[1]
         attention_module._causal_split_attention = split_assembled(how) if how in ("inplace", "cat") else own
         sync()
         start = time.perf_counter()
         long_first = bool(compile_tokens) and torch.cuda.is_available()
-        judge = Judge(tok, model, batch_size=batch, split_attention=split, compiled=False if long_first else None)
+        judge = Judge(tok, model, batch_size=batch, split_attention=split, compiled=False if long_first else None,
+                      prune_last_layer=how != "whole")
         if long_first:  # compiled first on a batch of long rows
             judge._compiled = CompiledLayers(model)
             judge.node_logits([tok.encode(judge._chat("?", " ".join(["word"] * compile_tokens)) + judge.trie.prefill,
                                           add_special_tokens=False)] * batch)
         sync()
         entry: dict = {"judge_build_s": round(time.perf_counter() - start, 2), "compiled": judge._compiled is not None,
-                       "arithmetic": judge.arithmetic, "kinds": {}}
+                       "round": round_, "arithmetic": judge.arithmetic, "kinds": {}}
         backend = TransformersBackend(judge, "stand-in")
         row_tokens = judge.token_counts(rows)
         list(judge.grade_distributions([([prompts[i] for i in u], [rows[i] for i in u])
@@ -106,19 +109,22 @@ def main(tokenizer: Path = typer.Option(...), texts: int = 96, tokens: int = 102
                 got = np.concatenate(list(judge.grade_distributions(units)))  # what rate_units reads
                 sync()
                 seconds.append(time.perf_counter() - start)
+            entry["kinds"][kind] = {
+                "rows": len(members),
+                "text_tokens_per_row": round(sum(row_tokens[i] for i in members) / len(members), 1),
+                "ms_per_judgement": [round(1000 * s / len(members), 2) for s in seconds]}
+            if round_:
+                continue
             probs.setdefault(kind, {})[name] = got
             with torch.profiler.profile(activities=[activity]) as profile:
                 list(judge.grade_distributions(units[:4]))
                 sync()
             split_ms = categories(profile)
             profiled = sum(len(u[1]) for u in units[:4])
-            entry["kinds"][kind] = {
-                "rows": len(members),
-                "text_tokens_per_row": round(sum(row_tokens[i] for i in members) / len(members), 1),
-                "ms_per_judgement": [round(1000 * s / len(members), 2) for s in seconds],
+            entry["kinds"][kind].update({
                 "device_ms_per_judgement_profiled": {k: round(v / profiled, 2) for k, v in split_ms["ms"].items()},
-                "top_kernels_ms": split_ms["top"][:10]}
-        result["variants"][name] = entry
+                "top_kernels_ms": split_ms["top"][:10]})
+        result["variants"].setdefault(name, []).append(entry)
         print(name, json.dumps({k: v if k != "kinds" else {kk: {x: y for x, y in vv.items() if x != "top_kernels_ms"}
                                                            for kk, vv in v.items()} for k, v in entry.items()}),
               flush=True)

@@ -10,6 +10,9 @@ loads of the models it uses. ``MMW_BENCH_PROFILE=DIR`` runs each stage under cPr
 ``DIR/<stage>.prof`` and ``DIR/<stage>.txt`` (the 40 calls with the most cumulative time). As a pack does, the
 stages' set-up that can run beside a decode is scheduled (``mmw.sweep.pipeline.schedule_ahead``: the judge built while
 the baseline decodes); ``MMW_BENCH_NO_AHEAD=1`` leaves every stage to build its own, for an A/B on one tree.
+``MMW_BENCH_JUDGE_INDUCTOR=KEY=VALUE[,KEY=VALUE...]`` adds Inductor options to the judge's compile only (e.g.
+``triton.autotune_pointwise=False``: its pointwise kernels' launch settings by rule, not timed on the device while
+the baseline decodes), for an A/B on one tree; values are Python literals.
 """
 
 from __future__ import annotations
@@ -116,6 +119,18 @@ def write_profile(profiler: cProfile.Profile, folder: Path, stage: str) -> None:
     (folder / f"{stage}.txt").write_text(text.getvalue())
 
 
+def judge_inductor_options(spec: str) -> None:
+    """The judge's ``torch.compile`` options with ``spec``'s (``KEY=VALUE,...``) added."""
+    import ast
+
+    from mmw.judge import judge
+
+    extra = {key: ast.literal_eval(value) for key, value in (item.split("=", 1) for item in spec.split(","))}
+    options = judge.inductor_options
+    judge.inductor_options = lambda *args, **kwargs: {**options(*args, **kwargs), **extra}
+    print(f"judge's Inductor options: + {extra}", flush=True)
+
+
 def main(repo: str, stages: str) -> int:
     from mmw.engines.models import shared_loads
     from mmw.sweep import pipeline
@@ -125,6 +140,8 @@ def main(repo: str, stages: str) -> int:
     plan = [stage for stage in stage_plan(Path(repo))[0] if stage.name in wanted]
     failed = 0
     split = Split() if os.environ.get("MMW_BENCH_SPLIT") else None
+    if os.environ.get("MMW_BENCH_JUDGE_INDUCTOR"):
+        judge_inductor_options(os.environ["MMW_BENCH_JUDGE_INDUCTOR"])
     profiles = Path(os.environ["MMW_BENCH_PROFILE"]) if os.environ.get("MMW_BENCH_PROFILE") else None
     with shared_loads():
         schedule_ahead = getattr(pipeline, "schedule_ahead", None)  # trees before it have none

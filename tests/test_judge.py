@@ -264,6 +264,76 @@ def test_compiled_layers_match_the_eager_forward_and_compile_once_for_every_widt
     assert counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_pruned_last_layer_is_the_whole_layer_at_the_kept_positions(family, cached, one_thread):
+    """``mmw.judge.last_layer.pruned_forward`` computes a decoder layer's output at the last ``keep`` positions as
+    the whole layer does (float32 on the CPU: the same function, the sums in another order), with or without a
+    cache of earlier positions, for every layer class it claims (Qwen2: biased projections; Qwen3: per-head norms
+    of queries and keys); every other position's output and the keys, values and mask of the layer are used."""
+    import transformers
+
+    from mmw.judge.last_layer import last_layer, pruned_forward
+
+    name = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    torch.manual_seed(1)
+    config = getattr(transformers, f"{name}Config")(
+        vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, initializer_range=0.3, sliding_window=None,
+        attn_implementation="sdpa")
+    model = getattr(transformers, f"{name}ForCausalLM")(config).eval()
+    layer = last_layer(model)
+    assert layer is model.model.layers[-1] and type(layer).__name__ == f"{name}DecoderLayer"
+    rows, seen, positions, keep = 3, 4 if cached else 0, 9, 3
+    hidden = torch.randn(rows, positions, 32)
+    position_ids = torch.arange(seen, seen + positions).expand(rows, -1)
+    embeddings = model.model.rotary_emb(hidden, position_ids)
+    allowed = torch.ones(positions, seen + positions, dtype=torch.bool).tril(seen)
+    allowed = allowed[None, None].repeat(rows, 1, 1, 1)
+    allowed[1, :, :, seen:seen + 2] = False  # a row whose first two positions are hidden: the mask is read
+    mask = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+
+    def cache():
+        made = transformers.DynamicCache(config=config)
+        if cached:
+            generator = torch.Generator().manual_seed(2)
+            for index in range(2):
+                made.update(torch.randn(rows, 2, seen, 8, generator=generator),
+                            torch.randn(rows, 2, seen, 8, generator=generator), index)
+        return made
+
+    with torch.no_grad():
+        whole = layer(hidden, attention_mask=mask, position_embeddings=embeddings, past_key_values=cache(),
+                      position_ids=position_ids)
+        pruned = pruned_forward(layer, hidden, keep, mask[:, :, -keep:], embeddings, cache())
+    assert pruned.shape == (rows, keep, 32)
+    torch.testing.assert_close(pruned, whole[:, -keep:], rtol=0, atol=2e-5)
+    with torch.no_grad():  # and it reads the other positions: change one, its keys and values move the output
+        hidden[0, 0] += 1
+        moved = pruned_forward(layer, hidden, keep, mask[:, :, -keep:], embeddings, cache())
+    assert (moved[0] - pruned[0]).abs().max() > 1e-3 and torch.equal(moved[1:], pruned[1:])
+
+
+def test_a_layer_class_the_pruning_does_not_know_runs_whole(one_thread):
+    """A decoder layer with Llama's sub-modules but another forward (Granite scales its residuals) is not pruned:
+    the judge computes it whole and says so in its arithmetic; a known one is pruned under the causal split."""
+    import transformers
+
+    from mmw.judge.last_layer import last_layer, last_layer_pruned
+
+    config = transformers.GraniteConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, residual_multiplier=0.5)
+    granite = transformers.GraniteForCausalLM(config)
+    assert last_layer(granite) is None
+    with last_layer_pruned(granite, 3) as pruned:
+        assert not pruned and granite.model.layers[-1]._compiled_call_impl is None
+    judge = tiny_judge(digits_split=True)
+    judge.split_attention = True
+    assert judge.prune_last_layer and judge.arithmetic.endswith("+last")
+    judge.model.set_attn_implementation("eager")  # no causal split without SDPA: nothing pruned either
+    assert "last" not in judge.arithmetic
+
+
 def test_a_batch_with_a_row_not_beginning_with_the_head_is_computed_whole(one_thread):
     """A row whose tokens differ from the head (a tokenizer merging across its end) sends its whole batch through
     the plain single pass: the reference's bits exactly."""

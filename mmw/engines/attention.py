@@ -268,11 +268,26 @@ def _causal_split_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     key, value = pad(key, (0, 0, 0, width - keys)), pad(value, (0, 0, 0, width - keys))
     out = torch.nn.functional.scaled_dot_product_attention(
         pad(query, (0, 0, head, width - keys)), key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1)
-    folded = query[:, :, context:].reshape(batch, kv_heads, groups * extra, dim)
-    nodes = torch.nn.functional.scaled_dot_product_attention(  # the mask's rows once per query head of a group
-        folded, key, value, attn_mask=attention_mask.repeat(1, 1, groups, 1), scale=scaling)
-    out = torch.cat([out[:, :, head:head + context], nodes.reshape(batch, heads, extra, dim)], 2)
+    nodes = extra_query_attention(query[:, :, context:], key, value, attention_mask, scaling)
+    out = torch.cat([out[:, :, head:head + context], nodes], 2)
     return out.transpose(1, 2).contiguous(), None
+
+
+def extra_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor,
+                          scaling: float | None) -> torch.Tensor:
+    """The judge's X extra queries [B, H, X, D] over ``key``/``value`` [B, H_kv, K, D] under their additive mask
+    [B, 1, X, W] (W >= K: the keys are padded to it) -> [B, H, X, D]. The queries of each K/V head are folded into
+    one row block of its group (no K/V copies), the mask's rows repeated once per query head of a group."""
+    batch, heads, extra, dim = query.shape
+    kv_heads, keys, width = key.shape[1], key.shape[2], attention_mask.shape[-1]
+    groups = heads // kv_heads
+    if keys < width:
+        pad = torch.nn.functional.pad
+        key, value = pad(key, (0, 0, 0, width - keys)), pad(value, (0, 0, 0, width - keys))
+    nodes = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(batch, kv_heads, groups * extra, dim), key, value,
+        attn_mask=attention_mask.repeat(1, 1, groups, 1), scale=scaling)
+    return nodes.reshape(batch, heads, extra, dim)
 
 
 @contextmanager

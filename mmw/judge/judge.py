@@ -45,6 +45,7 @@ from mmw.engines.attention import (
 )
 from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
 from mmw.errors import SpecError
+from mmw.judge.last_layer import last_layer, last_layer_pruned
 from mmw.inductor import inductor_options
 
 RATING_SYSTEM = (
@@ -291,6 +292,7 @@ class Judge:
         compiled: bool | None = None,
         round_attention: bool | None = None,
         split_attention: bool | None = None,
+        prune_last_layer: bool = True,
     ):
         if not getattr(tokenizer, "chat_template", None):
             raise SpecError("rate.judge", "the judge's tokenizer has no chat template; use an instruction model")
@@ -310,6 +312,9 @@ class Judge:
         # rows' own tokens under a causal kernel, the extra positions (each row's last token, the trie's nodes)
         # apart under their mask (``mmw.engines.attention.causal_split_attention``); otherwise one dense tree mask.
         self.split_attention = model.device.type == "cuda" if split_attention is None else split_attention
+        # ``prune_last_layer``: under the causal split, the last decoder layer runs its queries, output projection
+        # and MLP at the kept positions only (``mmw.judge.last_layer``) where its class is one that module reproduces.
+        self.prune_last_layer = prune_last_layer and last_layer(model) is not None
         attention = getattr(model.config, "_attn_implementation", "eager")
         if attention not in ("sdpa", "eager"):
             raise SpecError("rate.judge", f"attention implementation {attention!r} cannot take the judge's tree mask",
@@ -359,11 +364,12 @@ class Judge:
         the forward is compiled (fused kernels round differently in the last bits) and whether, on CUDA, attention
         reads K/V heads by query-head group (another cuDNN kernel: other last bits) and rounds the attention's
         widths instead of the rows' (other matrix shapes: other last bits), or splits it causally
-        (:attr:`split_attention`: other kernels, other last bits)."""
+        (:attr:`split_attention`: other kernels, other last bits), and whether the causal split runs the last layer
+        at the kept positions only (:attr:`prune_last_layer`: other matrix shapes, other last bits)."""
         parts = [str(ARITHMETIC)] + ["compiled"] * (self._compiled is not None) \
             + ["gqa"] * (self.grouped_query and self.model.device.type == "cuda") \
             + [f"w{ROUNDED_WIDTH}"] * (self.round_attention and not self._splits) \
-            + [f"causal{ROUNDED_WIDTH}"] * self._splits
+            + [f"causal{ROUNDED_WIDTH}"] * self._splits + ["last"] * (self._splits and self.prune_last_layer)
         return "+".join(parts)
 
     @property
@@ -573,7 +579,8 @@ class Judge:
         additive = torch.zeros(n_rows, 1, extra, keys, dtype=self.model.dtype, device=device)
         additive.masked_fill_(~allowed[:, None], torch.finfo(self.model.dtype).min)
         roots = ids.gather(1, lengths[:, None])
-        return self._forward([causal_split_attention(self.model)],
+        return self._forward([causal_split_attention(self.model),
+                              last_layer_pruned(self.model, extra, self.prune_last_layer)],
                              torch.cat([ids[:, :width], roots, self._tree_tokens.expand(n_rows, extra - 1)], 1),
                              additive, positions, head)
 

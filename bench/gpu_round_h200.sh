@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# What is open on the GPU, in lent calls of at most 600 s (machines come rarely), each part under a timeout so that
+# the call ends before DEADLINE seconds (default 585). Run from the repository root with .gpu/ carried (.gpu/base: a
+# `git archive` of the code before, as bench/gpu_fullscale_ab_h200.sh reads it):
+#   bash bench/gpu_round_h200.sh 1   the full configuration as the machine's first process with fresh compiler caches
+#                                    (cold), then on them (warm); then the judge with its last layer pruned and whole,
+#                                    ROUNDS interleaved rounds (bench/gpu_judge_split.py), with the time left
+#   bash bench/gpu_round_h200.sh 2   the configuration up to rate_baseline (the judge built beside the baseline's
+#                                    decode) with fresh compiler caches, as it is and with the judge's pointwise kernels
+#                                    not timed on the device (MMW_BENCH_JUDGE_INDUCTOR), two interleaved rounds; then the
+#                                    tournament against plain sampling in mmw's graph loop, ROUNDS interleaved rounds
+#                                    (bench/gpu_tournament.py --parts decode --decode-only graph)
+#   bash bench/gpu_round_h200.sh 3   the configuration warm: the code before (.gpu/base), this code, the code before
+#                                    again (A B A)
+# Results under $OUT: r_*/ and b_*/ (gpu_fullscale.json), judge/gpu_judge_split.json, tournament/.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+deadline=${DEADLINE:-585}
+left() { local s=$(( deadline - SECONDS )); [ "$s" -gt "${1:-100000}" ] && s=$1; echo $(( s > 1 ? s : 1 )); }
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
+configs() { timeout "$(left "$1")" bash bench/gpu_fullscale_ab_h200.sh "${@:2}" 2>&1 \
+  | grep -E "^==|rc=[1-9]|Traceback|Error|^total" | tail -40; }
+case "${1:-1}" in
+  1)
+    configs 400 ..:r_cold:R ..:r_warm:R
+    source bench/gpu_setup_h200.sh && export PYTHONPATH=$PYTHONPATH:$PWD/bench
+    echo "== $(date +%T) judge, last layer pruned / whole, $(left) s left"
+    timeout "$(left)" python3 bench/gpu_judge_split.py --tokenizer /tmp/tokq --texts 48 --passes 2 \
+      --rounds "${ROUNDS:-3}" --only split/short,split/whole --out "$OUT/judge" 2>&1 \
+      | grep -v -i -E "warn|USDT|profiler" | tail -20 ;;
+  2)
+    stages=key,low_entropy_inputs,prompts,generate_baseline,rate_baseline
+    for r in 1 2; do
+      configs 160 "..:a_cold$r:A$r:$stages"
+      MMW_BENCH_JUDGE_INDUCTOR=triton.autotune_pointwise=False configs 160 "..:p_cold$r:P$r:$stages"
+    done
+    echo "== $(date +%T) tournament in the graph loop, $(left) s left"
+    OUT=$OUT/tournament timeout "$(left)" bash -c 'mkdir -p "$OUT" && bash bench/gpu_tournament_h200.sh \
+      --parts decode --decode-only graph --rounds "${ROUNDS:-3}"' 2>&1 | grep -v -i -E "warn|USDT" | tail -40 ;;
+  3)
+    configs 585 base:b_warm:R ..:r_warm2:R base:b_warm2:R ;;
+esac
+echo "== $(date +%T) done"
