@@ -10,6 +10,8 @@
 #                                    not timed on the device (MMW_BENCH_JUDGE_INDUCTOR), two interleaved rounds; then the
 #                                    tournament against plain sampling in mmw's graph loop, ROUNDS interleaved rounds
 #                                    (bench/gpu_tournament.py --parts decode --decode-only graph)
+#   bash bench/gpu_round_h200.sh ab  the judge's A/B of part 1, then the cold A/B of part 2 (auto: part 1 on an H200,
+#                                    ab on another card)
 #   bash bench/gpu_round_h200.sh 3   the configuration warm: the code before (.gpu/base), this code, the code before
 #                                    again (A B A)
 # Results under $OUT: r_*/ and b_*/ (gpu_fullscale.json), judge/gpu_judge_split.json, tournament/.
@@ -20,20 +22,32 @@ left() { local s=$(( deadline - SECONDS )); [ "$s" -gt "${1:-100000}" ] && s=$1;
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
 configs() { timeout "$(left "$1")" bash bench/gpu_fullscale_ab_h200.sh "${@:2}" 2>&1 \
   | grep -E "^==|rc=[1-9]|Traceback|Error|^total" | tail -40; }
-case "${1:-1}" in
+judge_ab() {
+  source bench/gpu_setup_h200.sh && export PYTHONPATH=$PYTHONPATH:$PWD/bench
+  echo "== $(date +%T) judge, last layer pruned / whole, $(left) s left"
+  timeout "$(left "$1")" python3 bench/gpu_judge_split.py --tokenizer /tmp/tokq --texts 48 --passes 2 \
+    --rounds "${ROUNDS:-3}" --only split/short,split/whole --out "$OUT/judge" 2>&1 \
+    | grep -v -i -E "warn|USDT|profiler" | tail -20
+}
+cold_ab() {
+  local stages=key,low_entropy_inputs,prompts,generate_baseline,rate_baseline
+  for r in 1 2; do
+    configs 160 "..:a_cold$r:A$r:$stages"
+    MMW_BENCH_JUDGE_INDUCTOR=triton.autotune_pointwise=False configs 160 "..:p_cold$r:P$r:$stages"
+  done
+}
+part=${1:-1}
+# auto: the H200 goals' runs on an H200; elsewhere the two A/Bs, which any card can answer
+[ "$part" = auto ] && { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && part=1 || part=ab; }
+case "$part" in
   1)
     configs 400 ..:r_cold:R ..:r_warm:R
-    source bench/gpu_setup_h200.sh && export PYTHONPATH=$PYTHONPATH:$PWD/bench
-    echo "== $(date +%T) judge, last layer pruned / whole, $(left) s left"
-    timeout "$(left)" python3 bench/gpu_judge_split.py --tokenizer /tmp/tokq --texts 48 --passes 2 \
-      --rounds "${ROUNDS:-3}" --only split/short,split/whole --out "$OUT/judge" 2>&1 \
-      | grep -v -i -E "warn|USDT|profiler" | tail -20 ;;
+    judge_ab ;;
+  ab)
+    judge_ab 250
+    cold_ab ;;
   2)
-    stages=key,low_entropy_inputs,prompts,generate_baseline,rate_baseline
-    for r in 1 2; do
-      configs 160 "..:a_cold$r:A$r:$stages"
-      MMW_BENCH_JUDGE_INDUCTOR=triton.autotune_pointwise=False configs 160 "..:p_cold$r:P$r:$stages"
-    done
+    cold_ab
     echo "== $(date +%T) tournament in the graph loop, $(left) s left"
     OUT=$OUT/tournament timeout "$(left)" bash -c 'mkdir -p "$OUT" && bash bench/gpu_tournament_h200.sh \
       --parts decode --decode-only graph --rounds "${ROUNDS:-3}"' 2>&1 | grep -v -i -E "warn|USDT" | tail -40 ;;
