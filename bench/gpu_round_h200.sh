@@ -7,7 +7,7 @@
 #                                    ROUNDS interleaved rounds (bench/gpu_judge_split.py), with the time left
 #   bash bench/gpu_round_h200.sh 2   the configuration up to rate_baseline (the judge built beside the baseline's
 #                                    decode) with fresh compiler caches, as it is and with the judge's pointwise kernels
-#                                    not timed on the device (MMW_BENCH_JUDGE_INDUCTOR), two interleaved rounds; then the
+#                                    timed on the device as before (MMW_BENCH_JUDGE_INDUCTOR), two interleaved rounds; then the
 #                                    tournament against plain sampling in mmw's graph loop, ROUNDS interleaved rounds
 #                                    (bench/gpu_tournament.py --parts decode --decode-only graph)
 #   bash bench/gpu_round_h200.sh ab  the judge's A/B of part 1, then the cold A/B of part 2 (auto: part 1 on an H200,
@@ -25,7 +25,7 @@ configs() { timeout "$(left "$1")" bash bench/gpu_fullscale_ab_h200.sh "${@:2}" 
 judge_ab() {
   source bench/gpu_setup_h200.sh && export PYTHONPATH=$PYTHONPATH:$PWD/bench
   echo "== $(date +%T) judge, last layer pruned / whole, $(left) s left"
-  timeout "$(left "$1")" python3 bench/gpu_judge_split.py --tokenizer /tmp/tokq --texts 48 --passes 2 \
+  timeout "$(left "${1:-100000}")" python3 bench/gpu_judge_split.py --tokenizer /tmp/tokq --texts 48 --passes 2 \
     --rounds "${ROUNDS:-3}" --only split/short,split/whole --out "$OUT/judge" 2>&1 \
     | grep -v -i -E "warn|USDT|profiler" | tail -20
 }
@@ -33,7 +33,7 @@ cold_ab() {
   local stages=key,low_entropy_inputs,prompts,generate_baseline,rate_baseline
   for r in 1 2; do
     configs 160 "..:a_cold$r:A$r:$stages"
-    MMW_BENCH_JUDGE_INDUCTOR=triton.autotune_pointwise=False configs 160 "..:p_cold$r:P$r:$stages"
+    MMW_BENCH_JUDGE_INDUCTOR=triton.autotune_pointwise=True configs 160 "..:t_cold$r:T$r:$stages"
   done
 }
 part=${1:-1}
@@ -46,6 +46,8 @@ case "$part" in
   ab)
     judge_ab 250
     cold_ab ;;
+  judge)
+    judge_ab ;;
   2)
     cold_ab
     echo "== $(date +%T) tournament in the graph loop, $(left) s left"

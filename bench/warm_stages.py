@@ -11,8 +11,8 @@ loads of the models it uses. ``MMW_BENCH_PROFILE=DIR`` runs each stage under cPr
 stages' set-up that can run beside a decode is scheduled (``mmw.sweep.pipeline.schedule_ahead``: the judge built while
 the baseline decodes); ``MMW_BENCH_NO_AHEAD=1`` leaves every stage to build its own, for an A/B on one tree.
 ``MMW_BENCH_JUDGE_INDUCTOR=KEY=VALUE[,KEY=VALUE...]`` adds Inductor options to the judge's compile only (e.g.
-``triton.autotune_pointwise=False``: its pointwise kernels' launch settings by rule, not timed on the device while
-the baseline decodes), for an A/B on one tree; values are Python literals.
+``triton.autotune_pointwise=True``: its pointwise kernels' launch settings timed on the device while the baseline
+decodes, as before mmw.inductor's ``time_pointwise``), for an A/B on one tree; values are Python literals.
 """
 
 from __future__ import annotations

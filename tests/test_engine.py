@@ -362,6 +362,7 @@ def test_inductor_options_keep_the_mode_and_add_the_deterministic_mode():
     assert inductor_options("default") == {"deterministic": True}
     assert inductor_options("reduce-overhead") == {"triton.cudagraphs": True, "deterministic": True}
     assert inductor_options("max-autotune")["max_autotune"] is True
+    assert inductor_options(time_pointwise=False) == {"deterministic": True, "triton.autotune_pointwise": False}
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
@@ -387,8 +388,9 @@ def test_a_compile_with_mmws_options_generates_code_in_deterministic_mode_after_
     with torch._inductor.config.patch(deterministic=True):  # as TORCHINDUCTOR_DETERMINISTIC=1 sets it
         torch.compile(lambda t: t * 2)(x)  # some other compile first
         for scale in (3.0, 4.0):
-            out = torch.compile(lambda t: t * scale + 1, dynamic=False,
-                                options={**inductor_options(), "post_grad_custom_post_pass": Probe()})(x)
+            out = torch.compile(lambda t: t * scale + 1, dynamic=False,  # the judge's options: the same mode
+                                options={**inductor_options(time_pointwise=scale == 4.0),
+                                         "post_grad_custom_post_pass": Probe()})(x)
             assert torch.equal(out, x * scale + 1)
     assert seen == [True, True]
 
