@@ -14,7 +14,7 @@
 #                                    ab on another card)
 #   bash bench/gpu_round_h200.sh 3   the configuration warm: the code before (.gpu/base), this code, the code before
 #                                    again (A B A)
-# Results under $OUT: r_*/ and b_*/ (gpu_fullscale.json), judge/gpu_judge_split.json, tournament/.
+# Results under $OUT: r_*/, a_cold*/, t_cold*/ and b_*/ (gpu_fullscale.json), judge/gpu_judge_split.json, tournament/.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 deadline=${DEADLINE:-585}

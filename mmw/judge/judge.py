@@ -45,8 +45,8 @@ from mmw.engines.attention import (
 )
 from mmw.engines.generate import neutral_generation_config, neutral_model_defaults
 from mmw.errors import SpecError
-from mmw.judge.last_layer import last_layer, last_layer_pruned
 from mmw.inductor import inductor_options
+from mmw.judge.last_layer import last_layer, last_layer_pruned
 
 RATING_SYSTEM = (
     "You are given a prompt and a response, and you provide a grade out of 100 measuring the quality of the "
