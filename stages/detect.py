@@ -61,6 +61,39 @@ def detection_model(params: Params):
     return generator_model(params.model.name, params.model.device, params.model.dtype)
 
 
+def schedule_ahead(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
+    """In a process that runs several stages (``mmw.sweep.pipeline.schedule_ahead``): have the detector's numba
+    CUDA kernels compiled (or read from numba's disk cache) while a generation stage decodes (``mmw.engines.ahead``),
+    where the detector is mmw's own and runs on CUDA. A kernel compiled for a signature is the same whoever compiles
+    it; the stage then finds it in numba's dispatchers (on a fresh machine ~1.7 s of detect_baseline's ~2.3 s of
+    first kernel calls on an H100, bench/results/gpu.md). One job serves both detect stages."""
+    if which != "baseline":
+        return
+    from mmw.engines import ahead
+
+    params = load_params(params_path, ("model", "scheme", "detect"), models={"scheme": SchemeSpec})
+    # a plugin scores by its own code; the CPU twin's parallel kernels stay on the stage's thread (they set the
+    # process's OpenMP thread count, mmw.provenance.settle_threads)
+    if not params.scheme.is_plugin and params.detect.device in ("auto", "cuda"):
+        ahead.schedule(("detect kernels", params.scheme.model_dump_json(), params.model.name),
+                       lambda: compile_kernels(params), 0)
+
+
+def compile_kernels(params: Params, texts: int = 3, tokens: int = 48) -> bool:
+    """Run the CUDA detector of ``params`` on ``texts`` random texts of up to ``tokens`` token ids (under key 0: a
+    kernel's signature holds the key's type, not its value), so numba compiles every kernel its stages call.
+    Returns whether it ran (False where ``detect.device`` resolves to the CPU)."""
+    from mmw.kernels.backend import resolve_device
+
+    if resolve_device(params.detect.device) != "cuda":
+        return False
+    _, vocab_size = load_generator_vocabulary(params.model)
+    detector = build_detector(params.scheme, 0, vocab_size, params.detect.device)
+    generator = np.random.default_rng(0)
+    detector.score([generator.integers(0, vocab_size, size=tokens - i, dtype=np.int64) for i in range(texts)])
+    return True
+
+
 def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     """Write ``data/detections/<which>.parquet``.
 

@@ -299,3 +299,66 @@ def test_the_fused_layer_classes_are_lifted_for_a_job_beside_the_decode(room):
     assert seen == [own]
     assert (modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaMLP.forward,
             modeling_llama.apply_rotary_pos_emb) == own
+
+
+def _board(tmp_path: Path, **sections: dict) -> Path:
+    """The repository's params.yaml with ``sections``' keys replaced (a section whose new keys name a ``sampler``:
+    replaced whole), written under ``tmp_path``."""
+    import yaml
+
+    board = yaml.safe_load(Path("params.yaml").read_text())
+    for section, values in sections.items():
+        board[section] = values if "sampler" in values else {**board[section], **values}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(board))
+    return path
+
+
+@pytest.mark.parametrize(("which", "sections", "scheduled"), [
+    ("baseline", {}, True),
+    ("baseline", {"detect": {"device": "cuda"}}, True),
+    ("watermarked", {}, False),  # one job serves both stages
+    ("baseline", {"detect": {"device": "cpu"}}, False),  # the CPU twin's parallel kernels: on the stage's thread
+    ("baseline", {"detect": {"device": "reference"}}, False),
+    ("baseline", {"scheme": {"sampler": "plugin", "plugin": "hf_synthid"}}, False),  # its own scoring code
+])
+def test_the_detect_stage_compiles_its_cuda_kernels_ahead_where_they_run(tmp_path, which, sections, scheduled, room):
+    from mmw.stages import detect
+
+    detect.schedule_ahead(which, _board(tmp_path, **sections))
+    assert bool(ahead.pending()) == scheduled
+
+
+def test_the_kernel_job_runs_the_stages_detector_on_random_ids_under_key_zero(tmp_path, monkeypatch, room):
+    """The job builds the detector the stage builds (its scheme, vocabulary and device; key 0: a kernel's
+    signature holds the key's type only) and scores a few texts of valid ids on the side thread; where the device
+    resolves to the CPU it runs nothing there."""
+    import numpy as np
+
+    from mmw.kernels import backend
+    from mmw.stages import detect
+
+    built: list[tuple] = []
+
+    class Spy:
+        def __init__(self, scheme, key, vocab_size, device):
+            built.append((scheme.sampler, key, vocab_size, device, threading.current_thread().name))
+            self.vocab_size = vocab_size
+
+        def score(self, texts):
+            built.append([(t.dtype, len(t), int(t.min()) >= 0 and int(t.max()) < self.vocab_size) for t in texts])
+
+    monkeypatch.setattr(detect, "build_detector", Spy)
+    path = _board(tmp_path, detect={"device": "auto"})
+    detect.schedule_ahead("baseline", path)
+    assert ahead.device_busy(CPU)
+    ahead.settle()
+    assert built == [] and [job.value for job in ahead._JOBS.values()] == [False]  # no GPU here: nothing ran
+    ahead.forget()
+    monkeypatch.setattr(backend, "resolve_device", lambda device: "cuda")
+    detect.schedule_ahead("baseline", path)
+    assert ahead.device_busy(CPU)
+    ahead.settle()
+    _, vocab_size = detect.load_generator_vocabulary(detect.load_params(path, ("model",)).model)
+    assert built[0] == ("distribution_shift", 0, vocab_size, "auto", "mmw-ahead")
+    assert built[1] == [(np.dtype(np.int64), 48 - i, True) for i in range(3)]
