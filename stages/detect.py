@@ -65,8 +65,9 @@ def schedule_ahead(which: Literal["baseline", "watermarked"], params_path: Path)
     """In a process that runs several stages (``mmw.sweep.pipeline.schedule_ahead``): have the detector's numba
     CUDA kernels compiled (or read from numba's disk cache) while a generation stage decodes (``mmw.engines.ahead``),
     where the detector is mmw's own and runs on CUDA. A kernel compiled for a signature is the same whoever compiles
-    it; the stage then finds it in numba's dispatchers (on a fresh machine ~1.7 s of detect_baseline's ~2.3 s of
-    first kernel calls on an H100, bench/results/gpu.md). One job serves both detect stages."""
+    it; the stage then finds it in numba's dispatchers (on one H100 detect_baseline's first kernel calls took 2.3 s
+    with fresh caches, 0.6 s with numba's disk cache filled; bench/results/gpu.md). One job serves both detect
+    stages."""
     if which != "baseline":
         return
     from mmw.engines import ahead

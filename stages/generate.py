@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -10,7 +11,7 @@ from mmw.engines.generate import generate_table
 from mmw.engines.models import compile_workers_up, load_model
 from mmw.io import GENERATIONS, PROMPTS, read_table
 from mmw.keys import key_fingerprint, resolve_key
-from mmw.params import load_params
+from mmw.params import EngineParams, Params, load_params
 from mmw.watermark.build import build_processor
 from mmw.watermark.plugin_generation import preflight
 from mmw.provenance import note_engine
@@ -26,6 +27,56 @@ def resume_fingerprint(temperature: float, spec: SchemeSpec | None, key: int | N
     if spec is not None:
         parts += [repr(sorted(spec.to_dict().items())), key_fingerprint(key)]
     return "\x00".join(parts)
+
+
+def batch_processor(spec: SchemeSpec | None, key: int | None, vocab_size: int, temperature: float,
+                    settings: EngineParams, row_seeds: list[int]):
+    """The processor of one batch of rows (``row_seeds``), as params ``engine`` (``settings``) asks."""
+    return build_processor(spec, key, vocab_size, row_seeds, temperature,
+                           compiled=None if settings.compile_step else False, compile_mode=settings.compile_mode)
+
+
+def schedule_ahead(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
+    """In a process that runs several stages (``mmw.sweep.pipeline.schedule_ahead``): have the watermarked stage's
+    compiled watermark step built while the baseline decodes (``mmw.engines.ahead``), by :func:`compile_step`."""
+    if which != "watermarked":
+        return
+    from mmw.engines import ahead
+
+    params = load_params(params_path, ("seed", "model", "scheme", "key", "engine"), models={"scheme": SchemeSpec})
+    if params.model.engine == "transformers" and not params.scheme.is_plugin and params.engine.compile_step:
+        ahead.schedule(("watermark step", params.scheme.model_dump_json(), params.model.name),
+                       lambda: compile_step(params), 0)
+
+
+def compile_step(params: Params) -> bool:
+    """Compile the watermark step of ``params``' watermarked generation for its first batch, as the stage's decode
+    loop will call it (``mmw.engines.graph_decode``): the same cached step (``mmw.watermark.processor.
+    watermark_step``: one per scheme, key, vocabulary, temperature and compile setting), inputs of the shapes and
+    types the loop gives it, under inference mode; the stage's first call then finds the compiled code (Dynamo's
+    cache, keyed by the step's code and guarded by these shapes). The inputs' values are zeros: compiling reads
+    only shapes, and the step's own buffers are those of a processor the stage never sees. Returns whether it
+    compiled (False where the stage would not decode through that loop: no CUDA, another engine's switches)."""
+    import torch
+
+    from mmw.engines.generate import use_static_decode
+    from mmw.engines.graph_decode import graph_default
+
+    tokenizer, model = load_model(params.model.name, params.model.device, params.model.dtype)  # the loaded one
+    rows = min(params.model.batch_size, read_table(PROMPTS, columns=("prompt_id",)).height)
+    settings = params.engine
+    processor = batch_processor(params.scheme, resolve_key(params.key), generator_vocab_size(tokenizer, model),
+                                params.model.temperature, settings, [0] * rows)
+    device = model.device
+    if not (rows and use_static_decode(model, processor, processor.window_context, settings)
+            and graph_default(device, settings.graph_decode)):
+        return False
+    with torch.inference_mode():
+        processor.begin_static(rows, params.model.max_new_tokens, device, graph=True)
+        scores = torch.zeros(rows, model.get_output_embeddings().out_features, dtype=torch.float32, device=device)
+        context = torch.zeros(rows, processor.window_context, dtype=torch.int64, device=device)
+        processor.static_step(context, scores, torch.zeros(1, dtype=torch.int64, device=device))
+    return True
 
 
 def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
@@ -65,12 +116,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
             preflight(spec, key, vocab_size, temperature)  # a misbehaving plugin fails here, before any batch
 
         settings = params.engine
-
-        def processor_factory(row_seeds: list[int]):
-            return build_processor(spec, key, vocab_size, row_seeds, temperature,
-                                   compiled=None if settings.compile_step else False,
-                                   compile_mode=settings.compile_mode)
-
+        processor_factory = partial(batch_processor, spec, key, vocab_size, temperature, settings)
         fingerprint = resume_fingerprint(temperature, spec, key)
         table = generate_table(model, tokenizer, prompts, GENERATIONS[which], processor_factory,
                                params.model.max_new_tokens, params.model.batch_size, seed=params.seed,

@@ -242,3 +242,102 @@ def test_fusing_is_cuda_only_and_a_compiler_failure_decodes_unfused_with_a_warni
         fallback = run(tokenizer, model, chats, SPECS["c4"], True, monkeypatch)
     assert fallback["tokens"] == plain["tokens"] and fallback["text"] == plain["text"]
     assert modeling_llama.LlamaRMSNorm.forward is original
+
+
+def _board(tmp_path, **sections) -> "Params":
+    """The repository's params.yaml with ``sections``' keys replaced, as the stages load it."""
+    from pathlib import Path
+
+    import yaml
+
+    from mmw.params import load_params
+
+    board = yaml.safe_load((Path(__file__).resolve().parent.parent / "params.yaml").read_text())
+    for section, values in sections.items():
+        board[section] = {**board[section], **values}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(board))
+    return load_params(path, ("seed", "model", "scheme", "key", "engine"), models={"scheme": SchemeSpec})
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler")
+def test_the_watermark_step_compiled_ahead_is_the_one_the_decode_loop_then_calls(tiny, tmp_path, monkeypatch):
+    """``stages.generate.compile_step`` (run beside the baseline's decode) compiles the watermarked stage's step for
+    its first batch with the inputs the decode loop gives it: the loop's first call, on a processor of the stage's
+    own, compiles nothing more (the CPU standing in for CUDA: the static cache, the graph flag and the step's
+    compile switched on here)."""
+    import polars as pl
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from mmw.engines import graph_decode
+    from mmw.keys import resolve_key
+    from mmw.stages import generate as stage
+    from mmw.watermark import processor as step_module
+
+    tokenizer, model = tiny
+    monkeypatch.setattr(engine, "CACHE_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(graph_decode, "graph_default", lambda device, graph_decode=True: graph_decode)
+    monkeypatch.setattr(step_module, "compile_default", lambda device: True)
+    monkeypatch.setattr(stage, "load_model", lambda *args, **kwargs: (tokenizer, model))
+    monkeypatch.chdir(tmp_path)
+    chats, ids = tiny_chats(3)
+    chats = [c + " the" * 3 for c in chats]
+    (tmp_path / "data").mkdir()
+    pl.DataFrame({"prompt_id": ids}).write_parquet(tmp_path / "data" / "prompts.parquet")
+    params = _board(tmp_path, model={"batch_size": 8, "max_new_tokens": 4, "temperature": 1.0})
+    torch._dynamo.reset()
+    step_module.watermark_step.cache_clear()
+    counters.clear()
+    assert stage.compile_step(params)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1
+    vocab_size = stage.generator_vocab_size(tokenizer, model)
+    processor = stage.batch_processor(params.scheme, resolve_key(params.key), vocab_size, 1.0, params.engine,
+                                      [engine.row_seed(7, i) for i in ids])
+    batch = tokenizer.pad({"input_ids": tokenizer(chats, add_special_tokens=False)["input_ids"]}, padding=True,
+                          padding_side="left", return_tensors="pt")
+    with torch.inference_mode():  # the stage's first call of the step, as static_decode makes it
+        processor.begin_static(3, 4, model.device, graph=True)
+        decoder = graph_decode._Decoder(model, batch["input_ids"], batch["attention_mask"], processor, 4,
+                                        [tokenizer.eos_token_id], tokenizer.pad_token_id)
+        decoder.choose(decoder.prefill_scores())
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert processor._step is step_module.watermark_step(params.scheme, resolve_key(params.key), vocab_size, 1.0,
+                                                         True, "default", dynamic=False)
+
+
+@pytest.mark.parametrize(("which", "sections", "scheduled"), [
+    ("watermarked", {}, True),
+    ("baseline", {}, False),  # plain sampling's step is compiled by the decode it runs in
+    ("watermarked", {"engine": {"compile_step": False}}, False),
+    ("watermarked", {"model": {"engine": "vllm"}}, False),
+])
+def test_the_watermarked_stage_schedules_its_step_where_it_compiles_one(tmp_path, monkeypatch, which, sections,
+                                                                        scheduled):
+    import yaml
+
+    from mmw.engines import ahead
+    from mmw.stages import generate as stage
+
+    board = _board(tmp_path, **sections)  # written as tmp_path/params.yaml
+    assert board is not None
+    try:
+        stage.schedule_ahead(which, tmp_path / "params.yaml")
+        assert bool(ahead.pending()) == scheduled
+    finally:
+        ahead.forget()
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())  # the board itself untouched
+
+
+def test_off_cuda_the_step_job_compiles_nothing(tiny, tmp_path, monkeypatch):
+    import polars as pl
+
+    from mmw.stages import generate as stage
+
+    tokenizer, model = tiny
+    monkeypatch.setattr(stage, "load_model", lambda *args, **kwargs: (tokenizer, model))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    pl.DataFrame({"prompt_id": ["a", "b"]}).write_parquet(tmp_path / "data" / "prompts.parquet")
+    assert stage.compile_step(_board(tmp_path)) is False
