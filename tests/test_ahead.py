@@ -306,7 +306,7 @@ def _board(tmp_path: Path, **sections: dict) -> Path:
     replaced whole), written under ``tmp_path``."""
     import yaml
 
-    board = yaml.safe_load(Path("params.yaml").read_text())
+    board = yaml.safe_load((Path(__file__).resolve().parent.parent / "params.yaml").read_text())
     for section, values in sections.items():
         board[section] = values if "sampler" in values else {**board[section], **values}
     path = tmp_path / "params.yaml"

@@ -18,6 +18,7 @@ from mmw.engines.generate import generate_batch
 from mmw.params import EngineParams
 from mmw.watermark.processor import WatermarkProcessor
 from mmw.watermark.scheme import SchemeSpec
+from test_ahead import _board as board_file
 from test_engine import tiny, tiny_chats, tiny_model  # noqa: F401 - fixtures
 
 KEY = prf.key_from_string("graph decode tests")
@@ -244,20 +245,12 @@ def test_fusing_is_cuda_only_and_a_compiler_failure_decodes_unfused_with_a_warni
     assert modeling_llama.LlamaRMSNorm.forward is original
 
 
-def _board(tmp_path, **sections) -> "Params":
-    """The repository's params.yaml with ``sections``' keys replaced, as the stages load it."""
-    from pathlib import Path
-
-    import yaml
-
+def _board(tmp_path, **sections):
+    """The repository's params.yaml with ``sections``' keys replaced, loaded as the generate stage loads it."""
     from mmw.params import load_params
 
-    board = yaml.safe_load((Path(__file__).resolve().parent.parent / "params.yaml").read_text())
-    for section, values in sections.items():
-        board[section] = {**board[section], **values}
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(board))
-    return load_params(path, ("seed", "model", "scheme", "key", "engine"), models={"scheme": SchemeSpec})
+    return load_params(board_file(tmp_path, **sections), ("seed", "model", "scheme", "key", "engine"),
+                       models={"scheme": SchemeSpec})
 
 
 @pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler")
@@ -315,19 +308,14 @@ def test_the_watermark_step_compiled_ahead_is_the_one_the_decode_loop_then_calls
 ])
 def test_the_watermarked_stage_schedules_its_step_where_it_compiles_one(tmp_path, monkeypatch, which, sections,
                                                                         scheduled):
-    import yaml
-
     from mmw.engines import ahead
     from mmw.stages import generate as stage
 
-    board = _board(tmp_path, **sections)  # written as tmp_path/params.yaml
-    assert board is not None
     try:
-        stage.schedule_ahead(which, tmp_path / "params.yaml")
+        stage.schedule_ahead(which, board_file(tmp_path, **sections))
         assert bool(ahead.pending()) == scheduled
     finally:
         ahead.forget()
-    assert yaml.safe_load((tmp_path / "params.yaml").read_text())  # the board itself untouched
 
 
 def test_off_cuda_the_step_job_compiles_nothing(tiny, tmp_path, monkeypatch):
