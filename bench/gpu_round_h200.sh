@@ -6,15 +6,19 @@
 #                                    (cold), then on them (warm); then the judge with its last layer pruned and whole,
 #                                    ROUNDS interleaved rounds (bench/gpu_judge_split.py), with the time left
 #   bash bench/gpu_round_h200.sh 2   the configuration up to rate_baseline (the judge built beside the baseline's
-#                                    decode) with fresh compiler caches, as it is and with the judge's pointwise kernels
-#                                    timed on the device as before (MMW_BENCH_JUDGE_INDUCTOR), two interleaved rounds; then the
-#                                    tournament against plain sampling in mmw's graph loop, ROUNDS interleaved rounds
+#                                    decode) with fresh compiler caches, as it is and with the judge's pointwise
+#                                    kernels timed on the device as before (MMW_BENCH_JUDGE_INDUCTOR), two
+#                                    interleaved rounds; then the tournament against plain sampling in mmw's graph loop, ROUNDS interleaved rounds
 #                                    (bench/gpu_tournament.py --parts decode --decode-only graph)
 #   bash bench/gpu_round_h200.sh ab  the judge's A/B of part 1, then the cold A/B of part 2 (auto: part 1 on an H200,
 #                                    ab on another card)
 #   bash bench/gpu_round_h200.sh 3   the configuration warm: the code before (.gpu/base), this code, the code before
 #                                    again (A B A)
-# Results under $OUT: r_*/, a_cold*/, t_cold*/ and b_*/ (gpu_fullscale.json), judge/gpu_judge_split.json, tournament/.
+#   bash bench/gpu_round_h200.sh jobs  the configuration up to rate_baseline with fresh compiler caches, every set-up
+#                                    job beside the baseline's decode against the judge's alone (MMW_BENCH_AHEAD:
+#                                    the watermark step and numba's kernels compiled in their stages), A B B A
+# Results under $OUT: r_*/, a_cold*/, t_cold*/, j_cold*/, k_cold*/ and b_*/ (gpu_fullscale.json),
+# judge/gpu_judge_split.json, tournament/.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 deadline=${DEADLINE:-585}
@@ -53,6 +57,12 @@ case "$part" in
     echo "== $(date +%T) tournament in the graph loop, $(left) s left"
     OUT=$OUT/tournament timeout "$(left)" bash -c 'mkdir -p "$OUT" && bash bench/gpu_tournament_h200.sh \
       --parts decode --decode-only graph --rounds "${ROUNDS:-3}"' 2>&1 | grep -v -i -E "warn|USDT" | tail -40 ;;
+  jobs)
+    stages=key,low_entropy_inputs,prompts,generate_baseline,generate_watermarked,detect_baseline,rate_baseline
+    configs 150 "..:j_cold1:J1:$stages"
+    MMW_BENCH_AHEAD=rate_baseline configs 150 "..:k_cold1:K1:$stages"
+    MMW_BENCH_AHEAD=rate_baseline configs 150 "..:k_cold2:K2:$stages"
+    configs 150 "..:j_cold2:J2:$stages" ;;
   3)
     configs 585 base:b_warm:R ..:r_warm2:R base:b_warm2:R ;;
 esac

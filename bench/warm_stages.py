@@ -9,7 +9,8 @@ the run goes on, as the subprocess harness does); the first stage's time include
 loads of the models it uses. ``MMW_BENCH_PROFILE=DIR`` runs each stage under cProfile and writes
 ``DIR/<stage>.prof`` and ``DIR/<stage>.txt`` (the 40 calls with the most cumulative time). As a pack does, the
 stages' set-up that can run beside a decode is scheduled (``mmw.sweep.pipeline.schedule_ahead``: the judge built while
-the baseline decodes); ``MMW_BENCH_NO_AHEAD=1`` leaves every stage to build its own, for an A/B on one tree.
+the baseline decodes); ``MMW_BENCH_NO_AHEAD=1`` leaves every stage to build its own, for an A/B on one tree;
+``MMW_BENCH_AHEAD=STAGE[,STAGE...]`` schedules only those stages' set-up (e.g. ``rate_baseline``: the judge alone).
 ``MMW_BENCH_JUDGE_INDUCTOR=KEY=VALUE[,KEY=VALUE...]`` adds Inductor options to the judge's compile only (e.g.
 ``triton.autotune_pointwise=True``: its pointwise kernels' launch settings timed on the device while the baseline
 decodes, as before mmw.inductor's ``time_pointwise``), for an A/B on one tree; values are Python literals.
@@ -34,8 +35,10 @@ class Split:
     """``MMW_BENCH_SPLIT=1``: where a stage's time goes, from timers wrapped around a few calls (no profiler): the
     decode loop (``static_decode``, synchronised at both ends) and its parts (the prefill, the eager steps, which
     compile the watermark step and the decoding attention, and the CUDA-graph captures), model loads, the judge's
-    set-up after its load (``judge_init``), the detector's numba calls (``detect_kernels``), and Dynamo's
-    own compile-time metrics (``torch._dynamo.utils.compilation_time_metrics``). One JSON line a stage:
+    set-up after its load (``judge_init``), the detector's numba calls (``detect_kernels``), the decode loop's wait
+    for the set-up run beside it (``ahead_wait``: :func:`mmw.engines.ahead.settle`, where the jobs outlast the
+    decode), each such job's seconds on the side thread (``ahead_jobs``: the jobs that ended in the stage), and
+    Dynamo's own compile-time metrics (``torch._dynamo.utils.compilation_time_metrics``). One JSON line a stage:
     ``{"split": STAGE, ...seconds, calls}``. Built before the stage modules are imported (which bind ``load_model``
     by name); a timer that never ran is absent from the line."""
 
@@ -53,6 +56,10 @@ class Split:
         self._wrap(graph_decode._Decoder, "step", "eager_steps", None)  # also runs under capture: never sync
         self._wrap(graph_decode, "_capture", "captures", None)  # synchronises itself
         self._wrap(models, "load_model", "load_model", None)
+        from mmw.engines import ahead
+
+        self.ahead = ahead
+        self._wrap(ahead, "settle", "ahead_wait", None)  # graph_decode calls ahead.settle through the module
         from mmw.judge.judge import Judge
         from mmw.kernels.backend import NumbaBackend
 
@@ -102,12 +109,20 @@ class Split:
         self._dynamo0 = self.dynamo_s()
         self._graphs0 = self.torch._dynamo.utils.counters["stats"]["unique_graphs"]
         self.fused.clear()
+        self._jobs0 = self.finished_jobs()
+
+    def finished_jobs(self) -> dict[str, float]:
+        """Seconds on the side thread of each job done so far, by its key's first field (the judge, the watermark
+        step, the detector's kernels)."""
+        return {str(key[0] if isinstance(key, tuple) else key): round(job.seconds, 3)
+                for key, job in self.ahead._JOBS.items() if job.state in ("done", "failed")}
 
     def line(self, stage: str) -> str:
         graphs = self.torch._dynamo.utils.counters["stats"]["unique_graphs"]
         return json.dumps({"split": stage, **{k: round(v, 3) for k, v in self.seconds.items()},
                            "calls": dict(self.calls), "dynamo_compile_s": round(self.dynamo_s() - self._dynamo0, 3),
-                           "fused_pieces": list(self.fused), "dynamo_graphs": graphs - self._graphs0})
+                           "fused_pieces": list(self.fused), "dynamo_graphs": graphs - self._graphs0,
+                           "ahead_jobs": {k: v for k, v in self.finished_jobs().items() if k not in self._jobs0}})
 
 
 def write_profile(profiler: cProfile.Profile, folder: Path, stage: str) -> None:
@@ -146,7 +161,9 @@ def main(repo: str, stages: str) -> int:
     with shared_loads():
         schedule_ahead = getattr(pipeline, "schedule_ahead", None)  # trees before it have none
         if schedule_ahead is not None and not os.environ.get("MMW_BENCH_NO_AHEAD"):
-            schedule_ahead(plan)  # as a packed unit does: the judge built while the baseline decodes
+            only = os.environ.get("MMW_BENCH_AHEAD")
+            # as a packed unit does: the judge (and the other stages' set-up) built while the baseline decodes
+            schedule_ahead([s for s in plan if s.name in only.split(",")] if only else plan)
         for stage in plan:
             if split is not None:
                 split.begin()
