@@ -8,7 +8,8 @@
 #   bash bench/gpu_round_h200.sh 2   the configuration up to rate_baseline (the judge built beside the baseline's
 #                                    decode) with fresh compiler caches, as it is and with the judge's pointwise
 #                                    kernels timed on the device as before (MMW_BENCH_JUDGE_INDUCTOR), two
-#                                    interleaved rounds; then the tournament against plain sampling in mmw's graph loop, ROUNDS interleaved rounds
+#                                    interleaved rounds; then the tournament against plain sampling in mmw's graph
+#                                    loop, ROUNDS interleaved rounds
 #                                    (bench/gpu_tournament.py --parts decode --decode-only graph)
 #   bash bench/gpu_round_h200.sh ab  the judge's A/B of part 1, then the cold A/B of part 2 (auto: part 1 on an H200,
 #                                    ab on another card)
