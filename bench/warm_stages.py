@@ -14,6 +14,7 @@ the baseline decodes); ``MMW_BENCH_NO_AHEAD=1`` leaves every stage to build its 
 ``MMW_BENCH_JUDGE_INDUCTOR=KEY=VALUE[,KEY=VALUE...]`` adds Inductor options to the judge's compile only (e.g.
 ``triton.autotune_pointwise=True``: its pointwise kernels' launch settings timed on the device while the baseline
 decodes, as before mmw.inductor's ``time_pointwise``), for an A/B on one tree; values are Python literals.
+``MMW_BENCH_STEP_INDUCTOR`` does the same for the watermark step's compile (``mmw.watermark.processor``).
 """
 
 from __future__ import annotations
@@ -134,16 +135,22 @@ def write_profile(profiler: cProfile.Profile, folder: Path, stage: str) -> None:
     (folder / f"{stage}.txt").write_text(text.getvalue())
 
 
-def judge_inductor_options(spec: str) -> None:
-    """The judge's ``torch.compile`` options with ``spec``'s (``KEY=VALUE,...``) added."""
+#: Bench switches that add Inductor options to one compile: the module whose ``inductor_options`` they patch.
+INDUCTOR_SWITCHES = {"MMW_BENCH_JUDGE_INDUCTOR": "mmw.judge.judge",
+                     "MMW_BENCH_STEP_INDUCTOR": "mmw.watermark.processor"}
+
+
+def added_inductor_options(module_name: str, spec: str) -> None:
+    """``torch.compile`` options of the compiles in ``module_name`` (the judge's layers, the watermark step) with
+    ``spec``'s (``KEY=VALUE,...``) added."""
     import ast
+    import importlib
 
-    from mmw.judge import judge
-
+    module = importlib.import_module(module_name)
     extra = {key: ast.literal_eval(value) for key, value in (item.split("=", 1) for item in spec.split(","))}
-    options = judge.inductor_options
-    judge.inductor_options = lambda *args, **kwargs: {**options(*args, **kwargs), **extra}
-    print(f"judge's Inductor options: + {extra}", flush=True)
+    options = module.inductor_options
+    module.inductor_options = lambda *args, **kwargs: {**options(*args, **kwargs), **extra}
+    print(f"{module_name}'s Inductor options: + {extra}", flush=True)
 
 
 def main(repo: str, stages: str) -> int:
@@ -155,8 +162,9 @@ def main(repo: str, stages: str) -> int:
     plan = [stage for stage in stage_plan(Path(repo))[0] if stage.name in wanted]
     failed = 0
     split = Split() if os.environ.get("MMW_BENCH_SPLIT") else None
-    if os.environ.get("MMW_BENCH_JUDGE_INDUCTOR"):
-        judge_inductor_options(os.environ["MMW_BENCH_JUDGE_INDUCTOR"])
+    for switch, module_name in INDUCTOR_SWITCHES.items():
+        if os.environ.get(switch):
+            added_inductor_options(module_name, os.environ[switch])
     profiles = Path(os.environ["MMW_BENCH_PROFILE"]) if os.environ.get("MMW_BENCH_PROFILE") else None
     with shared_loads():
         schedule_ahead = getattr(pipeline, "schedule_ahead", None)  # trees before it have none
