@@ -57,10 +57,13 @@ class Split:
         self._wrap(graph_decode._Decoder, "step", "eager_steps", None)  # also runs under capture: never sync
         self._wrap(graph_decode, "_capture", "captures", None)  # synchronises itself
         self._wrap(models, "load_model", "load_model", None)
-        from mmw.engines import ahead
-
+        try:
+            from mmw.engines import ahead
+        except ImportError:  # trees before it have none
+            ahead = None
         self.ahead = ahead
-        self._wrap(ahead, "settle", "ahead_wait", None)  # graph_decode calls ahead.settle through the module
+        if ahead is not None:
+            self._wrap(ahead, "settle", "ahead_wait", None)  # graph_decode calls ahead.settle through the module
         from mmw.judge.judge import Judge
         from mmw.kernels.backend import NumbaBackend
 
@@ -115,8 +118,9 @@ class Split:
     def finished_jobs(self) -> dict[str, float]:
         """Seconds on the side thread of each job done so far, by its key's first field (the judge, the watermark
         step, the detector's kernels)."""
+        jobs = self.ahead._JOBS.items() if self.ahead is not None else ()
         return {str(key[0] if isinstance(key, tuple) else key): round(job.seconds, 3)
-                for key, job in self.ahead._JOBS.items() if job.state in ("done", "failed")}
+                for key, job in jobs if job.state in ("done", "failed")}
 
     def line(self, stage: str) -> str:
         graphs = self.torch._dynamo.utils.counters["stats"]["unique_graphs"]
