@@ -34,10 +34,10 @@ def judge_ms(run: Run) -> str:
     return f"{per[0]:.2f} / {per[1]:.2f} / {both:.2f}"
 
 
-def ahead_jobs(run: Run) -> str:
-    """generate_baseline's wait in :func:`mmw.engines.ahead.settle` and the seconds of each job that ran beside its
-    decode (runs before ``MMW_BENCH_SPLIT`` recorded them: ``-``)."""
-    line = split(run, "generate_baseline")
+def ahead_jobs(run: Run, name: str) -> str:
+    """Generation stage ``name``'s wait in :func:`mmw.engines.ahead.settle` and the seconds of each job that ran
+    beside its decode (runs before ``MMW_BENCH_SPLIT`` recorded them: ``-``)."""
+    line = split(run, name)
     jobs = "; ".join(f"{name} {seconds:.2f}" for name, seconds in line["ahead_jobs"].items())
     return f"{line['ahead_wait']:.2f}; {jobs}"
 
@@ -51,8 +51,8 @@ def rows() -> list[tuple[str, Callable[[Run], Any]]]:
                 ("- load; prefill; eager steps; decode loop", lambda r, n=name: "; ".join(
                     f"{split(r, n).get(k, 0):.2f}" for k in ("load_model", "prefill", "eager_steps", "decode_loop"))),
                 ("- Dynamo (graphs)",
-                 lambda r, n=name: f"{split(r, n)['dynamo_compile_s']:.2f} ({split(r, n)['dynamo_graphs']})")]
-    out.append(("- the decode's wait for the set-up beside it; each job", ahead_jobs))
+                 lambda r, n=name: f"{split(r, n)['dynamo_compile_s']:.2f} ({split(r, n)['dynamo_graphs']})"),
+                ("- the decode's wait for the set-up beside it; each job", lambda r, n=name: ahead_jobs(r, n))]
     out += [(name, lambda r, n=name: stage(r, n)["wall_s"]) for name in ("perturb", "detect_baseline",
                                                                            "detect_watermarked")]
     out.append(("- numba kernels (detect_baseline)", lambda r: split(r, "detect_baseline").get("detect_kernels")))

@@ -16,11 +16,10 @@
 #   bash bench/gpu_round_h200.sh 3   the configuration warm: the code before (.gpu/base), this code, the code before
 #                                    again (A B A)
 #   bash bench/gpu_round_h200.sh jobs  the configuration up to rate_baseline with fresh compiler caches, one run
-#                                    each: every set-up job beside the baseline's decode (j_cold1), the judge's
-#                                    alone (k_cold1; MMW_BENCH_AHEAD: the watermark step and numba's kernels
-#                                    compiled in their stages), every job with the watermark step's pointwise
-#                                    kernels untimed (s_cold1; MMW_BENCH_STEP_INDUCTOR), every job again (j_cold2)
-# Results under $OUT: r_*/, a_cold*/, t_cold*/, j_cold*/, k_cold*/, s_cold*/ and b_*/ (gpu_fullscale.json),
+#                                    each, interleaved: each set-up job beside the last decode before the stage
+#                                    that takes it (d_cold*), every job beside the first decode as before
+#                                    (f_cold*; MMW_BENCH_AHEAD_FIRST)
+# Results under $OUT: r_*/, a_cold*/, t_cold*/, d_cold*/, f_cold*/ and b_*/ (gpu_fullscale.json),
 # judge/gpu_judge_split.json, tournament/.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -62,10 +61,10 @@ case "$part" in
       --parts decode --decode-only graph --rounds "${ROUNDS:-3}"' 2>&1 | grep -v -i -E "warn|USDT" | tail -40 ;;
   jobs)
     stages=key,low_entropy_inputs,prompts,generate_baseline,generate_watermarked,detect_baseline,rate_baseline
-    configs 185 "..:j_cold1:J1:$stages"  # the machine's first process also builds the model folders
-    MMW_BENCH_AHEAD=rate_baseline configs 130 "..:k_cold1:K1:$stages"
-    MMW_BENCH_STEP_INDUCTOR=triton.autotune_pointwise=False configs 130 "..:s_cold1:S1:$stages"
-    configs 130 "..:j_cold2:J2:$stages" ;;
+    configs 185 "..:d_cold1:D1:$stages"  # the machine's first process also builds the model folders
+    MMW_BENCH_AHEAD_FIRST=1 configs 130 "..:f_cold1:F1:$stages"
+    configs 130 "..:d_cold2:D2:$stages"
+    MMW_BENCH_AHEAD_FIRST=1 configs 130 "..:f_cold2:F2:$stages" ;;
   3)
     configs 585 base:b_warm:R ..:r_warm2:R base:b_warm2:R ;;
 esac

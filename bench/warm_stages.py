@@ -10,7 +10,8 @@ loads of the models it uses. ``MMW_BENCH_PROFILE=DIR`` runs each stage under cPr
 ``DIR/<stage>.prof`` and ``DIR/<stage>.txt`` (the 40 calls with the most cumulative time). As a pack does, the
 stages' set-up that can run beside a decode is scheduled (``mmw.sweep.pipeline.schedule_ahead``: the judge built while
 the baseline decodes); ``MMW_BENCH_NO_AHEAD=1`` leaves every stage to build its own, for an A/B on one tree;
-``MMW_BENCH_AHEAD=STAGE[,STAGE...]`` schedules only those stages' set-up (e.g. ``rate_baseline``: the judge alone).
+``MMW_BENCH_AHEAD=STAGE[,STAGE...]`` schedules only those stages' set-up (e.g. ``rate_baseline``: the judge alone);
+``MMW_BENCH_AHEAD_FIRST=1`` has the first decode host every job, as trees before ``mmw.engines.ahead.beside`` did.
 ``MMW_BENCH_JUDGE_INDUCTOR=KEY=VALUE[,KEY=VALUE...]`` adds Inductor options to the judge's compile only (e.g.
 ``triton.autotune_pointwise=True``: its pointwise kernels' launch settings timed on the device while the baseline
 decodes, as before mmw.inductor's ``time_pointwise``), for an A/B on one tree; values are Python literals.
@@ -174,6 +175,10 @@ def main(repo: str, stages: str) -> int:
         schedule_ahead = getattr(pipeline, "schedule_ahead", None)  # trees before it have none
         if schedule_ahead is not None and not os.environ.get("MMW_BENCH_NO_AHEAD"):
             only = os.environ.get("MMW_BENCH_AHEAD")
+            if os.environ.get("MMW_BENCH_AHEAD_FIRST"):
+                from mmw.engines import ahead
+
+                ahead.beside = lambda name: contextlib.nullcontext()  # every job waits for the next decode
             # as a packed unit does: the judge (and the other stages' set-up) built while the baseline decodes
             schedule_ahead([s for s in plan if s.name in only.split(",")] if only else plan)
         for stage in plan:

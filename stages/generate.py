@@ -7,6 +7,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from mmw.engines import ahead
 from mmw.engines.generate import generate_table
 from mmw.engines.models import compile_workers_up, load_model
 from mmw.io import GENERATIONS, PROMPTS, read_table
@@ -29,6 +30,10 @@ def resume_fingerprint(temperature: float, spec: SchemeSpec | None, key: int | N
     return "\x00".join(parts)
 
 
+#: This stage's decodes host later stages' set-up (``mmw.sweep.pipeline.schedule_ahead``, ``mmw.engines.ahead``).
+DECODES = True
+
+
 def batch_processor(spec: SchemeSpec | None, key: int | None, vocab_size: int, temperature: float,
                     settings: EngineParams, row_seeds: list[int]):
     """The processor of one batch of rows (``row_seeds``), as params ``engine`` (``settings``) asks."""
@@ -41,8 +46,6 @@ def schedule_ahead(which: Literal["baseline", "watermarked"], params_path: Path)
     compiled watermark step built while the baseline decodes (``mmw.engines.ahead``), by :func:`compile_step`."""
     if which != "watermarked":
         return
-    from mmw.engines import ahead
-
     params = load_params(params_path, ("seed", "model", "scheme", "key", "engine"), models={"scheme": SchemeSpec})
     if params.model.engine == "transformers" and not params.scheme.is_plugin and params.engine.compile_step:
         ahead.schedule(("watermark step", params.scheme.model_dump_json(), params.model.name),
@@ -87,6 +90,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     ``scheme:`` section and the key.
     """
     with timed(f"generate_{which}") as info:
+        ahead.stage_decodes(ahead.host("generate", which))  # later stages' set-up waiting for this decode may start
         params = load_params(params_path, ("seed", "model", "scheme", "key", "engine") if which == "watermarked"
                              else ("seed", "model", "engine"), models={"scheme": SchemeSpec})
         spec = params.scheme if which == "watermarked" else None

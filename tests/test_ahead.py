@@ -94,6 +94,68 @@ def test_jobs_that_fit_run_and_the_rest_wait(room):
     assert small.threads == ["mmw-ahead"] and large.threads == [] and ahead.pending() == ["large"]
 
 
+def test_a_job_beside_a_stage_waits_for_that_stage_and_then_any_decode(room):
+    early, late = Build(), Build()
+    ahead.schedule("early", early, 1)
+    with ahead.beside(ahead.host("generate", "watermarked")):
+        ahead.schedule("late", late, 1)
+    assert ahead.pending() == ["early"]
+    assert ahead.device_busy(CPU)  # the baseline's decode: the early job only
+    ahead.settle()
+    assert early.threads == ["mmw-ahead"] and late.threads == []
+    ahead.stage_decodes(ahead.host("generate", "baseline"))
+    assert ahead.pending() == []
+    ahead.stage_decodes(ahead.host("generate", "watermarked"))  # its rows may all be written: a later decode hosts
+    assert ahead.pending() == ["late"] and ahead.device_busy(CPU)
+    ahead.settle()
+    assert late.threads == ["mmw-ahead"]
+    ahead.forget()
+    assert ahead._DECODED == set()
+
+
+def test_a_job_whose_stage_never_decodes_is_built_where_it_is_taken(room):
+    build = Build()
+    with ahead.beside(ahead.host("generate", "watermarked")):
+        ahead.schedule("judge", build, 1)
+    assert not ahead.device_busy(CPU)
+    ahead.take("judge", build)
+    assert build.threads == [threading.current_thread().name]
+
+
+def test_each_stage_set_up_waits_for_the_last_decoding_stage_before_it(monkeypatch, room):
+    """Through the pipeline's plan (dvc.yaml's stage order): the watermark step beside the baseline's decode, the
+    detector's kernels and the judge beside the watermarked one, which the generate stage announces when it runs."""
+    from mmw.sweep import pipeline
+    from mmw.sweep.pipeline import Stage
+
+    hosts = {}
+
+    def hook(name):
+        return lambda *args: hosts.__setitem__(name, ahead._BESIDE)
+
+    modules = {"generate": SimpleNamespace(DECODES=True, schedule_ahead=hook("generate")),
+               "detect": SimpleNamespace(schedule_ahead=hook("detect")),
+               "rate": SimpleNamespace(schedule_ahead=hook("rate")), "prompts": SimpleNamespace()}
+    plan = [Stage("prompts", "prompts", (), (), True), Stage("generate_baseline", "generate", ("baseline",), (), True),
+            Stage("generate_watermarked", "generate", ("watermarked",), (), False),
+            Stage("detect_baseline", "detect", ("baseline",), (), False),
+            Stage("rate_baseline", "rate", ("baseline",), (), True)]
+    seen = []
+
+    def imported(name):
+        seen.append(name)
+        return modules[name.rsplit(".", 1)[1]]
+
+    monkeypatch.setattr(pipeline.importlib, "import_module", imported)
+    pipeline.schedule_ahead(plan)
+    assert hosts == {"generate": ("generate", "baseline"), "detect": ("generate", "watermarked"),
+                     "rate": ("generate", "watermarked")}
+    hosts.clear()
+    pipeline.schedule_ahead([s for s in plan if s.shared])  # a pack's shared stages: the baseline's decode hosts
+    assert hosts == {"generate": None, "rate": ("generate", "baseline")}
+    assert ahead._BESIDE is None
+
+
 def test_no_job_runs_off_cuda():
     build = Build()
     ahead.schedule("judge", build, 1)
