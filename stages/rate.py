@@ -150,7 +150,7 @@ def run(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
         backend, note = load_backend(rate, want_expected, params.engine.compile_judge)
         info["load_s"] = round(time.perf_counter() - loading, 3)  # ~0 where a warm process shares its load
         ahead_s = ahead.built_ahead(_judge_key(rate, want_expected, params.engine.compile_judge))
-        if which == "baseline" and ahead_s is not None:  # built beside the baseline's decode (mmw.engines.ahead)
+        if which == "baseline" and ahead_s is not None:  # built beside a decode (mmw.engines.ahead)
             info["built_ahead_s"] = round(ahead_s, 3)
         if chosen is not None and chosen["mode"] == "expected" and backend.expected_via is None:
             raise SpecError("rate.base_url", "the baseline was rated in expected mode, but this judge server returns "

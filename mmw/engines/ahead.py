@@ -83,10 +83,11 @@ def beside(name: tuple[str, ...] | None) -> Iterator[None]:
     """Jobs scheduled inside the block wait for a decode of stage ``name`` (:func:`host`) or of a later stage;
     None: the next decode.
 
-    Why: the process's first decode used to host every job, and with fresh compiler caches they outlasted it (the
-    judge's build alone, ~17 s on an H100, beside a ~21 s decode that also compiled the watermark step and numba's
-    kernels), while the watermarked stage's decode hosted nothing. A job runs best beside the last decode before
-    the stage that takes it (:func:`mmw.sweep.pipeline.schedule_ahead` names that one)."""
+    Why: where the process's first decode hosted every job (the watermark step, the detector's kernels, the
+    judge's build: ~21 s of jobs with fresh compiler caches on an H100), its loop waited 0.4-1.3 s for them and the
+    watermarked stage's decode hosted nothing. Beside the last decode before the stage that takes them
+    (:func:`mmw.sweep.pipeline.schedule_ahead` names that one) the waits were 0.0 s; the two decode loops together
+    and the stages' sum stayed within the runs' spread (bench/results/gpu.md, first section)."""
     global _BESIDE
     saved, _BESIDE = _BESIDE, name
     try:

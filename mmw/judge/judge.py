@@ -221,7 +221,7 @@ class CompiledLayers:
         self.layers = list(getattr(getattr(model, "model", None), "layers", None) or [])
         self.calls: list = []
         for layer in self.layers:
-            # pointwise settings by rule: the layers compile beside the baseline's decode (mmw.inductor)
+            # pointwise settings by rule: the layers compile beside a decode (mmw.inductor)
             layer.compile(dynamic=True, options=inductor_options(time_pointwise=False))
             self.calls.append(getattr(layer, "_compiled_call_impl", None))
             layer._compiled_call_impl = None  # off until active()
