@@ -9,6 +9,9 @@
 # .gpu/tok.tar.xz   the embedded generator's tokenizer files (widened there to Llama-3's 128,256 ids)
 # .gpu/tokq.tar.xz  the real-BPE stand-in at 128,256 ids (bench/standin_tokenizer.py over the embedded
 #                   Qwen2.5-Coder-1.5B's tokenizer); the scripts use it where carried
+# .gpu/issue/       the tree the GPU goals were set at (76150e2; its own bench/, results left out), for
+#                   `bash bench/gpu_round_h200.sh before`: BASE=SHA also writes .gpu/base/, the tree before a change, with
+#                   this bench/ copied in (bench/gpu_fullscale_ab_h200.sh, `base:LABEL:CACHE`)
 # The embedded models' HF folders come from mmw's own cache (converted from their GGUF files on first use).
 # Idempotent: it rebuilds everything each run (95 s on the 2-core VM with the folders cached).
 set -euo pipefail
@@ -36,5 +39,14 @@ read -r smol qwen <<< "$folders"
 tar -cJf .gpu/tok.tar.xz -C "$smol" tokenizer.json tokenizer_config.json chat_template.jinja
 PYTHONPATH=. "$py" bench/standin_tokenizer.py "$qwen" "$work/tokq"
 tar -cJf .gpu/tokq.tar.xz -C "$work/tokq" .
+tree() {  # tree() FOLDER SHA: the code and data a configuration run reads, at SHA
+  rm -rf "$1" && mkdir -p "$1"
+  git archive "$2" bench data dvc.yaml kernels mmw params-full.yaml params.yaml pyproject.toml stages | tar -x -C "$1"
+  rm -rf "$1/bench/results"
+}
+tree .gpu/issue 76150e2
+if [ -n "${BASE:-}" ]; then
+  tree .gpu/base "$BASE" && rm -rf .gpu/base/bench && cp -r bench .gpu/base/bench && rm -rf .gpu/base/bench/results
+fi
 ls -l .gpu .gpu/whl
 du -sh .gpu

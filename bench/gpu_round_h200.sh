@@ -15,6 +15,9 @@
 #                                    ab on another card)
 #   bash bench/gpu_round_h200.sh 3   the configuration warm: the code before (.gpu/base), this code, the code before
 #                                    again (A B A)
+#   bash bench/gpu_round_h200.sh before  the full configuration of .gpu/issue (a `git archive` of the tree the GPU
+#                                    goals were set at, 76150e2, with this bench/ copied in) cold then warm, then
+#                                    this tree's with fresh caches again: the per-stage before/after on one card
 #   bash bench/gpu_round_h200.sh jobs  the configuration up to rate_baseline with fresh compiler caches, one run
 #                                    each, interleaved: each set-up job beside the last decode before the stage
 #                                    that takes it (d_cold*), every job beside the first decode as before
@@ -67,5 +70,7 @@ case "$part" in
     MMW_BENCH_AHEAD_FIRST=1 configs 130 "..:f_cold2:F2:$stages" ;;
   3)
     configs 585 base:b_warm:R ..:r_warm2:R base:b_warm2:R ;;
+  before)
+    configs 585 issue:i_cold:I issue:i_warm:I ..:a_cold2:A2 ;;
 esac
 echo "== $(date +%T) done"
