@@ -8,8 +8,8 @@ Prints one JSON line per stage: ``{"stage", "wall_s", "rc"}`` (a failing stage i
 the run goes on, as the subprocess harness does); the first stage's time includes the imports it needs and the
 loads of the models it uses. ``MMW_BENCH_PROFILE=DIR`` runs each stage under cProfile and writes
 ``DIR/<stage>.prof`` and ``DIR/<stage>.txt`` (the 40 calls with the most cumulative time). As a pack does, the
-stages' set-up that can run beside a decode is scheduled (``mmw.sweep.pipeline.schedule_ahead``: the judge built while
-the baseline decodes); ``MMW_BENCH_NO_AHEAD=1`` leaves every stage to build its own, for an A/B on one tree;
+stages' set-up that can run beside a decode is scheduled (``mmw.sweep.pipeline.schedule_ahead``: each beside the last
+decode before its stage); ``MMW_BENCH_NO_AHEAD=1`` leaves every stage to build its own, for an A/B on one tree;
 ``MMW_BENCH_AHEAD=STAGE[,STAGE...]`` schedules only those stages' set-up (e.g. ``rate_baseline``: the judge alone);
 ``MMW_BENCH_AHEAD_FIRST=1`` has the first decode host every job, as trees before ``mmw.engines.ahead.beside`` did.
 ``MMW_BENCH_JUDGE_INDUCTOR=KEY=VALUE[,KEY=VALUE...]`` adds Inductor options to the judge's compile only (e.g.
@@ -179,7 +179,7 @@ def main(repo: str, stages: str) -> int:
                 from mmw.engines import ahead
 
                 ahead.beside = lambda name: contextlib.nullcontext()  # every job waits for the next decode
-            # as a packed unit does: the judge (and the other stages' set-up) built while the baseline decodes
+            # as a packed unit does: each stage's set-up built beside the last decode before it
             schedule_ahead([s for s in plan if s.name in only.split(",")] if only else plan)
         for stage in plan:
             if split is not None:

@@ -140,10 +140,7 @@ def test_each_stage_set_up_waits_for_the_last_decoding_stage_before_it(monkeypat
             Stage("generate_watermarked", "generate", ("watermarked",), (), False),
             Stage("detect_baseline", "detect", ("baseline",), (), False),
             Stage("rate_baseline", "rate", ("baseline",), (), True)]
-    seen = []
-
     def imported(name):
-        seen.append(name)
         return modules[name.rsplit(".", 1)[1]]
 
     monkeypatch.setattr(pipeline.importlib, "import_module", imported)
