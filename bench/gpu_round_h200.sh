@@ -3,8 +3,12 @@
 # the call ends before DEADLINE seconds (default 585). Run from the repository root with .gpu/ carried (.gpu/base: a
 # `git archive` of the code before, as bench/gpu_fullscale_ab_h200.sh reads it):
 #   bash bench/gpu_round_h200.sh 1   the full configuration as the machine's first process with fresh compiler caches
-#                                    (cold), then on them (warm); then the judge with its last layer pruned and whole,
-#                                    ROUNDS interleaved rounds (bench/gpu_judge_split.py), with the time left
+#                                    (cold), then on them (warm); then the tournament through HF `generate` against
+#                                    plain sampling, ROUNDS interleaved rounds and as many with the host's time in the
+#                                    calls that differ (bench/gpu_tournament.py --decode-only generate), time left
+#   bash bench/gpu_round_h200.sh tour  the tournament on both paths against plain sampling, the layer-by-layer law
+#                                    (the code before) beside it, ROUNDS interleaved rounds (+ ROUNDS host rounds)
+#   bash bench/gpu_round_h200.sh judge  the judge with its last layer pruned and whole, ROUNDS interleaved rounds
 #   bash bench/gpu_round_h200.sh 2   the configuration up to rate_baseline (the judge built beside the baseline's
 #                                    decode) with fresh compiler caches, as it is and with the judge's pointwise
 #                                    kernels timed on the device as before (MMW_BENCH_JUDGE_INDUCTOR), two
@@ -38,6 +42,12 @@ judge_ab() {
     --rounds "${ROUNDS:-3}" --only split/short,split/whole --out "$OUT/judge" 2>&1 \
     | grep -v -i -E "warn|USDT|profiler" | tail -20
 }
+tournament() {  # tournament ARGS: bench/gpu_tournament.py's decode part on real models' laws, with the time left
+  echo "== $(date +%T) tournament $*, $(left) s left"
+  OUT=$OUT/tournament timeout "$(left)" bash -c 'mkdir -p "$OUT" && bash bench/gpu_tournament_h200.sh "$@"' _ \
+    --parts decode --law real --rounds "${ROUNDS:-3}" --host-rounds "${ROUNDS:-3}" "$@" 2>&1 \
+    | grep -v -i -E "warn|USDT|polars" | tail -30
+}
 cold_ab() {
   local stages=key,low_entropy_inputs,prompts,generate_baseline,rate_baseline
   for r in 1 2; do
@@ -50,8 +60,10 @@ part=${1:-1}
 [ "$part" = auto ] && { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && part=1 || part=ab; }
 case "$part" in
   1)
-    configs 400 ..:r_cold:R ..:r_warm:R
-    judge_ab ;;
+    configs 420 ..:r_cold:R ..:r_warm:R
+    tournament --decode-only generate ;;
+  tour)
+    tournament --before layer ;;
   ab)
     judge_ab 250
     cold_ab ;;
