@@ -52,8 +52,8 @@ ARCHS = {
 }
 
 
-#: What the stages import, once before timing (bench/bytecode.py: then their packages' byte-code, whole, where the
-#: cache is a prefix), so a first process has the byte-code an installed machine has.
+#: What the stages import, once before timing (bench/warm_imports.py, with the modules a first compilation imports),
+#: so the byte-code cache is warm as on any second run.
 WARM_IMPORTS = ("torch", "transformers", "polars", "scipy.stats", "numba", "mmw.cli", "mmw.engines.generate",
                 "mmw.judge.judge", "transformers.models.llama.modeling_llama", "transformers.generation.utils")
 
@@ -215,13 +215,12 @@ def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw
     # imports torch and transformers, under cProfile). A normal installation keeps its byte-code.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.perf_counter()
-    warm = subprocess.run([sys.executable, str(ROOT / "bench" / "bytecode.py"), *WARM_IMPORTS], cwd=workdir, env=env,
-                          check=False, stdout=subprocess.PIPE, text=True)
+    warm = subprocess.run([sys.executable, str(ROOT / "bench" / "warm_imports.py"), *WARM_IMPORTS], cwd=workdir,
+                          env=env, check=False, stdout=subprocess.PIPE, text=True)
     result["warm_imports_s"] = round(time.perf_counter() - t0, 1)  # fills the byte-code cache; not a stage's time
     for line in warm.stdout.splitlines():
-        if line.startswith('{"bytecode"'):
-            result.update(json.loads(line))
-            print(f"byte-code: {result['bytecode']}", flush=True)
+        if line.startswith('{"warm_imports"'):
+            result["warm_imports"] = json.loads(line)["warm_imports"]
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     wanted = stages.split(",") if stages else list(dvc)
     logs = workdir.with_name(workdir.name + "-logs")

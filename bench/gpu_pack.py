@@ -158,7 +158,7 @@ def main(mode: str = typer.Option(..., help="staged | packed"), configs: int = 3
     board = board_for(params, workdir, random_weights, tokenizer, overrides)
     build_s = round(time.perf_counter() - started, 1)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, str(Path(full.__file__).with_name("bytecode.py")), *full.WARM_IMPORTS],
+    subprocess.run([sys.executable, str(Path(full.__file__).with_name("warm_imports.py")), *full.WARM_IMPORTS],
                    cwd=workdir, env=env, check=False)
     warm_s = round(time.perf_counter() - t0, 1)
     result = {"mode": mode, "configs": configs, "random_weights": random_weights or None, "overrides": overrides,
