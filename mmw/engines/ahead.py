@@ -87,7 +87,8 @@ def beside(name: tuple[str, ...] | None) -> Iterator[None]:
     judge's build: ~21 s of jobs with fresh compiler caches on an H100), its loop waited 0.4-1.3 s for them and the
     watermarked stage's decode hosted nothing. Beside the last decode before the stage that takes them
     (:func:`mmw.sweep.pipeline.schedule_ahead` names that one) the waits were 0.0 s; the two decode loops together
-    and the stages' sum stayed within the runs' spread (bench/results/gpu.md, first section)."""
+    and the stages' sum stayed within the runs' spread (bench/results/gpu.md, section "Each set-up job beside the
+    last decode")."""
     global _BESIDE
     saved, _BESIDE = _BESIDE, name
     try:
