@@ -67,8 +67,12 @@ def dirty_mb() -> float | None:
         return None
 
 
-def random_model(arch: str, tokenizer: Path, folder: Path) -> Path:
-    """A random-init model of ``arch`` saved as an HF folder with ``tokenizer``'s files (bf16 on CUDA)."""
+def random_model(arch: str, tokenizer: Path, folder: Path, record: dict | None = None) -> Path:
+    """A random-init model of ``arch`` saved as an HF folder with ``tokenizer``'s files (bf16 on CUDA).
+
+    A folder it writes is flushed to disk before it returns (16 GB for llama3-8b: 9.5-11.1 GB were still dirty on
+    the lent H100s), so the writeback does not run while a timed stage reads its libraries; a machine's real
+    weights are on its disk before any run. ``record`` gets the dirty MB before the flush and its seconds."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -83,6 +87,10 @@ def random_model(arch: str, tokenizer: Path, folder: Path) -> Path:
         model = LlamaForCausalLM(cfg).to(torch.bfloat16 if device == "cuda" else torch.float32)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
+    dirty, t0 = dirty_mb(), time.perf_counter()
+    os.sync()
+    if record is not None:
+        record.update(dirty_mb_before_sync=dirty, model_sync_s=round(time.perf_counter() - t0, 1))
     del model
     # The stages run in subprocesses: this process must not keep the weights in its CUDA cache (it did: 31 GB).
     torch.cuda.empty_cache()
@@ -176,15 +184,8 @@ def main(params: Path = Path("params-full.yaml"), workdir: Path = Path("/tmp/mmw
     started = time.perf_counter()
     if random_weights:
         t0 = time.perf_counter()
-        folder = str(random_model(random_weights, tokenizer, workdir / "models" / random_weights))
-        result["model_build_s"] = round(time.perf_counter() - t0, 1)
-        # The stand-in's weights (16 GB for llama3-8b) were just written: flushed here, not while the stages read
-        # their libraries (a machine's weights were on its disk before any run). The dirty bytes and the flush's
-        # time are kept.
-        result["dirty_mb_before_sync"] = dirty_mb()
-        t0 = time.perf_counter()
-        os.sync()
-        result["model_sync_s"] = round(time.perf_counter() - t0, 1)
+        folder = str(random_model(random_weights, tokenizer, workdir / "models" / random_weights, record=result))
+        result["model_build_s"] = round(time.perf_counter() - t0, 1)  # with the flush
         board.setdefault("quality", {}).setdefault("scorer", "embedded:smollm2-135m")  # its default
         board = swap_models(board, folder)
     for item in overrides:

@@ -4,8 +4,8 @@ on an installed machine:  python3 bench/warm_imports.py MODULE [MODULE ...]
 Imports the modules named, then those a GPU run imports only at its first compilation (:data:`LAZY`, each where it
 is installed), and prints one JSON line with the seconds it took. On the lent GPU machine, whose image carries no
 byte-code, a process compiles every module it imports from source the first time (bench/gpu_fullscale.py sets
-where the byte-code goes); the modules in :data:`LAZY` were otherwise compiled inside the first generation stage of
-a machine's first configuration, and by each compile worker it started.
+where the byte-code goes); without this the modules in :data:`LAZY` would be compiled inside the first generation
+stage of a machine's first configuration.
 """
 
 from __future__ import annotations
