@@ -9,6 +9,10 @@
 #   bash bench/gpu_round_h200.sh cold  the full configuration as the machine's first process, fresh compiler caches
 #   bash bench/gpu_round_h200.sh tour  the tournament on both paths against plain sampling, the layer-by-layer law
 #                                    (the code before) beside it, ROUNDS interleaved rounds (+ ROUNDS host rounds)
+#   bash bench/gpu_round_h200.sh softmax  the step's law and entropies by mmw::softmax_law against torch's code
+#                                    (bench/gpu_softmax.py: agreement, tokens, GPU ms), then the tournament on both
+#                                    paths with every step's softmax as before beside it (--before softmax, or
+#                                    TOURNAMENT_ARGS), the softmax launched as the fastest width timed
 #   bash bench/gpu_round_h200.sh judge  the judge with its last layer pruned and whole, ROUNDS interleaved rounds
 #   bash bench/gpu_round_h200.sh 2   the configuration up to rate_baseline (the judge built beside the baseline's
 #                                    decode) with fresh compiler caches, as it is and with the judge's pointwise
@@ -67,6 +71,15 @@ case "$part" in
     configs 300 ..:r_cold:R ;;
   tour)
     tournament --before layer ;;
+  softmax)
+    echo "== $(date +%T) the step's softmax, $(left) s left"
+    mkdir -p "$OUT/softmax"
+    (source bench/gpu_setup_h200.sh || exit 1
+     python3 -c "import mmw.kernels" 2>/dev/null || ln -sfn ../kernels mmw/kernels
+     timeout "$(left 170)" python3 bench/gpu_softmax.py --out "$OUT/softmax") 2>&1 \
+      | grep -v -i -E "warn|USDT|polars|^round" | tail -40
+    export MMW_BENCH_SOFTMAX=$(cat "$OUT/softmax/fastest_launch" 2>/dev/null)
+    tournament ${TOURNAMENT_ARGS:---before softmax} ;;
   ab)
     judge_ab 250
     cold_ab ;;

@@ -144,6 +144,12 @@ class ThreeHistograms(Tournament):
     fused_draw = False
 
 
+class TorchSoftmax(Tournament):
+    """The tournament as it is, in a step whose law and entropies come from torch's code (compiled by Inductor)
+    instead of ``mmw::softmax_law``: ``make_before`` clears the step's ``fused_softmax``, and "before" then also
+    has a plain step of its own (the same change is in every step)."""
+
+
 def _tree_table(partial, width, leaves, fixed_point, tables, c, last, totals, plain, sums):
     """The table kernel as it was before the block's width became ``TABLE_THREADS`` (the "before" of
     ``--before launch``, compiled by ``tree_table_kernel``): tables[c, row] = the row's ``chunk_table`` (the sum
@@ -239,15 +245,29 @@ def before_launch(key: int = KEY_BEFORE):
 BEFORE: type = ThreeHistograms
 
 
+def make_before(step: WatermarkStep) -> None:
+    """Make ``step`` (not yet called) the "before" configuration: BEFORE's sampler, or for ``TorchSoftmax`` the
+    step's law and entropies from torch's code (plain steps too)."""
+    if BEFORE is TorchSoftmax:
+        step.fused_softmax = False
+    elif step.spec is not None and type(step.sampler) is not BEFORE:
+        step.sampler = BEFORE(step.spec, step.key, VOCAB)
+
+
+def before_steps() -> tuple:
+    """The schemes with a "before" configuration: the tournament, and plain sampling for ``--before softmax``."""
+    return (spec(), None) if BEFORE is TorchSoftmax else (spec(),)
+
+
 def install_before(mode: str | None) -> None:
-    """Swap the layer-by-layer law into the shared step the processor will fetch (same call as the processor's:
-    ``watermark_step``'s cache keys on how it is called)."""
-    if mode is None:
-        step = watermark_step(spec(), KEY_BEFORE, VOCAB, 1.0, True, dynamic=False)
-    else:
-        step = watermark_step(spec(), KEY_BEFORE, VOCAB, 1.0, True, mode, dynamic=False)
-    if type(step.sampler) is not BEFORE:
-        step.sampler = BEFORE(step.spec, KEY_BEFORE, VOCAB)
+    """Make the shared steps the processor will fetch under KEY_BEFORE the "before" configurations (same call as
+    the processor's: ``watermark_step``'s cache keys on how it is called)."""
+    for scheme in before_steps():
+        if mode is None:
+            step = watermark_step(scheme, KEY_BEFORE, VOCAB, 1.0, True, dynamic=False)
+        else:
+            step = watermark_step(scheme, KEY_BEFORE, VOCAB, 1.0, True, mode, dynamic=False)
+        make_before(step)
 
 
 @functools.cache
@@ -487,6 +507,8 @@ def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dic
     steps = {"plain": watermark_step(None, KEY, VOCAB, 1.0, True, dynamic=False),
              "tournament before": watermark_step(spec(), KEY_BEFORE, VOCAB, 1.0, True, dynamic=False),
              "tournament after": watermark_step(spec(), KEY, VOCAB, 1.0, True, dynamic=False)}
+    if BEFORE is TorchSoftmax:
+        steps["plain before"] = watermark_step(None, KEY_BEFORE, VOCAB, 1.0, True, dynamic=False)
     install_before(None)
     for name, step in steps.items():  # warm-up: compilation, CUDA-graph recording
         t0 = time.perf_counter()
@@ -537,11 +559,12 @@ def step_part(batch: int, calls: int, rounds: int, out: Path | None, result: dic
 
     # Where the time goes: kernels and host syncs of one step each, compiled without CUDA graphs.
     tables = {}
-    for name, key, before in (("plain", KEY, False), ("tournament before", KEY, True),
-                              ("tournament after", KEY, False)):
-        step = WatermarkStep(spec() if name != "plain" else None, key, VOCAB, 1.0, compiled=True, mode="default")
+    profiled = (("plain", False), ("tournament before", True), ("tournament after", False))
+    for name, before in profiled + ((("plain before", True),) if BEFORE is TorchSoftmax else ()):
+        step = WatermarkStep(None if name.startswith("plain") else spec(), KEY, VOCAB, 1.0, compiled=True,
+                             mode="default")
         if before:
-            step.sampler = BEFORE(spec(), key, VOCAB)
+            make_before(step)
         scores, context, steps_, state = step_inputs(batch, None, 7)
         with before_launch(KEY_BEFORE if before else KEY):
             time_calls(step, batch, 3)
@@ -579,12 +602,16 @@ class HostTimers:
     """Host seconds spent inside the calls that differ between the ``generate`` configurations, accumulated per
     run with ``time.perf_counter`` (no device sync): mmw's processor call (``WatermarkProcessor.__call__``) and
     transformers' own choice of the token (``softmax`` + ``multinomial`` when sampling, ``argmax`` when greedy).
-    Everything else in a run (generate's loop, the forward's ~1,500 launches) is the same code on both sides."""
+    Everything else in a run (generate's loop, the forward's ~1,500 launches) is the same code on both sides.
+    Also ``wait``: the seconds in generate's per-step check for unfinished rows (``_has_unfinished_sequences``),
+    where the host waits for the device to finish the step: on a host-bound path, the part of the choice's GPU time
+    that the host's own work after it did not cover."""
 
     NAMES = ("processor", "softmax", "multinomial", "argmax")
+    WAIT = "wait"
 
     def __init__(self) -> None:
-        self.seconds = dict.fromkeys(self.NAMES, 0.0)
+        self.seconds = dict.fromkeys(self.NAMES + (self.WAIT,), 0.0)
         self._saved: list = []
 
     def _wrap(self, owner, attr: str, name: str) -> None:
@@ -606,6 +633,9 @@ class HostTimers:
         self._wrap(torch.nn.functional, "softmax", "softmax")
         self._wrap(torch, "multinomial", "multinomial")
         self._wrap(torch, "argmax", "argmax")
+        from transformers.generation.utils import GenerationMixin
+
+        self._wrap(GenerationMixin, "_has_unfinished_sequences", self.WAIT)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -662,6 +692,9 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: st
         "generate: tournament before": (False, spec(), KEY_BEFORE),
         "generate: tournament after": (False, spec(), KEY),
     }
+    if BEFORE is TorchSoftmax:  # plain sampling changes too: its "before" beside each path's
+        configs = {**{"graph loop: mmw plain before": (True, None, KEY_BEFORE)}, **configs}
+        configs["generate: mmw plain before"] = (False, None, KEY_BEFORE)
     if only:  # one path's after configurations and that path's baseline: more rounds in the same time
         path = {"graph": "graph loop", "generate": "generate"}[only]
         configs = {n: a for n, a in configs.items() if n.split(":")[0] == path and "before" not in n}
@@ -711,7 +744,8 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: st
             host.setdefault(name, []).append(dict(wall_s=wall, cpu_s=cpu, **timers.seconds))
         print(f"host round {r}: " + ", ".join(
             f"{n} {v[-1]['wall_s']:.3f} s, in the calls " + "/".join(f"{1e3 * v[-1][k] / new_tokens:.3f}"
-                                                                      for k in HostTimers.NAMES) + " ms/step"
+                                                                      for k in HostTimers.NAMES + (HostTimers.WAIT,))
+            + " ms/step"
             for n, v in host.items()), flush=True)
     kernel_ms = {}
     for r in range(profile_rounds):
@@ -754,6 +788,14 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: st
             rows[name].update(host_runs=host[name], host_differ_ms_per_step=[1e3 * d / new_tokens for d in differ],
                               host_ratio_rounds=est, host_ratio_median=statistics.median(est),
                               host_ratio_min=min(est), host_ratio_max=max(est))
+            # The same with the wait for the device too: the run's wall with the baseline's calls and the baseline's
+            # wait in place of its own (the rest of the run, common code, as this run's host paced it).
+            w, bw = ([h[HostTimers.WAIT] for h in host[n]] for n in (name, base_name))
+            est_wait = [(h["wall_s"] - d - x + bd + bx) / h["wall_s"]
+                        for h, d, x, bd, bx in zip(host[name], differ, w, base_differ, bw)]
+            rows[name].update(host_wait_ms_per_step=[1e3 * x / new_tokens for x in w],
+                              host_wait_ratio_rounds=est_wait, host_wait_ratio_median=statistics.median(est_wait),
+                              host_wait_ratio_min=min(est_wait), host_wait_ratio_max=max(est_wait))
     result["decode"] = dict(batch=batch, new_tokens=new_tokens, prompt_len=64, rounds=rounds, rows=rows)
     print(f"\nB={batch}, {new_tokens} new tokens, {rounds} interleaved rounds; ratio = baseline wall / wall, "
           "same round")
@@ -771,7 +813,10 @@ def decode_part(batch: int, new_tokens: int, rounds: int, result: dict, only: st
                  if "kernel_ms_runs" in row else "")
               + (f"\n{'':32s} host: the calls that differ {statistics.median(row['host_differ_ms_per_step']):.3f} "
                  f"ms/step; wall with the baseline's calls instead x{row['host_ratio_median']:.4f} "
-                 f"[{row['host_ratio_min']:.4f}, {row['host_ratio_max']:.4f}]" if "host_runs" in row else ""),
+                 f"[{row['host_ratio_min']:.4f}, {row['host_ratio_max']:.4f}]; the wait for the device "
+                 f"{statistics.median(row['host_wait_ms_per_step']):.3f} ms/step; with the baseline's calls and "
+                 f"wait instead x{row['host_wait_ratio_median']:.4f} [{row['host_wait_ratio_min']:.4f}, "
+                 f"{row['host_wait_ratio_max']:.4f}]" if "host_runs" in row else ""),
               flush=True)
 
 
@@ -782,11 +827,23 @@ def device_ms(prof) -> float:
     return sum(e.duration_ns() for e in prof.profiler.kineto_results.events() if e.device_type() == cuda) / 1e6
 
 
+def softmax_launch(setting: str) -> None:
+    """``THREADS,PARTS`` (MMW_BENCH_SOFTMAX, e.g. the fastest launch bench/gpu_softmax.py timed): the step's softmax
+    kernels (``mmw.kernels.softmax``) launched with those widths; empty: the module's own."""
+    if setting:
+        from mmw.kernels import softmax as ks
+
+        ks.THREADS, ks.PARTS = (int(v) for v in setting.split(","))
+        print(f"softmax launch: {ks.THREADS} threads, {ks.PARTS} blocks a row", flush=True)
+
+
 def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, new_tokens: int = 128, rounds: int = 3,
          calls: int = 30, before: str = "histogram", decode_only: str = "", profile_rounds: int = 0,
          host_rounds: int = 0, tune_launch: bool = False, law: str = "gaussian") -> None:
     """``--decode-only graph|generate``: the decode part's configurations on that path only, after sampler only
-    (with that path's baseline), for more rounds in the same time. ``--before launch``: "before" is the fused draw
+    (with that path's baseline), for more rounds in the same time. ``--before softmax``: "before" is every step
+    (plain ones too) with its law and entropies from torch's code instead of ``mmw::softmax_law``.
+    ``--before launch``: "before" is the fused draw
     as it was before its launch work (``before_settings``: one read in flight a histogram thread, 1,024-thread
     table kernels with a tree a segment), "after" the module's settings and kernels. ``--tune-launch`` (with the
     kernels part): the parts after it launch the draw with the settings of the fastest whole draw the kernels part
@@ -794,12 +851,14 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
     ``--law real``: every part draws from real models' laws (REAL_LAWS) instead of Gaussian logits and the
     random-init model's near-flat laws (``LAW``)."""
     global BEFORE, LAW
+    softmax_launch(os.environ.get("MMW_BENCH_SOFTMAX", ""))
     if law not in ("gaussian", "real"):
         raise typer.BadParameter(f"unknown {law!r}; allowed: gaussian, real", param_hint="--law")
     if law == "real" and not REAL_LAWS.is_file():
         raise typer.BadParameter(f"{REAL_LAWS} is missing: run bench/tournament_laws.py", param_hint="--law")
     LAW = law
-    befores = {"layer": LayerByLayer, "histogram": ThreeHistograms, "launch": OneReadInFlight}
+    befores = {"layer": LayerByLayer, "histogram": ThreeHistograms, "launch": OneReadInFlight,
+               "softmax": TorchSoftmax}
     if before not in befores:
         raise typer.BadParameter(f"unknown {before!r}; allowed: {', '.join(befores)}", param_hint="--before")
     BEFORE = befores[before]

@@ -30,7 +30,7 @@ from mmw.inductor import inductor_options
 from mmw.watermark import prf
 from mmw.watermark.randomness import FixedKey, RandomnessSource
 from mmw.watermark.samplers import build_sampler
-from mmw.watermark.samplers.base import Plain
+from mmw.watermark.samplers.base import Plain, numba_cuda, softmax_law
 from mmw.watermark.scheme import SchemeSpec
 
 
@@ -83,6 +83,7 @@ class WatermarkStep:
         fixed = isinstance(self.source, FixedKey)
         self._key_seq = torch.from_numpy(self.source.key_sequence(key).view(np.int64)) if fixed else None
         self._device: torch.device | None = None
+        self._fused_softmax = False
         self.compile_error: str | None = None
         self.mode: str | None = None
         # dynamic=None: the first batch shape compiles static kernels, a second shape recompiles them with a
@@ -104,6 +105,10 @@ class WatermarkStep:
             self.mode = mode or "reduce-overhead"  # params engine.compile_mode
             self._run = torch.compile(self._step, dynamic=dynamic, options=inductor_options(self.mode))
 
+    #: Whether a CUDA step computes its law and entropies with ``softmax_law`` (where numba sees the device); a
+    #: bench turns it off on a step before its first call to time torch's code instead.
+    fused_softmax = True
+
     def _prepare(self, device: torch.device) -> None:
         """Device constants built outside the traced function (the compiled graph only reads them)."""
         if self._device != device:
@@ -112,6 +117,7 @@ class WatermarkStep:
             if self._key_seq is not None:
                 self._key_seq = self._key_seq.to(device)
             self._slots = torch.arange(max(self.history_size, 1), dtype=torch.int64, device=device)
+            self._fused_softmax = self.fused_softmax and device.type == "cuda" and numba_cuda()
             self._device = device
 
     def seeds(self, context: torch.Tensor, steps: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -123,31 +129,42 @@ class WatermarkStep:
             return self._key_seq[(shift + steps) % self._key_seq.shape[0]]
         return self.source.seeds_t(context, self.key, 0, shift)
 
+    def _law(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The model's law at the step's temperature where the sampler takes it (float64 [B, V], else None) and the
+        entropies at T = 1 stacked float64 [2, B]: on a CUDA device with numba's support one kernel pair for both
+        (``softmax_law``), elsewhere torch's code."""
+        write = self.temperature > 0 and self.sampler.takes_law
+        if self._fused_softmax and logits.dtype == torch.float32:
+            probs, stats = softmax_law(logits, self.temperature if self.temperature > 0 else 1.0, write)
+            return (probs if write else None), stats
+        return None, torch.stack(entropies(logits))
+
     def _step(self, scores, context, steps, shift, sample_base, skip_base, history=None):
         logits = scores[:, : self.vocab_size]
-        entropy, spike = entropies(logits)
+        probs, stats = self._law(logits)
         plain_u = prf.unit_t(prf.prf_t(sample_base, steps))
         if self.source is None:
-            chosen = self.plain.choose(logits, None, self.temperature, plain_u)
-            return chosen, torch.stack([entropy, spike]), chosen
+            chosen = self.plain.choose(logits, None, self.temperature, plain_u, probs=probs)
+            return chosen, stats, chosen
         seeds = self.seeds(context, steps, shift)
         seen = None
         if history is not None:
             # Repeated context: this seed was already used at an earlier step of the row (slot k of the ring holds
             # step k mod H's seed; slots not yet written are ignored), so the token is sampled plainly.
             seen = ((history == seeds.unsqueeze(-1)) & (self._slots.unsqueeze(0) < steps.unsqueeze(-1))).any(-1)
+        law = {"probs": probs} if probs is not None else {}
         if seen is not None and hasattr(self.sampler, "choose_or_plain"):
             # The sampler draws those rows plainly itself, from the same scan (the tournament: one scan, not two).
-            chosen, seen = self.sampler.choose_or_plain(logits, seeds, self.temperature, plain_u, seen), None
+            chosen, seen = self.sampler.choose_or_plain(logits, seeds, self.temperature, plain_u, seen, **law), None
         else:
-            chosen = self.sampler.choose(logits, seeds, self.temperature, plain_u)
+            chosen = self.sampler.choose(logits, seeds, self.temperature, plain_u, **law)
         if self.spec.skip_prob > 0:
             # Both branches are computed for every row: choosing per row on the host would sync every step.
             skip = prf.unit_t(prf.prf_t(skip_base, steps)) < self.spec.skip_prob
-            chosen = torch.where(skip, self.plain.choose(logits, None, self.temperature, plain_u), chosen)
+            chosen = torch.where(skip, self.plain.choose(logits, None, self.temperature, plain_u, probs=probs), chosen)
         if seen is not None:
-            chosen = torch.where(seen, self.plain.choose(logits, None, self.temperature, plain_u), chosen)
-        return chosen, torch.stack([entropy, spike]), seeds
+            chosen = torch.where(seen, self.plain.choose(logits, None, self.temperature, plain_u, probs=probs), chosen)
+        return chosen, stats, seeds
 
     def __call__(self, scores: torch.Tensor, context: torch.Tensor, steps: torch.Tensor, shift: torch.Tensor,
                  sample_base: torch.Tensor, skip_base: torch.Tensor,

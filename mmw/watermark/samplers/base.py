@@ -48,6 +48,34 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+def numba_cuda() -> bool:
+    """True when numba's CUDA target sees a device (asked when a step or sampler prepares, outside any compiled
+    graph); False where numba or its CUDA target cannot be imported."""
+    try:
+        from mmw.kernels.softmax import available  # the module patches numpy as numba's CUDA target needs
+    except ImportError:
+        return False
+    return available()
+
+
+@torch.library.custom_op("mmw::softmax_law", mutates_args=())
+def softmax_law(logits: torch.Tensor, temperature: float, write: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """On a CUDA device: ``probabilities(logits, temperature)`` (when ``write``; else float64 [B, 0]) and the
+    Shannon and spike entropies of softmax(logits) at T = 1 (``mmw.watermark.processor.entropies``) stacked float64
+    [2, B], from float32 logits [B, V] in two reads (``mmw.kernels.softmax``; opaque to ``torch.compile``, whose
+    float64 softmaxes took four times their bytes)."""
+    from mmw.kernels.softmax import law
+
+    return law(logits, temperature, write)
+
+
+@softmax_law.register_fake
+def _(logits: torch.Tensor, temperature: float, write: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = logits.shape[0]
+    return (logits.new_empty((rows, logits.shape[1] if write else 0), dtype=torch.float64),
+            logits.new_empty((2, rows), dtype=torch.float64))
+
+
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Sample one index per row by inverse transform. probs: float64 [B, V], u: float64 [B] in (0, 1) -> int64 [B].
 
@@ -88,12 +116,17 @@ class Sampler(SamplerPart, ABC):
             self._token_ids = torch.arange(self.vocab_size, dtype=torch.int64, device=device)
         return self._token_ids
 
+    #: Whether ``choose`` takes ``probs=``, the model's law ``probabilities(logits, temperature)`` already computed
+    #: by the step (on a CUDA device, together with the entropies: ``softmax_law``).
+    takes_law = False
+
     @abstractmethod
     def choose(self, logits: torch.Tensor, seeds: torch.Tensor, temperature: float,
                plain_u: torch.Tensor) -> torch.Tensor:
         """Pick the next token. logits: float [B, V]; seeds: int64 [B] (uint64 bits), or int64 [B, V] (one per
         candidate) where the sampler declares ``candidate_seeds``; plain_u: float64 [B] uniforms for any ordinary
-        sampling the scheme needs -> int64 [B]."""
+        sampling the scheme needs -> int64 [B]. A sampler with ``takes_law`` also accepts ``probs``: float64 [B, V]
+        or None (then it computes the law itself)."""
 
     # ---------------------------------------------------------------- detection (numpy reference)
     @abstractmethod
@@ -116,10 +149,12 @@ class Sampler(SamplerPart, ABC):
 class Plain(Sampler, PlainPart):
     """Ordinary sampling (the unwatermarked baseline, and skipped tokens). No statistic."""
 
-    def choose(self, logits, seeds, temperature, plain_u):
+    takes_law = True
+
+    def choose(self, logits, seeds, temperature, plain_u, probs=None):
         if temperature == 0:
             return logits.argmax(dim=-1)
-        return inverse_cdf(probabilities(logits, temperature), plain_u)
+        return inverse_cdf(probabilities(logits, temperature) if probs is None else probs, plain_u)
 
     def statistic(self, tokens, seeds):
         raise TypeError("the plain sampler has no watermark statistic")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from mmw.watermark import nulls, prf
-from mmw.watermark.samplers.base import Sampler, inverse_cdf, probabilities
+from mmw.watermark.samplers.base import Sampler, inverse_cdf, numba_cuda, probabilities
 from mmw.watermark.samplers.parts import TournamentPart
 
 #: Shifts that bring layer l's bit (bit 63 - l of the PRF output) to bit 0, for l = 0..63.
@@ -150,15 +150,6 @@ def _(probs, seeds, u, plain_rows, layers, leaves):
     return probs.new_empty(probs.shape[0], dtype=torch.int64)
 
 
-def _numba_cuda() -> bool:
-    """True when numba's CUDA target sees a device (asked once per ``prepare``, outside any compiled graph)."""
-    try:
-        from mmw.kernels.tournament import available  # the module imports numba's CUDA target as the image needs
-    except ImportError:
-        return False
-    return available()
-
-
 def chunk_tables(probs: torch.Tensor, layers: int, leaves: int, histogram, chunk_bits: int = CHUNK_BITS
                  ) -> list[torch.Tensor]:
     """Every chunk's factor table, one histogram pass each: ``histogram(tables, start, width)`` gives the current
@@ -201,39 +192,42 @@ class Tournament(Sampler, TournamentPart):
     def prepare(self, device):
         self.token_ids(device)
         # The numba passes where numba sees the GPU; elsewhere torch's scatter_add_ (the same law, slower there).
-        self._numba_passes = torch.device(device).type == "cuda" and _numba_cuda()
+        self._numba_passes = torch.device(device).type == "cuda" and numba_cuda()
 
     #: Draw through ``mmw::tournament_choose`` where the numba passes run (False: the law, then ``inverse_cdf``).
     fused_draw = True
 
-    def choose(self, logits, seeds, temperature, plain_u):
+    takes_law = True
+
+    def choose(self, logits, seeds, temperature, plain_u, probs=None):
         if temperature == 0:  # a one-hot distribution stays one-hot through every round
             return logits.argmax(dim=-1)
+        probs = probabilities(logits, temperature) if probs is None else probs
         if self._fused(logits):
-            return cuda_choose(probabilities(logits, temperature), seeds, plain_u,
-                               torch.zeros_like(plain_u, dtype=torch.bool), self.spec.layers, self.spec.leaves)
-        return inverse_cdf(self.law(logits, seeds, temperature), plain_u)
+            return cuda_choose(probs, seeds, plain_u, torch.zeros_like(plain_u, dtype=torch.bool), self.spec.layers,
+                               self.spec.leaves)
+        return inverse_cdf(self.law(logits, seeds, temperature, probs=probs), plain_u)
 
     def _fused(self, logits) -> bool:
         return (self.fused_draw and self._numba_passes and logits.is_cuda and self.spec.layers >= 1
                 and logits.shape[-1] >= CHUNKED_FROM_VOCAB)
 
-    def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows):
+    def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows, probs=None):
         """``choose``, except that the rows where ``plain_rows`` (bool [B]) is set are drawn from the model's own law
-        (the repeated-context mask, ``mmw.watermark.processor``): the same tokens as the plain sampler's choice with this
-        uniform, from one scan of one law instead of a second softmax and scan for the plain rows."""
+        (the repeated-context mask, ``mmw.watermark.processor``): the same tokens as the plain sampler's choice with
+        this uniform, from one scan of one law instead of a second softmax and scan for the plain rows."""
         if temperature == 0:
             return logits.argmax(dim=-1)
+        probs = probabilities(logits, temperature) if probs is None else probs
         if self._fused(logits):
-            return cuda_choose(probabilities(logits, temperature), seeds, plain_u, plain_rows, self.spec.layers,
-                               self.spec.leaves)
-        return inverse_cdf(self.law(logits, seeds, temperature, plain_rows), plain_u)
+            return cuda_choose(probs, seeds, plain_u, plain_rows, self.spec.layers, self.spec.leaves)
+        return inverse_cdf(self.law(logits, seeds, temperature, plain_rows, probs), plain_u)
 
-    def law(self, logits, seeds, temperature, plain_rows=None):
+    def law(self, logits, seeds, temperature, plain_rows=None, probs=None):
         """The tournament winner's law float64 [B, V] (the model's own in ``plain_rows``). On a CUDA device with a
         large vocabulary the passes run in ``mmw.kernels.tournament`` (the PRF in the kernel) once ``prepare`` has
-        found numba's CUDA support."""
-        probs = probabilities(logits, temperature)
+        found numba's CUDA support. ``probs``: the model's law at ``temperature``, when already computed."""
+        probs = probabilities(logits, temperature) if probs is None else probs
         hashes = prf.prf_t(seeds.unsqueeze(-1), self.token_ids(logits.device).unsqueeze(0))
         layers, leaves = self.spec.layers, self.spec.leaves
         if probs.shape[-1] < CHUNKED_FROM_VOCAB:
