@@ -48,6 +48,12 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+def law_of(logits: torch.Tensor, temperature: float, probs: torch.Tensor | None) -> torch.Tensor:
+    """The model's law at ``temperature``: ``probs`` where the step already computed it (a sampler with
+    ``takes_law``), else ``probabilities(logits, temperature)``."""
+    return probabilities(logits, temperature) if probs is None else probs
+
+
 def numba_cuda() -> bool:
     """True when numba's CUDA target sees a device (asked when a step or sampler prepares, outside any compiled
     graph); False where numba or its CUDA target cannot be imported."""
@@ -154,7 +160,7 @@ class Plain(Sampler, PlainPart):
     def choose(self, logits, seeds, temperature, plain_u, probs=None):
         if temperature == 0:
             return logits.argmax(dim=-1)
-        return inverse_cdf(probabilities(logits, temperature) if probs is None else probs, plain_u)
+        return inverse_cdf(law_of(logits, temperature, probs), plain_u)
 
     def statistic(self, tokens, seeds):
         raise TypeError("the plain sampler has no watermark statistic")

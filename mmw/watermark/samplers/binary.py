@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from mmw.watermark import nulls, prf
-from mmw.watermark.samplers.base import Sampler, cumsum_last, probabilities
+from mmw.watermark.samplers.base import Sampler, cumsum_last, law_of
 from mmw.watermark.samplers.binary_code import build_code
 from mmw.watermark.samplers.parts import BinaryPart
 
@@ -40,7 +40,9 @@ class Binary(Sampler, BinaryPart):
                        "nodes": torch.arange(len(lo), dtype=torch.int64, device=device) + prf.NODE}
         return self._t
 
-    def choose(self, logits, seeds, temperature, plain_u):
+    takes_law = True
+
+    def choose(self, logits, seeds, temperature, plain_u, probs=None):
         """Every internal node's branch at once, then a walk from the root along them.
 
         A node's probability mass is a difference of the prefix sums over the depth-first leaf order (one scan
@@ -51,7 +53,7 @@ class Binary(Sampler, BinaryPart):
         [B] (one fused kernel when compiled)."""
         if temperature == 0:
             return logits.argmax(dim=-1)
-        probs = probabilities(logits, temperature)  # [B, V]
+        probs = law_of(logits, temperature, probs)  # [B, V]
         t = self.prepare(logits.device)
         cdf = torch.nn.functional.pad(cumsum_last(probs[:, t["leaf_order"]]), (1, 0))  # [B, V + 1]
         start = cdf[:, t["lo"]]

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from mmw.watermark import prf
-from mmw.watermark.samplers.base import Sampler, per_candidate, probabilities
+from mmw.watermark.samplers.base import Sampler, law_of, per_candidate
 from mmw.watermark.samplers.parts import ExponentialPart
 
 
@@ -20,10 +20,12 @@ class Exponential(Sampler, ExponentialPart):
         vocab = self.token_ids(seeds.device)
         return prf.unit_t(prf.prf_t(per_candidate(seeds), vocab.unsqueeze(0)))
 
-    def choose(self, logits, seeds, temperature, plain_u):
+    takes_law = True
+
+    def choose(self, logits, seeds, temperature, plain_u, probs=None):
         if temperature == 0:
             return logits.argmax(dim=-1)
-        probs = probabilities(logits, temperature)
+        probs = law_of(logits, temperature, probs)
         # argmax log(u_i) / p_i  ==  argmax u_i^(1/p_i); p_i = 0 gives -inf (log u < 0).
         return (torch.log(self.uniforms_t(seeds)) / probs).argmax(dim=-1)
 

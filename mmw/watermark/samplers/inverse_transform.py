@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from mmw.watermark import prf
-from mmw.watermark.samplers.base import Sampler, inverse_cdf, probabilities
+from mmw.watermark.samplers.base import Sampler, inverse_cdf, law_of
 from mmw.watermark.samplers.parts import InverseTransformPart
 
 TINY = 2.0**-60  # floor for F: the statistic stays finite if v lands exactly on eta
@@ -33,12 +33,14 @@ class InverseTransform(Sampler, InverseTransformPart):
         if self._order_t is None or self._order_t.device != device:
             self._order_t = torch.from_numpy(self.order).to(device)
 
-    def choose(self, logits, seeds, temperature, plain_u):
+    takes_law = True
+
+    def choose(self, logits, seeds, temperature, plain_u, probs=None):
         if temperature == 0:
             return logits.argmax(dim=-1)
         self.prepare(logits.device)
         v = prf.unit_t(prf.prf_t(seeds, prf.SCALAR))
-        j = inverse_cdf(probabilities(logits, temperature)[:, self._order_t], v)
+        j = inverse_cdf(law_of(logits, temperature, probs)[:, self._order_t], v)
         return self._order_t[j]
 
     def statistic(self, tokens, seeds):

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from mmw.watermark import prf
-from mmw.watermark.samplers.base import Sampler, per_candidate, probabilities
+from mmw.watermark.samplers.base import Sampler, law_of, per_candidate
 from mmw.watermark.samplers.parts import PermuteFlipPart
 
 
@@ -65,19 +65,21 @@ class PermuteFlip(Sampler, PermuteFlipPart):
         """argmax_i log p_i - log r_i (p_i = 0 gives -inf: never chosen while some p_j > 0)."""
         return (torch.log(probs) - torch.log(r)).argmax(dim=-1)
 
-    def choose(self, logits, seeds, temperature, plain_u):
+    takes_law = True
+
+    def choose(self, logits, seeds, temperature, plain_u, probs=None):
         if temperature == 0:
             return logits.argmax(dim=-1)
-        return self.pick(probabilities(logits, temperature), self.uniforms_t(seeds))
+        return self.pick(law_of(logits, temperature, probs), self.uniforms_t(seeds))
 
-    def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows):
+    def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows, probs=None):
         """``choose``, except that the rows where ``plain_rows`` (bool [B]) is set (repeated contexts,
         ``mask_repeated``) are drawn by the *unwatermarked* PF decoder: the same argmax with noise from the row's
         private plain uniform instead of the key, so the scheme's sampling law stays PF's on every row. The plain
         uniform's 52 bits (``unit`` is (k + 1/2) 2^-52, so k is recovered exactly) seed a fresh PRF stream."""
         if temperature == 0:
             return logits.argmax(dim=-1)
-        probs = probabilities(logits, temperature)
+        probs = law_of(logits, temperature, probs)
         k = (plain_u / prf.UNIT_SCALE - 0.5).to(torch.int64)
         fresh = self.uniforms_t(prf.prf_t(k, prf.SAMPLE))
         r = torch.where(plain_rows.unsqueeze(-1), fresh, self.uniforms_t(seeds))

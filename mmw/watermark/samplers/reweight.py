@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from mmw.watermark import nulls, prf
-from mmw.watermark.samplers.base import Sampler, cumsum_last, inverse_cdf, probabilities
+from mmw.watermark.samplers.base import Sampler, cumsum_last, inverse_cdf, law_of
 from mmw.watermark.samplers.parts import ReweightPart
 
 
@@ -39,10 +39,12 @@ class Reweight(Sampler, ReweightPart):
         q = torch.diff(mass, dim=-1, prepend=torch.zeros_like(mass[:, :1]))
         return order, q.clamp_(min=0.0)
 
-    def choose(self, logits, seeds, temperature, plain_u):
+    takes_law = True
+
+    def choose(self, logits, seeds, temperature, plain_u, probs=None):
         if temperature == 0:
             return logits.argmax(dim=-1)
-        order, q = self.reweighted(probabilities(logits, temperature), seeds)
+        order, q = self.reweighted(law_of(logits, temperature, probs), seeds)
         j = inverse_cdf(q, plain_u)
         return order.gather(-1, j.unsqueeze(-1)).squeeze(-1)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from mmw.watermark import nulls, prf
-from mmw.watermark.samplers.base import Sampler, inverse_cdf, numba_cuda, probabilities
+from mmw.watermark.samplers.base import Sampler, inverse_cdf, law_of, numba_cuda
 from mmw.watermark.samplers.parts import TournamentPart
 
 #: Shifts that bring layer l's bit (bit 63 - l of the PRF output) to bit 0, for l = 0..63.
@@ -202,7 +202,7 @@ class Tournament(Sampler, TournamentPart):
     def choose(self, logits, seeds, temperature, plain_u, probs=None):
         if temperature == 0:  # a one-hot distribution stays one-hot through every round
             return logits.argmax(dim=-1)
-        probs = probabilities(logits, temperature) if probs is None else probs
+        probs = law_of(logits, temperature, probs)
         if self._fused(logits):
             return cuda_choose(probs, seeds, plain_u, torch.zeros_like(plain_u, dtype=torch.bool), self.spec.layers,
                                self.spec.leaves)
@@ -218,7 +218,7 @@ class Tournament(Sampler, TournamentPart):
         this uniform, from one scan of one law instead of a second softmax and scan for the plain rows."""
         if temperature == 0:
             return logits.argmax(dim=-1)
-        probs = probabilities(logits, temperature) if probs is None else probs
+        probs = law_of(logits, temperature, probs)
         if self._fused(logits):
             return cuda_choose(probs, seeds, plain_u, plain_rows, self.spec.layers, self.spec.leaves)
         return inverse_cdf(self.law(logits, seeds, temperature, plain_rows, probs), plain_u)
@@ -227,7 +227,7 @@ class Tournament(Sampler, TournamentPart):
         """The tournament winner's law float64 [B, V] (the model's own in ``plain_rows``). On a CUDA device with a
         large vocabulary the passes run in ``mmw.kernels.tournament`` (the PRF in the kernel) once ``prepare`` has
         found numba's CUDA support. ``probs``: the model's law at ``temperature``, when already computed."""
-        probs = probabilities(logits, temperature) if probs is None else probs
+        probs = law_of(logits, temperature, probs)
         hashes = prf.prf_t(seeds.unsqueeze(-1), self.token_ids(logits.device).unsqueeze(0))
         layers, leaves = self.spec.layers, self.spec.leaves
         if probs.shape[-1] < CHUNKED_FROM_VOCAB:
