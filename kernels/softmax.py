@@ -33,10 +33,10 @@ if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still refers to np.row_sta
 
 from numba import cuda, float64  # noqa: E402
 
-#: Threads of a block (a power of two: the merges are trees).
-THREADS = 256
-#: Blocks a row. 296 rows x 8 blocks of 256 threads ran 2.24 waves on an H100 (8 resident a multiprocessor), the
-#: last a quarter full; more blocks a row shorten that tail (bench/gpu_softmax.py times the choices).
+#: Threads of a block (a power of two: the merges are trees), and blocks a row. At 296 x 128,256 on one H100 the
+#: two passes took 0.447 ms at 128 threads x 8 blocks a row, 0.485 / 0.512 / 0.572 ms at 16 / 32 / 64 blocks,
+#: 0.513 ms at 256 x 8 and 0.538 ms at 512 x 8 (bench/gpu_softmax.py, which times each width).
+THREADS = 128
 PARTS = 8
 #: The running sums a segment keeps: m, Z, W, Z_T.
 FIELDS = 4

@@ -128,7 +128,8 @@ def simulated_law(logits, temperature, write):  # the custom op's body, on host 
 
 processor.softmax_law = simulated_law
 schemes = [None, dict(sampler="tournament", layers=12, randomness="window", window=1, score="sum"),
-           dict(sampler="exponential", randomness="window", window=1, skip_prob=0.3, score="sum")]
+           dict(sampler="exponential", randomness="window", window=1, skip_prob=0.3, score="sum"),
+           dict(sampler="distribution_shift", delta=2.0, randomness="window", window=1, score="sum")]
 for params in schemes:
     spec = SchemeSpec.from_params(params) if params else None
     steps = []
@@ -160,8 +161,9 @@ def test_cuda_softmax_equals_torchs_law_and_entropies_in_the_simulator():
     """The step's CUDA law and entropies (``mmw.kernels.softmax``, two passes, an online softmax over segments),
     run by numba's CUDA simulator with one and several segments a row, at T = 1 and 0.7, on flat to peaked logits
     with masked tokens: the law equals torch's float64 softmax to 1e-13 (relative), the entropies to 1e-12; and a
-    step fed by them (plain, the tournament with repeated contexts, a sampler that computes its own law) chooses
-    the tokens and records the entropies the step with torch's code does."""
+    step fed by them (plain, the tournament with repeated contexts, a sampler with skipped tokens, and one that
+    draws from other logits and keeps torch's code) chooses the tokens and records the entropies the step with
+    torch's code does."""
     pytest.importorskip("numba")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": "ignore::RuntimeWarning"}
     result = subprocess.run([sys.executable, "-c", SIMULATED_LAW], env=env, capture_output=True, text=True,
