@@ -4,8 +4,9 @@ float32 logits in two passes, called from torch through the custom op ``mmw::sof
 
 Every step records the Shannon and the spike entropy of the model's own law at T = 1 and draws from its law at the
 sampling temperature. Compiled by Inductor from torch code, the float64 ``log_softmax`` of the entropies and the
-float64 ``softmax`` of the law took 0.72 ms at 296 x 128,256 on one H200, about four times their bytes (one read of
-the float32 logits is 152 MB, one write of the float64 law 304 MB). Here:
+float64 ``softmax`` of the law took 0.93 ms at 296 x 128,256 on one H100 (real models' laws), 4.5 times a copy of
+the law (one read of the float32 logits is 152 MB, one write of the float64 law 304 MB); these passes take 0.45 ms
+(bench/gpu_softmax.py; the float64 exponentials, not the bytes, bound them). Here:
 
 - ``stats_kernel``: one read. Block ``part`` of a row takes a contiguous segment; each thread keeps a running
   maximum m and, relative to it, Z = sum exp(x - m) and W = sum exp(x - m) (x - m) (and Z_T = sum exp(x/T - m/T)
