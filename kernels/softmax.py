@@ -34,6 +34,8 @@ if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still refers to np.row_sta
 
 from numba import cuda, float64  # noqa: E402
 
+from mmw.kernels.tournament import _block_sum, _device_array, _launch_stream  # noqa: E402
+
 #: Threads of a block (a power of two: the merges are trees), and blocks a row. At 296 x 128,256 on one H100 the
 #: two passes took 0.447 ms at 128 threads x 8 blocks a row, 0.485 / 0.512 / 0.572 ms at 16 / 32 / 64 blocks,
 #: 0.513 ms at 256 x 8 and 0.538 ms at 512 x 8 (bench/gpu_softmax.py, which times each width).
@@ -144,16 +146,9 @@ def kernels(threads: int):
             own += p / (1.0 + p)
             if write:
                 probs[row, x] = math.exp(v / temperature - mt) * inv_zt if tempered else p
-        red[t] = own
-        cuda.syncthreads()
-        s = cuda.blockDim.x >> 1
-        while s > 0:
-            if t < s:
-                red[t] += red[t + s]
-            cuda.syncthreads()
-            s >>= 1
+        total = _block_sum(red, own)
         if t == 0:
-            spike[row, cuda.blockIdx.x] = red[0]
+            spike[row, cuda.blockIdx.x] = total
 
     return stats_kernel, law_kernel
 
@@ -212,8 +207,6 @@ def law(logits, temperature: float, write: bool):
     """logits float32 [B, V] (a CUDA tensor, any strides) -> (probs float64 [B, V], or [B, 0] without ``write``;
     stats float64 [2, B]: the Shannon and the spike entropy at T = 1), launched on torch's current stream."""
     import torch
-
-    from mmw.kernels.tournament import _device_array, _launch_stream
 
     rows = logits.shape[0]
     device = logits.device
