@@ -5,9 +5,8 @@ against torch's code compiled by Inductor (``entropies`` + ``probabilities``), o
   and 0.7: the largest relative difference of the law and of each entropy; then the tokens of whole compiled steps
   (plain sampling and the tournament, m = 30) with and without the kernels, same key and inputs, over 8 steps.
 * timing: each side alone captured in a CUDA graph, GPU ms a replay (median of ``--replays``), in ``--rounds``
-  interleaved rounds: the law and both entropies (the step of plain sampling and of the tournament), and the
-  entropies alone (a sampler that computes its own law); a copy of the float64 law beside them (the bandwidth
-  bound); and the kernels at each launch width of LAUNCH_THREADS x LAUNCH_PARTS, the fastest written to
+  interleaved rounds: the law and both entropies, at T = 1 and 0.7; a copy of the float64 law beside them (the
+  bandwidth bound); and the kernels at each launch width of LAUNCH_THREADS x LAUNCH_PARTS, the fastest written to
   ``--out``/fastest_launch as ``THREADS,PARTS`` (MMW_BENCH_SOFTMAX of bench/gpu_tournament.py).
 
     PYTHONPATH=. python3 bench/gpu_softmax.py --out DIR
@@ -38,10 +37,9 @@ LAUNCH_THREADS = (128, 256, 512)
 LAUNCH_PARTS = (8, 16, 32, 64)
 
 
-def torch_law(logits: torch.Tensor, temperature: float, write: bool):
+def torch_law(logits: torch.Tensor, temperature: float):
     """The step's code before the kernels: Inductor's float64 log-softmax and softmax."""
-    stats = torch.stack(entropies(logits))
-    return (probabilities(logits, temperature) if write else None), stats
+    return probabilities(logits, temperature), torch.stack(entropies(logits))
 
 
 def graph_ms(fn, replays: int) -> float:
@@ -77,8 +75,8 @@ def main(out: str = "", batch: int = 296, rounds: int = 5, replays: int = 20, st
     for scale in AGREEMENT_SCALES + (None,):
         logits = law_logits(batch, scale, 17)
         for temperature in (1.0, 0.7):
-            probs, stats = softmax_law(logits, temperature, True)
-            ref_probs, ref_stats = compiled_torch(logits, temperature, True)
+            probs, stats = softmax_law(logits, temperature)
+            ref_probs, ref_stats = compiled_torch(logits, temperature)
             positive = ref_probs > 1e-300
             row = dict(law_rel=rel(probs[positive], ref_probs[positive]),
                        law_zero_mismatch=int(((probs > 0) != positive).sum()),
@@ -113,12 +111,10 @@ def main(out: str = "", batch: int = 296, rounds: int = 5, replays: int = 20, st
     logits = law_logits(batch, None, 29)
     law64 = torch.softmax(logits.double(), -1)
     copy_out = torch.empty_like(law64)
-    sides = {"kernels: law + entropies": lambda: softmax_law(logits, 1.0, True),
-             "torch (Inductor): law + entropies": lambda: compiled_torch(logits, 1.0, True),
-             "kernels: entropies alone": lambda: softmax_law(logits, 1.0, False),
-             "torch (Inductor): entropies alone": lambda: compiled_torch(logits, 1.0, False),
-             "kernels: law at T = 0.7 + entropies": lambda: softmax_law(logits, 0.7, True),
-             "torch (Inductor): law at T = 0.7 + entropies": lambda: compiled_torch(logits, 0.7, True),
+    sides = {"kernels: law + entropies": lambda: softmax_law(logits, 1.0),
+             "torch (Inductor): law + entropies": lambda: compiled_torch(logits, 1.0),
+             "kernels: law at T = 0.7 + entropies": lambda: softmax_law(logits, 0.7),
+             "torch (Inductor): law at T = 0.7 + entropies": lambda: compiled_torch(logits, 0.7),
              "copy of the float64 law": lambda: copy_out.copy_(law64)}
     from mmw.kernels import softmax as ks
 
@@ -129,7 +125,7 @@ def main(out: str = "", batch: int = 296, rounds: int = 5, replays: int = 20, st
         def fn():
             ks.THREADS, ks.PARTS = threads, parts
             try:
-                return softmax_law(logits, 1.0, True)
+                return softmax_law(logits, 1.0)
             finally:
                 ks.THREADS, ks.PARTS = default
         return fn

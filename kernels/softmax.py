@@ -15,7 +15,7 @@ the law (one read of the float32 logits is 152 MB, one write of the float64 law 
 - ``row_kernel``: a thread a row merges the row's segments in a fixed order: the entropy is log Z - W / Z
   (= -sum p log p, log p = x - m - log Z).
 - ``law_kernel``: a second read. Each token's p = exp(x - m) / Z adds p / (1 + p) to the spike entropy (a
-  segment's sum, summed over segments by the caller); with ``write`` it stores the law at T, exp(x/T - m/T) / Z_T,
+  segment's sum, summed over segments by the caller), and stores the law at T, exp(x/T - m/T) / Z_T,
   torch's float64 softmax of logits / T up to rounding (the order of the sum, a product by 1 / Z for the division).
 
 The sums run in float64 in a fixed order: the same values on every run. ``-inf`` logits (masked tokens) carry no
@@ -126,10 +126,9 @@ def kernels(threads: int):
             partial[row, cuda.blockIdx.x, t] = red[0, t]
 
     @cuda.jit
-    def law_kernel(logits, temperature, rows_stats, write, probs, spike):
+    def law_kernel(logits, temperature, rows_stats, probs, spike):
         """From the row's (m, 1 / Z, m / T, 1 / Z_T) (``row_kernel``): spike[row, part] = the segment's sum of
-        p / (1 + p) with p = exp(x - m) / Z, and, with ``write``, probs[row, x] = exp(x / T - m / T) / Z_T (p itself
-        at T = 1)."""
+        p / (1 + p) with p = exp(x - m) / Z, and probs[row, x] = exp(x / T - m / T) / Z_T (p itself at T = 1)."""
         red = cuda.shared.array(threads, float64)
         row = cuda.blockIdx.y
         t = cuda.threadIdx.x
@@ -144,8 +143,7 @@ def kernels(threads: int):
             v = float64(logits[row, x])
             p = math.exp(v - m) * inv_z
             own += p / (1.0 + p)
-            if write:
-                probs[row, x] = math.exp(v / temperature - mt) * inv_zt if tempered else p
+            probs[row, x] = math.exp(v / temperature - mt) * inv_zt if tempered else p
         total = _block_sum(red, own)
         if t == 0:
             spike[row, cuda.blockIdx.x] = total
@@ -185,11 +183,10 @@ def available() -> bool:
     return cuda.is_available()
 
 
-def launch_law(logits, temperature: float, partial, rows_stats, write: bool, probs, entropy, spike,
-               stream=0) -> None:
+def launch_law(logits, temperature: float, partial, rows_stats, probs, entropy, spike, stream=0) -> None:
     """The passes on device (or, in numba's simulator, host) arrays: logits float32/float64 [B, V] (any strides),
-    scratch partial float64 [B, S, FIELDS] and rows_stats float64 [B, FIELDS], probs float64 [B, V] (written when
-    ``write``), entropy float64 [B], spike float64 [B, S] (the segments' sums), S the number of segments a row."""
+    scratch partial float64 [B, S, FIELDS] and rows_stats float64 [B, FIELDS], probs float64 [B, V], entropy
+    float64 [B], spike float64 [B, S] (the segments' sums), S the number of segments a row."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 for the softmax, got {temperature}")
     rows = logits.shape[0]
@@ -200,24 +197,23 @@ def launch_law(logits, temperature: float, partial, rows_stats, write: bool, pro
     stats_kernel[grid, THREADS, stream](logits, float(temperature), partial)
     row_kernel[(rows + ROW_THREADS - 1) // ROW_THREADS, ROW_THREADS, stream](partial, float(temperature), rows_stats,
                                                                              entropy)
-    law_kernel[grid, THREADS, stream](logits, float(temperature), rows_stats, bool(write), probs, spike)
+    law_kernel[grid, THREADS, stream](logits, float(temperature), rows_stats, probs, spike)
 
 
-def law(logits, temperature: float, write: bool):
-    """logits float32 [B, V] (a CUDA tensor, any strides) -> (probs float64 [B, V], or [B, 0] without ``write``;
-    stats float64 [2, B]: the Shannon and the spike entropy at T = 1), launched on torch's current stream."""
+def law(logits, temperature: float):
+    """logits float32 [B, V] (a CUDA tensor, any strides) -> (probs float64 [B, V]; stats float64 [2, B]: the Shannon
+    and the spike entropy at T = 1), launched on torch's current stream."""
     import torch
 
     rows = logits.shape[0]
     device = logits.device
-    probs = torch.empty(rows, logits.shape[1] if write else 0, dtype=torch.float64, device=device)
+    probs = torch.empty(rows, logits.shape[1], dtype=torch.float64, device=device)
     stats = torch.empty(2, rows, dtype=torch.float64, device=device)
     spike = torch.empty(rows, PARTS, dtype=torch.float64, device=device)
     partial = torch.empty(rows, PARTS, FIELDS, dtype=torch.float64, device=device)
     rows_stats = torch.empty(rows, FIELDS, dtype=torch.float64, device=device)
     if rows:
-        out = probs if write else torch.empty(1, 1, dtype=torch.float64, device=device)
-        launch_law(_device_array(logits), temperature, _device_array(partial), _device_array(rows_stats), write,
-                   _device_array(out), _device_array(stats[0]), _device_array(spike), _launch_stream(logits))
+        launch_law(_device_array(logits), temperature, _device_array(partial), _device_array(rows_stats),
+                   _device_array(probs), _device_array(stats[0]), _device_array(spike), _launch_stream(logits))
         stats[1] = spike.sum(1)
     return probs, stats

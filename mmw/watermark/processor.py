@@ -136,7 +136,7 @@ class WatermarkStep:
         for a sampler that draws from other logits, Inductor's fused reductions were as fast as the kernels:
         0.409 against 0.440 ms at 296 x 128,256 on one H100, bench/gpu_softmax.py.)"""
         if self._fused_softmax and self.temperature > 0 and self.sampler.takes_law and logits.dtype == torch.float32:
-            return softmax_law(logits, self.temperature, True)
+            return softmax_law(logits, self.temperature)
         return None, torch.stack(entropies(logits))
 
     def _step(self, scores, context, steps, shift, sample_base, skip_base, history=None):

@@ -65,20 +65,20 @@ def numba_cuda() -> bool:
 
 
 @torch.library.custom_op("mmw::softmax_law", mutates_args=())
-def softmax_law(logits: torch.Tensor, temperature: float, write: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """On a CUDA device: ``probabilities(logits, temperature)`` (when ``write``; else float64 [B, 0]) and the
-    Shannon and spike entropies of softmax(logits) at T = 1 (``mmw.watermark.processor.entropies``) stacked float64
-    [2, B], from float32 logits [B, V] in two reads (``mmw.kernels.softmax``; opaque to ``torch.compile``, whose
+def softmax_law(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """On a CUDA device: ``probabilities(logits, temperature)`` (float64 [B, V]) and the Shannon and spike entropies
+    of softmax(logits) at T = 1 (``mmw.watermark.processor.entropies``) stacked float64 [2, B], from float32 logits
+    [B, V] in two reads (``mmw.kernels.softmax``; opaque to ``torch.compile``, whose
     float64 softmaxes took four times their bytes)."""
     from mmw.kernels.softmax import law
 
-    return law(logits, temperature, write)
+    return law(logits, temperature)
 
 
 @softmax_law.register_fake
-def _(logits: torch.Tensor, temperature: float, write: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     rows = logits.shape[0]
-    return (logits.new_empty((rows, logits.shape[1] if write else 0), dtype=torch.float64),
+    return (logits.new_empty((rows, logits.shape[1]), dtype=torch.float64),
             logits.new_empty((2, rows), dtype=torch.float64))
 
 

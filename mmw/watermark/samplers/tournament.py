@@ -200,13 +200,7 @@ class Tournament(Sampler, TournamentPart):
     takes_law = True
 
     def choose(self, logits, seeds, temperature, plain_u, probs=None):
-        if temperature == 0:  # a one-hot distribution stays one-hot through every round
-            return logits.argmax(dim=-1)
-        probs = law_of(logits, temperature, probs)
-        if self._fused(logits):
-            return cuda_choose(probs, seeds, plain_u, torch.zeros_like(plain_u, dtype=torch.bool), self.spec.layers,
-                               self.spec.leaves)
-        return inverse_cdf(self.law(logits, seeds, temperature, probs=probs), plain_u)
+        return self.choose_or_plain(logits, seeds, temperature, plain_u, None, probs)
 
     def _fused(self, logits) -> bool:
         return (self.fused_draw and self._numba_passes and logits.is_cuda and self.spec.layers >= 1
@@ -215,12 +209,14 @@ class Tournament(Sampler, TournamentPart):
     def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows, probs=None):
         """``choose``, except that the rows where ``plain_rows`` (bool [B]) is set are drawn from the model's own law
         (the repeated-context mask, ``mmw.watermark.processor``): the same tokens as the plain sampler's choice with
-        this uniform, from one scan of one law instead of a second softmax and scan for the plain rows."""
-        if temperature == 0:
+        this uniform, from one scan of one law instead of a second softmax and scan for the plain rows. None: no
+        such row."""
+        if temperature == 0:  # a one-hot distribution stays one-hot through every round
             return logits.argmax(dim=-1)
         probs = law_of(logits, temperature, probs)
         if self._fused(logits):
-            return cuda_choose(probs, seeds, plain_u, plain_rows, self.spec.layers, self.spec.leaves)
+            plain = torch.zeros_like(plain_u, dtype=torch.bool) if plain_rows is None else plain_rows
+            return cuda_choose(probs, seeds, plain_u, plain, self.spec.layers, self.spec.leaves)
         return inverse_cdf(self.law(logits, seeds, temperature, plain_rows, probs), plain_u)
 
     def law(self, logits, seeds, temperature, plain_rows=None, probs=None):
