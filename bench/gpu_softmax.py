@@ -2,10 +2,14 @@
 against torch's code compiled by Inductor (``entropies`` + ``probabilities``), on the same logits, same card.
 
 * agreement: at ``--batch`` x 128,256 float32 logits (Gaussian of scales 1, 3, 8 and real models' laws), T = 1
-  and 0.7: the largest relative difference of the law and of each entropy; then the tokens of whole compiled steps
-  (plain sampling and the tournament, m = 30) with and without the kernels, same key and inputs, over 8 steps.
+  and 0.7: the largest relative difference of the law and of each entropy; the law pass that also bins the law by
+  the tournament's first g-bits against the pass alone and the draw's own first histogram pass (values that differ:
+  0 expected); then the tokens of whole compiled steps (plain sampling and the tournament, m = 30) with and without
+  the kernels, and of the tournament with its first histogram in the law pass and apart, same key and inputs, over
+  8 steps.
 * timing: each side alone captured in a CUDA graph, GPU ms a replay (median of ``--replays``), in ``--rounds``
-  interleaved rounds: the law and both entropies, at T = 1 and 0.7; a copy of the float64 law beside them (the
+  interleaved rounds: the law and both entropies, at T = 1 and 0.7, with the first histogram in the law pass and
+  apart; a copy of the float64 law beside them (the
   bandwidth bound); and the kernels at each launch width of LAUNCH_THREADS x LAUNCH_PARTS, the fastest written to
   ``--out``/fastest_launch as ``THREADS,PARTS`` (MMW_BENCH_SOFTMAX of bench/gpu_tournament.py).
 
@@ -30,6 +34,7 @@ from gpu_tournament import AGREEMENT_SCALES, KEY, VOCAB, law_logits, law_name, s
 from mmw.inductor import inductor_options  # noqa: E402
 from mmw.watermark.processor import WatermarkStep, entropies  # noqa: E402
 from mmw.watermark.samplers.base import probabilities, softmax_law  # noqa: E402
+from mmw.watermark.samplers.tournament import CHUNK_BITS, FIXED_POINT, cuda_binned_law  # noqa: E402
 
 
 #: Launch widths the timing part scans (``mmw.kernels.softmax.THREADS`` and ``PARTS``).
@@ -65,6 +70,60 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b).abs() / scale).max())
 
 
+def first_apart(logits: torch.Tensor, temperature: float, seeds: torch.Tensor):
+    """The law and entropies, then the draw's first histogram pass over the written law (the launch
+    ``mmw.kernels.tournament.launch_choose`` makes when it is not given that pass)."""
+    from mmw.kernels import tournament as kt
+
+    probs, stats = softmax_law(logits, temperature)
+    width = min(CHUNK_BITS, spec().layers)
+    rows = probs.shape[0]
+    bins = torch.empty(rows, kt.PARTS, 1 << width, dtype=torch.int64, device=probs.device)
+    totals = torch.empty(rows, kt.PARTS, dtype=torch.int64, device=probs.device)
+    tables = torch.ones(1, rows, 1 << CHUNK_BITS, dtype=torch.float64, device=probs.device)
+    kt.histogram32_kernel(kt.HISTOGRAM_UNROLL, kt.HISTOGRAM_CACHED_TABLES, kt.HISTOGRAM_MIN_BLOCKS,
+                          kt.HISTOGRAM_SKIP_ZERO)[(kt.PARTS, rows), kt.THREADS, kt._launch_stream(probs)](
+        *(kt._device_array(x) for x in (probs, seeds, tables)), 0, CHUNK_BITS, 0, width, FIXED_POINT,
+        kt._device_array(bins), kt._device_array(totals))
+    return probs, stats, bins, totals
+
+
+def first_pass_agreement(batch: int) -> dict:
+    """The law pass that also bins the law by its first g-bits (``cuda_binned_law``) against the law pass alone
+    and the draw's own first histogram pass over the written law: counts of differing values (0 expected)."""
+    row = dict(law_diff=0, stats_diff=0, bins_diff=0, totals_diff=0)
+    gen = torch.Generator("cuda").manual_seed(37)
+    for scale in AGREEMENT_SCALES + (None,):
+        logits = law_logits(batch, scale, 41)
+        seeds = torch.randint(-2**62, 2**62, (batch,), device="cuda", generator=gen)
+        for temperature in (1.0, 0.7):
+            binned = cuda_binned_law(logits, temperature, seeds, min(CHUNK_BITS, spec().layers))
+            apart = first_apart(logits, temperature, seeds)
+            for key, a, b in zip(("law_diff", "stats_diff", "bins_diff", "totals_diff"), binned, apart):
+                row[key] += int((a != b).sum())
+    print(f"agreement, the first histogram in the law pass vs apart (differing values): {row}", flush=True)
+    return row
+
+
+def first_pass_tokens(batch: int, steps: int) -> dict:
+    """Tokens of compiled tournament steps whose draw takes its first histogram from the law pass against steps
+    whose draw makes that pass itself, same key and inputs."""
+    sides = [WatermarkStep(spec(), KEY, VOCAB, 1.0, compiled=True, mode="default") for _ in range(2)]
+    sides[1].sampler.binned_first_pass = False
+    same = total = 0
+    for scale in AGREEMENT_SCALES + (None,):
+        scores, context, at, state = step_inputs(batch, scale, 43)
+        histories = [side.new_history(batch, "cuda") for side in sides]
+        for _ in range(steps):
+            a, b = (side(scores, context, at.clone(), **state, history=h) for side, h in zip(sides, histories))
+            same += int((a[0] == b[0]).sum())
+            total += batch
+            at += 1
+    row = dict(same=same, total=total, compiled=[side.is_compiled for side in sides])
+    print(f"tokens, tournament, first histogram in the law pass vs apart: {same}/{total} equal", flush=True)
+    return row
+
+
 def main(out: str = "", batch: int = 296, rounds: int = 5, replays: int = 20, steps: int = 8) -> None:
     result: dict = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, batch=batch, vocab=VOCAB,
                         date=time.strftime("%F %T"))
@@ -84,6 +143,7 @@ def main(out: str = "", batch: int = 296, rounds: int = 5, replays: int = 20, st
                        entropy_abs=float((stats[0] - ref_stats[0]).abs().max()))
             agree[f"{law_name(scale)}, T={temperature}"] = row
             print(f"agreement {law_name(scale)}, T={temperature}: {row}", flush=True)
+    agree["first histogram"] = first_pass_agreement(batch)
     tokens = {}
     for name, scheme in (("plain", None), ("tournament", spec())):
         fused = WatermarkStep(scheme, KEY, VOCAB, 1.0, compiled=True, mode="default")
@@ -106,12 +166,21 @@ def main(out: str = "", batch: int = 296, rounds: int = 5, replays: int = 20, st
                             compiled=[fused.is_compiled, plain_torch.is_compiled])
         print(f"tokens, {name}, kernels vs torch's code: {same}/{total} equal, entropies within {stat_diff:.3g}",
               flush=True)
+    tokens["tournament, first histogram in the law pass vs apart"] = first_pass_tokens(batch, steps)
     result.update(agreement=agree, tokens=tokens)
 
     logits = law_logits(batch, None, 29)
     law64 = torch.softmax(logits.double(), -1)
     copy_out = torch.empty_like(law64)
+    seeds = torch.randint(-2**62, 2**62, (batch,), device="cuda", generator=torch.Generator("cuda").manual_seed(31))
+    first_width = min(CHUNK_BITS, spec().layers)
     sides = {"kernels: law + entropies": lambda: softmax_law(logits, 1.0),
+             "kernels: law + entropies + first histogram": lambda: cuda_binned_law(logits, 1.0, seeds, first_width),
+             "kernels: law + entropies, then the first histogram pass": lambda: first_apart(logits, 1.0, seeds),
+             "kernels: law at T = 0.7 + entropies + first histogram": lambda: cuda_binned_law(logits, 0.7, seeds,
+                                                                                              first_width),
+             "kernels: law at T = 0.7 + entropies, then the first histogram pass": lambda: first_apart(logits, 0.7,
+                                                                                                       seeds),
              "torch (Inductor): law + entropies": lambda: compiled_torch(logits, 1.0),
              "kernels: law at T = 0.7 + entropies": lambda: softmax_law(logits, 0.7),
              "torch (Inductor): law at T = 0.7 + entropies": lambda: compiled_torch(logits, 0.7),

@@ -232,6 +232,13 @@ class OneReadInFlight(Tournament):
     after the graph, not around it)."""
 
 
+class FirstPassApart(Tournament):
+    """The tournament as it is, except that its draw makes its first histogram pass over the written law itself
+    instead of taking it from the step's pass that writes the law (``binned_first_pass``)."""
+
+    binned_first_pass = False
+
+
 def before_launch(key: int = KEY_BEFORE):
     """The context a run under ``key`` goes in: ``before_settings()`` for the "before" key of ``--before launch``,
     else none."""
@@ -240,8 +247,8 @@ def before_launch(key: int = KEY_BEFORE):
     return contextlib.nullcontext()
 
 
-#: The "before" sampler: ``--before layer`` (the layer-by-layer law), ``histogram`` (``ThreeHistograms``) or
-#: ``launch`` (``OneReadInFlight``).
+#: The "before" sampler: ``--before layer`` (the layer-by-layer law), ``histogram`` (``ThreeHistograms``),
+#: ``launch`` (``OneReadInFlight``), ``softmax`` (``TorchSoftmax``) or ``first`` (``FirstPassApart``).
 BEFORE: type = ThreeHistograms
 
 
@@ -842,7 +849,8 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
          host_rounds: int = 0, tune_launch: bool = False, law: str = "gaussian") -> None:
     """``--decode-only graph|generate``: the decode part's configurations on that path only, after sampler only
     (with that path's baseline), for more rounds in the same time. ``--before softmax``: "before" is every step
-    (plain ones too) with its law and entropies from torch's code instead of ``mmw::softmax_law``.
+    (plain ones too) with its law and entropies from torch's code instead of ``mmw::softmax_law``. ``--before
+    first``: "before" is the tournament's draw making its first histogram pass itself (``FirstPassApart``).
     ``--before launch``: "before" is the fused draw
     as it was before its launch work (``before_settings``: one read in flight a histogram thread, 1,024-thread
     table kernels with a tree a segment), "after" the module's settings and kernels. ``--tune-launch`` (with the
@@ -858,7 +866,7 @@ def main(out: str = "", parts: str = "kernels,step,decode", batch: int = 296, ne
         raise typer.BadParameter(f"{REAL_LAWS} is missing: run bench/tournament_laws.py", param_hint="--law")
     LAW = law
     befores = {"layer": LayerByLayer, "histogram": ThreeHistograms, "launch": OneReadInFlight,
-               "softmax": TorchSoftmax}
+               "softmax": TorchSoftmax, "first": FirstPassApart}
     if before not in befores:
         raise typer.BadParameter(f"unknown {before!r}; allowed: {', '.join(befores)}", param_hint="--before")
     BEFORE = befores[before]

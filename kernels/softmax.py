@@ -34,7 +34,7 @@ if not hasattr(np, "row_stack"):  # numba-cuda 0.30.4 still refers to np.row_sta
 
 from numba import cuda, float64  # noqa: E402
 
-from mmw.kernels.tournament import _block_sum, _device_array, _launch_stream  # noqa: E402
+from mmw.kernels.tournament import MAX_BINS, _block_sum, _device_array, _launch_stream, binned_law_kernel  # noqa: E402
 
 #: Threads of a block (a power of two: the merges are trees), and blocks a row. At 296 x 128,256 on one H100 the
 #: two passes took 0.447 ms at 128 threads x 8 blocks a row, 0.485 / 0.512 / 0.572 ms at 16 / 32 / 64 blocks,
@@ -183,10 +183,14 @@ def available() -> bool:
     return cuda.is_available()
 
 
-def launch_law(logits, temperature: float, partial, rows_stats, probs, entropy, spike, stream=0) -> None:
+def launch_law(logits, temperature: float, partial, rows_stats, probs, entropy, spike, stream=0,
+               binned=None) -> None:
     """The passes on device (or, in numba's simulator, host) arrays: logits float32/float64 [B, V] (any strides),
     scratch partial float64 [B, S, FIELDS] and rows_stats float64 [B, FIELDS], probs float64 [B, V], entropy
-    float64 [B], spike float64 [B, S] (the segments' sums), S the number of segments a row."""
+    float64 [B], spike float64 [B, S'] (the law pass's segments' sums), S the number of segments a row of the first
+    pass. ``binned``: (seeds int64 [B], width, fixed_point, bins int64 [B, S', 2^width], totals int64 [B, S']): the
+    law pass also writes the histogram of the law by its first ``width`` g-bits (``binned_law_kernel``) over S'
+    segments a row; None: S' = S."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 for the softmax, got {temperature}")
     rows = logits.shape[0]
@@ -197,23 +201,43 @@ def launch_law(logits, temperature: float, partial, rows_stats, probs, entropy, 
     stats_kernel[grid, THREADS, stream](logits, float(temperature), partial)
     row_kernel[(rows + ROW_THREADS - 1) // ROW_THREADS, ROW_THREADS, stream](partial, float(temperature), rows_stats,
                                                                              entropy)
-    law_kernel[grid, THREADS, stream](logits, float(temperature), rows_stats, probs, spike)
+    if binned is None:
+        law_kernel[grid, THREADS, stream](logits, float(temperature), rows_stats, probs, spike)
+    else:
+        seeds, width, fixed_point, bins, totals = binned
+        if not 1 <= width <= MAX_BINS.bit_length() - 1:
+            raise ValueError(f"width must be from 1 to {MAX_BINS.bit_length() - 1}, got {width}")
+        binned_law_kernel(THREADS)[(bins.shape[1], rows), THREADS, stream](
+            logits, float(temperature), rows_stats, probs, spike, seeds, width, float(fixed_point), bins, totals)
 
 
-def law(logits, temperature: float):
+def law(logits, temperature: float, binned: tuple | None = None):
     """logits float32 [B, V] (a CUDA tensor, any strides) -> (probs float64 [B, V]; stats float64 [2, B]: the Shannon
-    and the spike entropy at T = 1), launched on torch's current stream."""
+    and the spike entropy at T = 1), launched on torch's current stream. ``binned``: (seeds int64 [B], width,
+    fixed_point, segments): the result also holds the law's histogram by the first ``width`` g-bits of each token
+    under its row's seed over ``segments`` contiguous segments a row, int64 [B, segments, 2^width], and each
+    segment's mass, int64 [B, segments] (in units of 1 / fixed_point)."""
     import torch
 
     rows = logits.shape[0]
     device = logits.device
     probs = torch.empty(rows, logits.shape[1], dtype=torch.float64, device=device)
     stats = torch.empty(2, rows, dtype=torch.float64, device=device)
-    spike = torch.empty(rows, PARTS, dtype=torch.float64, device=device)
     partial = torch.empty(rows, PARTS, FIELDS, dtype=torch.float64, device=device)
     rows_stats = torch.empty(rows, FIELDS, dtype=torch.float64, device=device)
+    extra = ()
+    if binned is None:
+        spike = torch.empty(rows, PARTS, dtype=torch.float64, device=device)
+        arrays = None
+    else:
+        seeds, width, fixed_point, segments = binned
+        spike = torch.empty(rows, segments, dtype=torch.float64, device=device)
+        extra = (torch.empty(rows, segments, 1 << width, dtype=torch.int64, device=device),
+                 torch.empty(rows, segments, dtype=torch.int64, device=device))
+        arrays = (_device_array(seeds.contiguous()), width, fixed_point, *(_device_array(x) for x in extra))
     if rows:
         launch_law(_device_array(logits), temperature, _device_array(partial), _device_array(rows_stats),
-                   _device_array(probs), _device_array(stats[0]), _device_array(spike), _launch_stream(logits))
+                   _device_array(probs), _device_array(stats[0]), _device_array(spike), _launch_stream(logits),
+                   arrays)
         stats[1] = spike.sum(1)
-    return probs, stats
+    return (probs, stats, *extra)

@@ -200,6 +200,46 @@ def _block_sum(red, value):
     return total
 
 
+@cuda.jit(device=True)
+def _add_fixed(lo, hi, b, v):
+    """Add the fixed-point mass v (uint64) to bin b of a histogram kept as 32-bit halves in shared ``lo`` and
+    ``hi`` (``histogram32_kernel``): its low 32 bits to lo[b], its high bits plus the carry out of lo[b] that this
+    add caused (seen from the value the atomic returns) to hi[b], so a bin's sum is hi * 2^32 + lo exactly, in any
+    order of the adds."""
+    low = uint32(v & uint64(0xFFFFFFFF))
+    old = cuda.atomic.add(lo, b, low)
+    high = (v >> uint64(32)) + ((uint64(old) + uint64(low)) >> uint64(32))
+    if high != uint64(0):
+        cuda.atomic.add(hi, b, uint32(high))
+
+
+@cuda.jit(device=True)
+def _clear_bins(lo, hi, total, n_bins):
+    """Zero the block's shared halves and its total (before a barrier)."""
+    for b in range(cuda.threadIdx.x, n_bins, cuda.blockDim.x):
+        lo[b] = 0
+        hi[b] = 0
+    if cuda.threadIdx.x == 0:
+        total[0] = 0
+
+
+@cuda.jit(device=True)
+def _store_bins(lo, hi, total, n_bins, partial, totals, row, part, with_total):
+    """After the block's adds (this syncs first): partial[row, part, b] = bin b's sum, and with ``with_total``
+    totals[row, part] = the sum of the bins (an integer sum: exact)."""
+    cuda.syncthreads()
+    mine = int64(0)
+    for b in range(cuda.threadIdx.x, n_bins, cuda.blockDim.x):
+        value = int64((uint64(hi[b]) << uint64(32)) | uint64(lo[b]))
+        partial[row, part, b] = value
+        mine += value
+    if with_total:
+        cuda.atomic.add(total, 0, mine)
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            totals[row, part] = total[0]
+
+
 #: Tokens a thread of a histogram pass reads before it hashes and adds them. At 296 x 128,256 on one H200 a pass
 #: with no table took 0.255 / 0.226 / 0.213 / 0.234 ms at 1 / 2 / 4 / 8 (0.329 / 0.315 / 0.313 / 0.336 with two
 #: tables), against ~0.07 ms for its bytes: more reads in flight hide their latency until the registers (80 at 8)
@@ -233,13 +273,11 @@ def histogram32_kernel(unroll: int, cached: int = CACHED_TABLES, min_blocks: int
 
     @cuda.jit(**bounds)
     def kernel(probs, seeds, tables, n_tables, table_bits, start, width, fixed_point, partial, totals):
-        """``_histogram_kernel``'s sums with 32-bit shared atomics, block ``part`` of a row taking the contiguous
-        segment of tokens part * L .. (part + 1) * L - 1 (L = ceil(V / gridDim.x)): partial[row, part] is that
-        segment's histogram. A 64-bit shared atomic add is a compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN.64),
-        a 32-bit one a single ATOMS.ADD: each fixed-point mass v is added as its low 32 bits to ``lo`` and its high
-        bits, plus the carry out of ``lo`` that this add caused (seen from the value the atomic returns), to
-        ``hi``, so a bin's sum is hi * 2^32 + lo exactly, in any order of the adds. The first pass (start 0) also
-        writes totals[row, part], the segment's mass (an integer sum: exact)."""
+        """``_histogram_kernel``'s sums with 32-bit shared atomics (``_add_fixed``: a 64-bit shared atomic add is a
+        compare-and-swap loop on sm_90, ATOMS.CAST.SPIN.64, a 32-bit one a single ATOMS.ADD), block ``part`` of a
+        row taking the contiguous segment of tokens part * L .. (part + 1) * L - 1 (L = ceil(V / gridDim.x)):
+        partial[row, part] is that segment's histogram. The first pass (start 0) also writes totals[row, part], the
+        segment's mass."""
         lo = cuda.shared.array(MAX_BINS, uint32)
         hi = cuda.shared.array(MAX_BINS, uint32)
         cache = cuda.shared.array(cache_size, float64)
@@ -249,17 +287,12 @@ def histogram32_kernel(unroll: int, cached: int = CACHED_TABLES, min_blocks: int
         part = cuda.blockIdx.x
         t = cuda.threadIdx.x
         n_bins = 1 << width
-        for b in range(t, n_bins, cuda.blockDim.x):
-            lo[b] = 0
-            hi[b] = 0
-        if t == 0:
-            total[0] = 0
+        _clear_bins(lo, hi, total, n_bins)
         _cache_tables(cache, tables, n_tables, row, cached)
         cuda.syncthreads()
         seed = uint64(seeds[row])
         mask = uint64(n_bins - 1)
         shift = uint64(64 - start - width)
-        low_mask = uint64(0xFFFFFFFF)
         vocab = probs.shape[1]
         seg_len = (vocab + cuda.gridDim.x - 1) // cuda.gridDim.x
         first = part * seg_len
@@ -277,23 +310,59 @@ def histogram32_kernel(unroll: int, cached: int = CACHED_TABLES, min_blocks: int
                     v = uint64(int64(mass * fixed_point + float64(0.5)))
                     if skip_zero and v == uint64(0):
                         continue
-                    b = int64((h >> shift) & mask)
-                    low = uint32(v & low_mask)
-                    old = cuda.atomic.add(lo, b, low)
-                    high = (v >> uint64(32)) + ((uint64(old) + uint64(low)) >> uint64(32))
-                    if high != uint64(0):
-                        cuda.atomic.add(hi, b, uint32(high))
+                    _add_fixed(lo, hi, int64((h >> shift) & mask), v)
+        _store_bins(lo, hi, total, n_bins, partial, totals, row, part, start == 0)
+
+    return kernel
+
+
+@functools.cache
+def binned_law_kernel(threads: int):
+    """The step's law pass (``mmw.kernels.softmax``'s ``law_kernel``: the same expressions, so the same bits) that
+    also makes the draw's first histogram pass over the law it writes (``choose``'s ``first``), for blocks of
+    ``threads`` threads (compiled once a width). Here, not in ``mmw.kernels.softmax``: numba's CUDA simulator runs
+    a device function of another module than its kernel's with the wrong ``cuda`` when its threads interleave."""
+
+    @cuda.jit
+    def kernel(logits, temperature, rows_stats, probs, spike, seeds, width, fixed_point, partial, totals):
+        """From the row's (m, 1 / Z, m / T, 1 / Z_T): spike[row, part] = the segment's sum of p / (1 + p) with
+        p = exp(x - m) / Z, probs[row, x] = exp(x / T - m / T) / Z_T (p itself at T = 1), and the law's histogram
+        by each token's first ``width`` g-bits under the row's seed: partial[row, part] and totals[row, part], the
+        integers ``histogram32_kernel`` (no table, start 0) gives from the written law. Block ``part`` of a row
+        takes the contiguous segment of ceil(V / gridDim.x) tokens, as every pass of the draw does."""
+        red = cuda.shared.array(threads, float64)
+        lo = cuda.shared.array(MAX_BINS, uint32)
+        hi = cuda.shared.array(MAX_BINS, uint32)
+        bin_total = cuda.shared.array(1, int64)
+        row = cuda.blockIdx.y
+        part = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        n_bins = 1 << width
+        _clear_bins(lo, hi, bin_total, n_bins)
         cuda.syncthreads()
-        mine = int64(0)
-        for b in range(t, n_bins, cuda.blockDim.x):
-            value = int64((uint64(hi[b]) << uint64(32)) | uint64(lo[b]))
-            partial[row, part, b] = value
-            mine += value
-        if start == 0:
-            cuda.atomic.add(total, 0, mine)
-            cuda.syncthreads()
-            if t == 0:
-                totals[row, part] = total[0]
+        tempered = temperature != 1.0
+        m = rows_stats[row, 0]
+        inv_z = rows_stats[row, 1]
+        mt = rows_stats[row, 2]
+        inv_zt = rows_stats[row, 3]
+        seed = uint64(seeds[row])
+        mask = uint64(n_bins - 1)
+        shift = uint64(64 - width)
+        vocab = logits.shape[1]
+        seg_len = (vocab + cuda.gridDim.x - 1) // cuda.gridDim.x
+        end = min((part + 1) * seg_len, vocab)
+        own = 0.0
+        for x in range(part * seg_len + t, end, cuda.blockDim.x):
+            v = float64(logits[row, x])
+            p = math.exp(v - m) * inv_z
+            own += p / (1.0 + p)
+            q = math.exp(v / temperature - mt) * inv_zt if tempered else p
+            probs[row, x] = q
+            _add_fixed(lo, hi, int64((prf(seed, x) >> shift) & mask), uint64(int64(q * fixed_point + float64(0.5))))
+        total = _block_sum(red, own)
+        if t == 0:
+            spike[row, part] = total
+        _store_bins(lo, hi, bin_total, n_bins, partial, totals, row, part, True)
 
     return kernel
 
@@ -480,7 +549,7 @@ def _launch_stream(tensor):
     return cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
 
 
-def choose(probs, seeds, u, plain, layers: int, leaves: int, chunk_bits: int, fixed_point: float):
+def choose(probs, seeds, u, plain, layers: int, leaves: int, chunk_bits: int, fixed_point: float, first=None):
     """The tournament's inverse-CDF token of every row, its law never written: probs float64 [B, V], seeds int64 [B],
     u float64 [B], plain uint8 [B] (rows drawn from probs itself) (CUDA tensors, contiguous), layers >= 1 -> int64
     [B].
@@ -491,7 +560,10 @@ def choose(probs, seeds, u, plain, layers: int, leaves: int, chunk_bits: int, fi
     (``pick_kernel``). Against the law written by a last pass and drawn by ``inverse_cdf``, this saves that pass's
     write, a scan's read and write of the law and the count's read of it. The segments' masses come from the
     fixed-point histograms (each token's mass rounded to 2^-62), the scan inside a segment from the float law: the
-    token is ``inverse_cdf``'s except where u times the total falls within ~V 2^-62 of a segment's end."""
+    token is ``inverse_cdf``'s except where u times the total falls within ~V 2^-62 of a segment's end.
+    ``first``: the first pass's result where the pass that wrote probs also computed it (``mmw.kernels.softmax``'s
+    ``binned_law_kernel``): (bins int64 [B, S, 2^min(chunk_bits, layers)], totals int64 [B, S]), S segments a row;
+    that pass is then not run again."""
     import torch
 
     if (1 << chunk_bits) > MAX_BINS or layers < 1:
@@ -500,21 +572,31 @@ def choose(probs, seeds, u, plain, layers: int, leaves: int, chunk_bits: int, fi
     out = torch.empty(rows, dtype=torch.int64, device=probs.device)
     if not rows:
         return out
+    segments = PARTS if first is None else first[0].shape[1]
     n_chunks = -(-layers // chunk_bits)
     tables = torch.empty(n_chunks, rows, 1 << chunk_bits, dtype=torch.float64, device=probs.device)
-    partial = torch.empty(rows, PARTS, 1 << chunk_bits, dtype=torch.int64, device=probs.device)
-    totals = torch.empty(rows, PARTS, dtype=torch.int64, device=probs.device)
-    sums = torch.empty(rows, PARTS, dtype=torch.float64, device=probs.device)
+    partial = torch.empty(rows, segments, 1 << chunk_bits, dtype=torch.int64, device=probs.device)
+    if first is None:
+        totals = torch.empty(rows, segments, dtype=torch.int64, device=probs.device)
+    else:
+        width = min(chunk_bits, layers)
+        if tuple(first[0].shape) != (rows, segments, 1 << width) or tuple(first[1].shape) != (rows, segments):
+            raise ValueError(f"the first pass's bins and totals must be [{rows}, S, {1 << width}] and [{rows}, S], "
+                             f"got {tuple(first[0].shape)} and {tuple(first[1].shape)}")
+        totals = first[1]
+    sums = torch.empty(rows, segments, dtype=torch.float64, device=probs.device)
+    first_bins = None if first is None else _device_array(first[0].contiguous())
     launch_choose(*(_device_array(x) for x in (probs, seeds, u, plain, tables, partial, totals, sums, out)), layers,
-                  leaves, chunk_bits, fixed_point, _launch_stream(probs))
+                  leaves, chunk_bits, fixed_point, _launch_stream(probs), first_bins)
     return out
 
 
 def launch_choose(probs, seeds, u, plain, tables, partial, totals, sums, out, layers, leaves, chunk_bits,
-                  fixed_point, stream=0):
+                  fixed_point, stream=0, first_bins=None):
     """``choose``'s launches on device (or, in numba's simulator, host) arrays. Scratch: tables float64
     [C, B, 2^chunk_bits], partial int64 [B, S, 2^chunk_bits], totals int64 [B, S], sums float64 [B, S], S the
-    number of segments a row."""
+    number of segments a row. ``first_bins``: int64 [B, S, 2^min(chunk_bits, layers)], the first pass's histogram
+    already computed, with ``totals`` already written; None: the first pass runs here."""
     rows = probs.shape[0]
     n_chunks = -(-layers // chunk_bits)
     segments = partial.shape[1]
@@ -525,10 +607,14 @@ def launch_choose(probs, seeds, u, plain, tables, partial, totals, sums, out, la
                          f"got {segments}")
     for c in range(n_chunks):
         width = min(chunk_bits, layers - c * chunk_bits)
-        histogram32_kernel(HISTOGRAM_UNROLL, HISTOGRAM_CACHED_TABLES, HISTOGRAM_MIN_BLOCKS, HISTOGRAM_SKIP_ZERO)[
-            (partial.shape[1], rows), THREADS, stream](
-            probs, seeds, tables, c, chunk_bits, c * chunk_bits, width, fixed_point, partial, totals)
-        _table_kernel[rows, TABLE_THREADS, stream](partial, width, leaves, fixed_point, tables, c,
-                                                   c == n_chunks - 1, totals, plain, sums)
+        bins = partial
+        if c == 0 and first_bins is not None:
+            bins = first_bins
+        else:
+            histogram32_kernel(HISTOGRAM_UNROLL, HISTOGRAM_CACHED_TABLES, HISTOGRAM_MIN_BLOCKS, HISTOGRAM_SKIP_ZERO)[
+                (segments, rows), THREADS, stream](
+                probs, seeds, tables, c, chunk_bits, c * chunk_bits, width, fixed_point, partial, totals)
+        _table_kernel[rows, TABLE_THREADS, stream](bins, width, leaves, fixed_point, tables, c, c == n_chunks - 1,
+                                                   totals, plain, sums)
     pick_kernel(PICK_THREADS, PICK_RUN)[rows, PICK_THREADS, stream](
         probs, seeds, tables, n_chunks, chunk_bits, layers - (n_chunks - 1) * chunk_bits, plain, sums, u, out)

@@ -241,6 +241,67 @@ def test_cuda_fused_draw_equals_the_inverse_cdf_of_the_law_in_the_simulator():
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 
+SIMULATED_BINNED_LAW = """
+import numpy as np, torch
+from mmw.watermark import prf
+from mmw.kernels import softmax, tournament as kernels
+from mmw.watermark.samplers.tournament import FIXED_POINT, scatter_histogram
+softmax.THREADS, kernels.THREADS, kernels.PICK_THREADS, kernels.PICK_RUN, kernels.TABLE_THREADS = 8, 32, 32, 4, 16
+gen = torch.Generator().manual_seed(5)
+rows, vocab, segments = 4, 500, 5
+logits = torch.randn(rows, vocab, generator=gen) * torch.tensor([[1.0], [3.0], [8.0], [3.0]])
+logits[3, 400:] = -float("inf")  # a masked tail: no mass, no add
+seeds = torch.randint(-2**62, 2**62, (rows,), generator=gen)
+hashes = prf.prf_t(seeds.unsqueeze(-1), torch.arange(vocab).unsqueeze(0))
+u = torch.rand(rows, generator=gen, dtype=torch.float64)
+plain = np.array([0, 1, 0, 0], dtype=np.uint8)
+for temperature, layers, chunk_bits in ((1.0, 4, 5), (0.7, 13, 5)):  # one chunk narrower than chunk_bits; three
+    def law(binned):
+        probs, entropy, spike = np.zeros((rows, vocab)), np.zeros(rows), np.zeros((rows, segments))
+        softmax.launch_law(logits.numpy(), temperature, np.zeros((rows, segments, softmax.FIELDS)),
+                           np.zeros((rows, softmax.FIELDS)), probs, entropy, spike, 0, binned)
+        return probs, entropy, spike.sum(1)
+    width = min(chunk_bits, layers)
+    bins, totals = np.zeros((rows, segments, 1 << width), np.int64), np.zeros((rows, segments), np.int64)
+    binned, plain_law = law((seeds.numpy(), width, FIXED_POINT, bins, totals)), law(None)
+    for a, b in zip(binned, plain_law):  # the law and the entropies: the same bits
+        assert np.array_equal(a, b)
+    probs = torch.from_numpy(binned[0])
+    # the first pass as the draw computes it from the written law, segment by segment
+    separate, separate_totals = np.zeros_like(bins), np.zeros_like(totals)
+    kernels.histogram32_kernel(2)[(segments, rows), 32](probs.numpy(), seeds.numpy(), np.ones((1, rows, 1024)), 0,
+                                                        chunk_bits, 0, width, FIXED_POINT, separate, separate_totals)
+    assert np.array_equal(bins, separate) and np.array_equal(totals, separate_totals)
+    assert np.array_equal(bins.sum(1), scatter_histogram(probs, hashes, [], 0, width).numpy())
+    draws = []
+    for first in (None, bins):
+        n_chunks = -(-layers // chunk_bits)
+        tables = np.zeros((n_chunks, rows, 1 << chunk_bits))
+        partial = np.zeros((rows, segments, 1 << chunk_bits), np.int64)
+        sums, out = np.zeros((rows, segments)), np.full(rows, -1, dtype=np.int64)
+        kernel_totals = totals.copy() if first is not None else np.zeros_like(totals)
+        kernels.launch_choose(probs.numpy(), seeds.numpy(), u.numpy(), plain, tables, partial, kernel_totals, sums,
+                              out, layers, 2, chunk_bits, FIXED_POINT, 0, first)
+        draws.append((out, tables, sums))
+    for a, b in zip(*draws):  # with the first pass given: the same tables, segment masses and tokens
+        assert np.array_equal(a, b)
+print("ok")
+"""
+
+
+def test_the_softmax_pass_gives_the_draws_first_histogram_in_the_simulator():
+    """The step's pass that writes the law (``mmw.kernels.softmax``'s ``binned_law_kernel``) also computes the
+    tournament draw's first histogram pass, in numba's CUDA simulator at T = 1 and 0.7 with a masked tail: the law
+    and entropies are bit-identical to the pass without it, its histogram and segment masses equal the draw's own
+    first pass over the written law (and ``scatter_add_``'s) integer for integer, and the draw given them picks the
+    same tokens from the same tables and segment masses, with one chunk and with three."""
+    pytest.importorskip("numba")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": "ignore::RuntimeWarning"}
+    result = subprocess.run([sys.executable, "-c", SIMULATED_BINNED_LAW], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("table_threads, segments, shown", [
     (24, 4, "TABLE_THREADS must be a power of two from 1 to 1024, got 24"),
     (2048, 4, "TABLE_THREADS must be a power of two from 1 to 1024, got 2048"),

@@ -129,30 +129,33 @@ class WatermarkStep:
             return self._key_seq[(shift + steps) % self._key_seq.shape[0]]
         return self.source.seeds_t(context, self.key, 0, shift)
 
-    def _law(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """The model's law at the step's temperature where the sampler takes it (float64 [B, V], else None) and the
-        entropies at T = 1 stacked float64 [2, B]: on a CUDA device with numba's support, for a sampler that takes
-        the law, both from ``softmax_law``'s passes; elsewhere torch's code. (For the entropies alone, at T = 0 or
-        for a sampler that draws from other logits, Inductor's fused reductions were as fast as the kernels:
+    def _law(self, logits: torch.Tensor, seeds: torch.Tensor | None
+             ) -> tuple[torch.Tensor | None, torch.Tensor, dict]:
+        """The model's law at the step's temperature where the sampler takes it (float64 [B, V], else None), the
+        entropies at T = 1 stacked float64 [2, B], and what else the sampler's ``choose`` takes from the pass that
+        wrote the law (``Sampler.binned_law``; {} where none): on a CUDA device with numba's support, for a sampler
+        that takes the law, all from ``softmax_law``'s passes; elsewhere torch's code. (For the entropies alone, at
+        T = 0 or for a sampler that draws from other logits, Inductor's fused reductions were as fast as the kernels:
         0.409 against 0.440 ms at 296 x 128,256 on one H100, bench/gpu_softmax.py.)"""
         if self._fused_softmax and self.temperature > 0 and self.sampler.takes_law and logits.dtype == torch.float32:
-            return softmax_law(logits, self.temperature)
-        return None, torch.stack(entropies(logits))
+            binned = None if seeds is None else self.sampler.binned_law(logits, self.temperature, seeds)
+            return binned if binned is not None else (*softmax_law(logits, self.temperature), {})
+        return None, torch.stack(entropies(logits)), {}
 
     def _step(self, scores, context, steps, shift, sample_base, skip_base, history=None):
         logits = scores[:, : self.vocab_size]
-        probs, stats = self._law(logits)
+        seeds = self.seeds(context, steps, shift) if self.source is not None else None
+        probs, stats, first = self._law(logits, seeds)
         plain_u = prf.unit_t(prf.prf_t(sample_base, steps))
         if self.source is None:
             chosen = self.plain.choose(logits, None, self.temperature, plain_u, probs=probs)
             return chosen, stats, chosen
-        seeds = self.seeds(context, steps, shift)
         seen = None
         if history is not None:
             # Repeated context: this seed was already used at an earlier step of the row (slot k of the ring holds
             # step k mod H's seed; slots not yet written are ignored), so the token is sampled plainly.
             seen = ((history == seeds.unsqueeze(-1)) & (self._slots.unsqueeze(0) < steps.unsqueeze(-1))).any(-1)
-        law = {"probs": probs} if probs is not None else {}
+        law = {"probs": probs, **first} if probs is not None else {}
         if seen is not None and hasattr(self.sampler, "choose_or_plain"):
             # The sampler draws those rows plainly itself, from the same scan (the tournament: one scan, not two).
             chosen, seen = self.sampler.choose_or_plain(logits, seeds, self.temperature, plain_u, seen, **law), None

@@ -126,6 +126,13 @@ class Sampler(SamplerPart, ABC):
     #: by the step (on a CUDA device, together with the entropies: ``softmax_law``).
     takes_law = False
 
+    def binned_law(self, logits: torch.Tensor, temperature: float, seeds: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
+        """Where the step computes the law on a CUDA device (``softmax_law``) and this sampler has a vocabulary pass
+        of its own over it that the pass writing the law can do too: ``softmax_law``'s two results and the
+        keywords ``choose`` then takes with them (that pass's result). None (the default): no such pass."""
+        return None
+
     @abstractmethod
     def choose(self, logits: torch.Tensor, seeds: torch.Tensor, temperature: float,
                plain_u: torch.Tensor) -> torch.Tensor:

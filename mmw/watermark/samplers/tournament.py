@@ -23,6 +23,8 @@ this generation) are sampled plainly by the step (``mmw.watermark.processor``), 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 from mmw.watermark import nulls, prf
@@ -136,18 +138,46 @@ def _(probs, seeds, tables, table_bits, last_bits):
 
 @torch.library.custom_op("mmw::tournament_choose", mutates_args=())
 def cuda_choose(probs: torch.Tensor, seeds: torch.Tensor, u: torch.Tensor, plain_rows: torch.Tensor, layers: int,
-                leaves: int) -> torch.Tensor:
+                leaves: int, first_bins: Optional[torch.Tensor] = None,
+                first_totals: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``inverse_cdf`` of the tournament's law (the model's own in ``plain_rows``) on a CUDA device, the law never
-    written: the histogram passes, the tables and a two-level inverse CDF in ``mmw.kernels.tournament.choose``."""
+    written: the histogram passes, the tables and a two-level inverse CDF in ``mmw.kernels.tournament.choose``.
+    ``first_bins``/``first_totals``: the first histogram pass, computed by the pass that wrote ``probs``
+    (``cuda_binned_law``)."""
     from mmw.kernels.tournament import choose
 
+    first = None if first_bins is None else (first_bins, first_totals.contiguous())
     return choose(probs.contiguous(), seeds.contiguous(), u.to(torch.float64).contiguous(),
-                  plain_rows.to(torch.uint8).contiguous(), layers, leaves, CHUNK_BITS, FIXED_POINT)
+                  plain_rows.to(torch.uint8).contiguous(), layers, leaves, CHUNK_BITS, FIXED_POINT, first)
 
 
 @cuda_choose.register_fake
-def _(probs, seeds, u, plain_rows, layers, leaves):
+def _(probs, seeds, u, plain_rows, layers, leaves, first_bins=None, first_totals=None):
     return probs.new_empty(probs.shape[0], dtype=torch.int64)
+
+
+@torch.library.custom_op("mmw::tournament_binned_law", mutates_args=())
+def cuda_binned_law(logits: torch.Tensor, temperature: float, seeds: torch.Tensor, width: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``softmax_law`` (the law float64 [B, V] and the entropies [2, B]) whose pass that writes the law also gives the
+    draw's first histogram pass (``mmw.kernels.softmax``'s ``binned_law_kernel``): the law's mass by the first
+    ``width`` g-bits under the row seeds int64 [B], int64 [B, S, 2^width] over S = ``mmw.kernels.tournament.PARTS``
+    segments a row, and each segment's mass int64 [B, S], in units of 1 / FIXED_POINT (as ``cuda_choose``'s first
+    pass would compute them from the law)."""
+    from mmw.kernels.softmax import law
+    from mmw.kernels.tournament import PARTS
+
+    return law(logits, temperature, (seeds, width, FIXED_POINT, PARTS))
+
+
+@cuda_binned_law.register_fake
+def _(logits, temperature, seeds, width):
+    from mmw.kernels.tournament import PARTS
+
+    rows, vocab = logits.shape
+    return (logits.new_empty((rows, vocab), dtype=torch.float64), logits.new_empty((2, rows), dtype=torch.float64),
+            logits.new_empty((rows, PARTS, 1 << width), dtype=torch.int64),
+            logits.new_empty((rows, PARTS), dtype=torch.int64))
 
 
 def chunk_tables(probs: torch.Tensor, layers: int, leaves: int, histogram, chunk_bits: int = CHUNK_BITS
@@ -196,27 +226,37 @@ class Tournament(Sampler, TournamentPart):
 
     #: Draw through ``mmw::tournament_choose`` where the numba passes run (False: the law, then ``inverse_cdf``).
     fused_draw = True
+    #: Where the draw is fused, let the step's pass that writes the law also compute the draw's first histogram
+    #: (``binned_law``; False: the draw makes that pass over the law itself).
+    binned_first_pass = True
 
     takes_law = True
 
-    def choose(self, logits, seeds, temperature, plain_u, probs=None):
-        return self.choose_or_plain(logits, seeds, temperature, plain_u, None, probs)
+    def binned_law(self, logits, temperature, seeds):
+        if not (self.binned_first_pass and self._fused(logits)) or seeds.dim() != 1:
+            return None
+        probs, stats, bins, totals = cuda_binned_law(logits, temperature, seeds, min(CHUNK_BITS, self.spec.layers))
+        return probs, stats, {"first": (bins, totals)}
+
+    def choose(self, logits, seeds, temperature, plain_u, probs=None, first=None):
+        return self.choose_or_plain(logits, seeds, temperature, plain_u, None, probs, first)
 
     def _fused(self, logits) -> bool:
         return (self.fused_draw and self._numba_passes and logits.is_cuda and self.spec.layers >= 1
                 and logits.shape[-1] >= CHUNKED_FROM_VOCAB)
 
-    def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows, probs=None):
+    def choose_or_plain(self, logits, seeds, temperature, plain_u, plain_rows, probs=None, first=None):
         """``choose``, except that the rows where ``plain_rows`` (bool [B]) is set are drawn from the model's own law
         (the repeated-context mask, ``mmw.watermark.processor``): the same tokens as the plain sampler's choice with
         this uniform, from one scan of one law instead of a second softmax and scan for the plain rows. None: no
-        such row."""
+        such row. ``first``: the draw's first histogram pass, from ``binned_law``."""
         if temperature == 0:  # a one-hot distribution stays one-hot through every round
             return logits.argmax(dim=-1)
         probs = law_of(logits, temperature, probs)
         if self._fused(logits):
             plain = torch.zeros_like(plain_u, dtype=torch.bool) if plain_rows is None else plain_rows
-            return cuda_choose(probs, seeds, plain_u, plain, self.spec.layers, self.spec.leaves)
+            return cuda_choose(probs, seeds, plain_u, plain, self.spec.layers, self.spec.leaves,
+                               *(first if first is not None else ()))
         return inverse_cdf(self.law(logits, seeds, temperature, plain_rows, probs), plain_u)
 
     def law(self, logits, seeds, temperature, plain_rows=None, probs=None):
