@@ -19,7 +19,8 @@ the law (one read of the float32 logits is 152 MB, one write of the float64 law 
   torch's float64 softmax of logits / T up to rounding (the order of the sum, a product by 1 / Z for the division).
 
 The sums run in float64 in a fixed order: the same values on every run. ``-inf`` logits (masked tokens) carry no
-mass and add nothing.
+mass and add nothing. For the tournament the law pass can also bin the law it writes by the draw's first g-bits
+(``launch_law``'s ``binned``: ``mmw.kernels.tournament.binned_law_kernel``), so the draw reads the law once less.
 """
 
 from __future__ import annotations
