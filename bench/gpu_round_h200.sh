@@ -28,10 +28,11 @@
 #                                    goals were set at, 76150e2, with this bench/ copied in) cold then warm, then
 #                                    this tree's with fresh caches again: the per-stage before/after on one card
 #   bash bench/gpu_round_h200.sh jobs  the configuration up to rate_baseline with fresh compiler caches, one run
-#                                    each, interleaved: each set-up job beside the last decode before the stage
-#                                    that takes it (d_cold*), every job beside the first decode as before
-#                                    (f_cold*; MMW_BENCH_AHEAD_FIRST)
-# Results under $OUT: r_*/, a_cold*/, t_cold*/, d_cold*/, f_cold*/ and b_*/ (gpu_fullscale.json),
+#                                    each, interleaved: the detector's kernels beside the first decode, the other
+#                                    set-up jobs beside the last decode before the stage that takes them (d_cold*),
+#                                    every job beside the last decode before its stage as before (l_cold*;
+#                                    MMW_BENCH_AHEAD_LAST)
+# Results under $OUT: r_*/, a_cold*/, t_cold*/, d_cold*/, l_cold*/ and b_*/ (gpu_fullscale.json),
 # judge/gpu_judge_split.json, tournament/.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -93,9 +94,9 @@ case "$part" in
   jobs)
     stages=key,low_entropy_inputs,prompts,generate_baseline,generate_watermarked,detect_baseline,rate_baseline
     configs 185 "..:d_cold1:D1:$stages"  # the machine's first process also builds the model folders
-    MMW_BENCH_AHEAD_FIRST=1 configs 130 "..:f_cold1:F1:$stages"
+    MMW_BENCH_AHEAD_LAST=1 configs 130 "..:l_cold1:L1:$stages"
     configs 130 "..:d_cold2:D2:$stages"
-    MMW_BENCH_AHEAD_FIRST=1 configs 130 "..:f_cold2:F2:$stages" ;;
+    MMW_BENCH_AHEAD_LAST=1 configs 130 "..:l_cold2:L2:$stages" ;;
   3)
     configs 585 base:b_warm:R ..:r_warm2:R base:b_warm2:R ;;
   before)

@@ -11,7 +11,9 @@ loads of the models it uses. ``MMW_BENCH_PROFILE=DIR`` runs each stage under cPr
 stages' set-up that can run beside a decode is scheduled (``mmw.sweep.pipeline.schedule_ahead``: each beside the last
 decode before its stage); ``MMW_BENCH_NO_AHEAD=1`` leaves every stage to build its own, for an A/B on one tree;
 ``MMW_BENCH_AHEAD=STAGE[,STAGE...]`` schedules only those stages' set-up (e.g. ``rate_baseline``: the judge alone);
-``MMW_BENCH_AHEAD_FIRST=1`` has the first decode host every job, as trees before ``mmw.engines.ahead.beside`` did.
+``MMW_BENCH_AHEAD_FIRST=1`` has the first decode host every job, as trees before ``mmw.engines.ahead.beside`` did;
+``MMW_BENCH_AHEAD_LAST=1`` has the last decode before each stage host its job (no stage's ``AHEAD_BESIDE_FIRST``),
+as trees before it did.
 ``MMW_BENCH_JUDGE_INDUCTOR=KEY=VALUE[,KEY=VALUE...]`` adds Inductor options to the judge's compile only (e.g.
 ``triton.autotune_pointwise=True``: its pointwise kernels' launch settings timed on the device while the baseline
 decodes, as before mmw.inductor's ``time_pointwise``), for an A/B on one tree; values are Python literals.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import importlib
 import io
 import json
 import os
@@ -179,6 +182,11 @@ def main(repo: str, stages: str) -> int:
                 from mmw.engines import ahead
 
                 ahead.beside = lambda name: contextlib.nullcontext()  # every job waits for the next decode
+            if os.environ.get("MMW_BENCH_AHEAD_LAST"):
+                for stage in plan:
+                    module = importlib.import_module(f"mmw.stages.{stage.module}")
+                    if getattr(module, "AHEAD_BESIDE_FIRST", False):
+                        module.AHEAD_BESIDE_FIRST = False
             # as a packed unit does: each stage's set-up built beside the last decode before it
             schedule_ahead([s for s in plan if s.name in only.split(",")] if only else plan)
         for stage in plan:

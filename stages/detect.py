@@ -61,6 +61,13 @@ def detection_model(params: Params):
     return generator_model(params.model.name, params.model.device, params.model.dtype)
 
 
+#: The kernels' compile (3.1-3.6 s with fresh caches) runs beside the process's first decode, not the last one before
+#: this stage (``mmw.sweep.pipeline.schedule_ahead``): in a full configuration that one also hosts the judge's
+#: build (14-17 s beside a ~20-22 s decode), and with fresh caches its loop waited 0.4-2.5 s for the two, while the
+#: baseline's ~30-35 s decode hosted only the watermark step (3-4 s) (one H200 and H100s, bench/results/gpu.md).
+AHEAD_BESIDE_FIRST = True
+
+
 def schedule_ahead(which: Literal["baseline", "watermarked"], params_path: Path) -> None:
     """In a process that runs several stages (``mmw.sweep.pipeline.schedule_ahead``): have the detector's numba
     CUDA kernels compiled (or read from numba's disk cache) while a generation stage decodes (``mmw.engines.ahead``),

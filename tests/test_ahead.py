@@ -3,6 +3,7 @@ happens where it cannot run or fails, and where the decode loop lets it start.""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 from pathlib import Path
@@ -122,19 +123,21 @@ def test_a_job_whose_stage_never_decodes_is_built_where_it_is_taken(room):
     assert build.threads == [threading.current_thread().name]
 
 
-def test_each_stage_set_up_waits_for_the_last_decoding_stage_before_it(monkeypatch, room):
+def test_each_stage_set_up_waits_for_the_last_decoding_stage_before_it_or_the_first(monkeypatch, room):
     """Through the pipeline's plan (dvc.yaml's stage order): the watermark step beside the baseline's decode, the
-    detector's kernels and the judge beside the watermarked one, which the generate stage announces when it runs."""
+    judge beside the watermarked one, which the generate stage announces when it runs; the detector's kernels, whose
+    module asks for the first decode (``AHEAD_BESIDE_FIRST``), beside the baseline's."""
     from mmw.sweep import pipeline
     from mmw.sweep.pipeline import Stage
 
     hosts = {}
+    detect_first = importlib.import_module("mmw.stages.detect").AHEAD_BESIDE_FIRST  # the stage's own choice
 
     def hook(name):
         return lambda *args: hosts.__setitem__(name, ahead._BESIDE)
 
     modules = {"generate": SimpleNamespace(DECODES=True, schedule_ahead=hook("generate")),
-               "detect": SimpleNamespace(schedule_ahead=hook("detect")),
+               "detect": SimpleNamespace(AHEAD_BESIDE_FIRST=detect_first, schedule_ahead=hook("detect")),
                "rate": SimpleNamespace(schedule_ahead=hook("rate")), "prompts": SimpleNamespace()}
     plan = [Stage("prompts", "prompts", (), (), True), Stage("generate_baseline", "generate", ("baseline",), (), True),
             Stage("generate_watermarked", "generate", ("watermarked",), (), False),
@@ -145,7 +148,7 @@ def test_each_stage_set_up_waits_for_the_last_decoding_stage_before_it(monkeypat
 
     monkeypatch.setattr(pipeline.importlib, "import_module", imported)
     pipeline.schedule_ahead(plan)
-    assert hosts == {"generate": ("generate", "baseline"), "detect": ("generate", "watermarked"),
+    assert hosts == {"generate": ("generate", "baseline"), "detect": ("generate", "baseline"),
                      "rate": ("generate", "watermarked")}
     hosts.clear()
     pipeline.schedule_ahead([s for s in plan if s.shared])  # a pack's shared stages: the baseline's decode hosts

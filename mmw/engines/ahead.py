@@ -88,7 +88,9 @@ def beside(name: tuple[str, ...] | None) -> Iterator[None]:
     watermarked stage's decode hosted nothing. Beside the last decode before the stage that takes them
     (:func:`mmw.sweep.pipeline.schedule_ahead` names that one) the waits were 0.0 s; the two decode loops together
     and the stages' sum stayed within the runs' spread (bench/results/gpu.md, section "Each set-up job beside the
-    last decode")."""
+    last decode"). As a machine's first process on one H200 the watermarked decode then waited 2.5 s for the judge's
+    build and the detector's kernels, so a stage with a short set-up may ask for the first decode instead
+    (``AHEAD_BESIDE_FIRST``)."""
     global _BESIDE
     saved, _BESIDE = _BESIDE, name
     try:

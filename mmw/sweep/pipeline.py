@@ -97,23 +97,25 @@ def run_stage(stage: Stage) -> None:
 def schedule_ahead(stages: Sequence[Stage]) -> None:
     """Have the set-up of ``stages`` that declare one (their module's ``schedule_ahead``: the rate stage's judge) run
     while an earlier stage of this process decodes (:mod:`mmw.engines.ahead`): beside the last decoding stage
-    before it in ``stages`` (the first decode where none is). Call in their workspace, inside
+    before it in ``stages``, or the first one for a module that sets ``AHEAD_BESIDE_FIRST`` (a short set-up that
+    would crowd the last decode's; the next decode where none is). Call in their workspace, inside
     :func:`mmw.engines.models.shared_loads`, before running them in one process; a stage whose params are invalid
     schedules nothing (it reports the error when it runs)."""
     from mmw.engines import ahead
 
-    host = None  # the last stage before this one that decodes (a module with DECODES): its decode hosts the set-up
+    first = last = None  # the first and the last stage before this one that decode (a module with DECODES)
     for stage in stages:
         module = importlib.import_module(f"mmw.stages.{stage.module}")
         hook = getattr(module, "schedule_ahead", None)
         if hook is not None:
             try:
-                with ahead.beside(host):
+                with ahead.beside(first if getattr(module, "AHEAD_BESIDE_FIRST", False) else last):
                     hook(*stage.args, PARAMS)
             except SpecError:
                 pass
         if getattr(module, "DECODES", False):
-            host = ahead.host(stage.module, *stage.args)
+            last = ahead.host(stage.module, *stage.args)
+            first = first or last
 
 
 def cached_file(repo: Path, digest: str | None) -> Path | None:
