@@ -6,6 +6,8 @@
 #                                    (cold), then on them (warm); then the tournament through HF `generate` against
 #                                    plain sampling, ROUNDS interleaved rounds and as many with the host's time in the
 #                                    calls that differ (bench/gpu_tournament.py --decode-only generate), time left
+#   bash bench/gpu_round_h200.sh goals  the full configuration cold (the machine's first process), then warm: part 1
+#                                    without its tournament
 #   bash bench/gpu_round_h200.sh cold  the full configuration as the machine's first process, fresh compiler caches
 #   bash bench/gpu_round_h200.sh tour  the tournament on both paths against plain sampling, the layer-by-layer law
 #                                    (the code before) beside it, ROUNDS interleaved rounds (+ ROUNDS host rounds)
@@ -68,6 +70,8 @@ case "$part" in
   1)
     configs 420 ..:r_cold:R ..:r_warm:R
     tournament --decode-only generate ;;
+  goals)
+    configs 420 ..:r_cold:R ..:r_warm:R ;;
   cold)
     configs 300 ..:r_cold:R ;;
   tour)
