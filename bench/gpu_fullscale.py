@@ -78,6 +78,10 @@ def random_model(arch: str, tokenizer: Path, folder: Path, record: dict | None =
 
     if (folder / "config.json").is_file():
         return folder
+    # Built under another name and renamed when whole: a build killed by a call's time limit must not leave a folder
+    # that the next run takes for a model (save_pretrained writes config.json first), and its 16 GB must go.
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(tokenizer)
     cfg = LlamaConfig(**ARCHS[arch], bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       tie_word_embeddings=False)
@@ -85,10 +89,11 @@ def random_model(arch: str, tokenizer: Path, folder: Path, record: dict | None =
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16 if device == "cuda" else torch.float32)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
+    model.save_pretrained(partial)
+    tok.save_pretrained(partial)
     dirty, t0 = dirty_mb(), time.perf_counter()
     os.sync()
+    partial.rename(folder)
     if record is not None:
         record.update(dirty_mb_before_sync=dirty, model_sync_s=round(time.perf_counter() - t0, 1))
     del model
