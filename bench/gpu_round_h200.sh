@@ -56,6 +56,7 @@ tournament() {  # tournament ARGS: bench/gpu_tournament.py's decode part on real
     --parts decode --law real --rounds "${ROUNDS:-3}" --host-rounds "${ROUNDS:-3}" "$@" 2>&1 \
     | grep -v -i -E "warn|USDT|polars" | tail -30
 }
+goals() { configs 420 ..:r_cold:R ..:r_warm:R; }  # cold as the machine's first process, then warm
 cold_ab() {
   local stages=key,low_entropy_inputs,prompts,generate_baseline,rate_baseline
   for r in 1 2; do
@@ -68,10 +69,10 @@ part=${1:-1}
 [ "$part" = auto ] && { nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && part=1 || part=ab; }
 case "$part" in
   1)
-    configs 420 ..:r_cold:R ..:r_warm:R
+    goals
     tournament --decode-only generate ;;
   goals)
-    configs 420 ..:r_cold:R ..:r_warm:R ;;
+    goals ;;
   cold)
     configs 300 ..:r_cold:R ;;
   tour)
